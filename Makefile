@@ -1,0 +1,52 @@
+# Two commands do all set-up on a fresh machine (Python 3.11, pip, g++):
+#   make run    the main job (for now the advantage benchmark, with its report)
+#   make test   ruff and the test suite
+# torch is pinned for a fast CPU install; GPU users override it, e.g.
+#   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+NATIVE_LIB := nostall/_C.abi3.so
+NATIVE_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
+
+.PHONY: all build test lint run bench cuda-check clean
+
+all: test
+
+$(INSTALLED): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "setuptools>=77" wheel
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
+	touch $@
+
+# Incremental rebuild of the native library (pip's editable install always rebuilds from scratch).
+$(NATIVE_LIB): $(INSTALLED) $(NATIVE_SOURCES)
+	CFLAGS=-g0 $(PY) setup.py -q build_ext --inplace
+	touch $@
+
+build: $(NATIVE_LIB)
+
+lint: $(INSTALLED)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: build lint
+	$(PY) -m pytest -q
+
+run: build
+	$(PY) benchmarks/ops/bench_advantages.py
+
+bench: build
+	$(PY) benchmarks/ops/bench_advantages.py
+
+# Compiles every CUDA source with nvcc (no GPU or CUDA torch needed): catches CUDA build errors
+# on a CPU-only machine.
+cuda-check: $(INSTALLED)
+	$(PY) tools/check_cuda_compiles.py
+
+clean:
+	rm -rf build $(NATIVE_LIB) nostall/_C_cuda*.so

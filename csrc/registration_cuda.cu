@@ -1,0 +1,26 @@
+// CUDA kernels of the nostall operators (schemas are in registration.cpp). Built into
+// nostall._C_cuda only when the installed torch has CUDA.
+#include <Python.h>
+#include <torch/csrc/stable/library.h>
+
+#include "ops/discounted_returns.h"
+#include "ops/gae.h"
+#include "ops/vtrace.h"
+
+STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
+  m.impl("gae", TORCH_BOX(&nostall::gae_cuda));
+  m.impl("gae_backward", TORCH_BOX(&nostall::gae_backward_cuda));
+  m.impl("discounted_returns", TORCH_BOX(&nostall::discounted_returns_cuda));
+  m.impl("discounted_returns_backward", TORCH_BOX(&nostall::discounted_returns_backward_cuda));
+  m.impl("vtrace", TORCH_BOX(&nostall::vtrace_cuda));
+}
+
+extern "C" {
+PyObject* PyInit__C_cuda(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT, "_C_cuda", "nostall CUDA kernels (see torch.ops.nostall)", -1,
+      nullptr,
+  };
+  return PyModule_Create(&module_def);
+}
+}

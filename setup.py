@@ -1,0 +1,62 @@
+"""Builds nostall's native op library against the LibTorch stable ABI.
+
+`nostall._C` holds every schema and the CPU kernels; it has no CUDA dependency. `nostall._C_cuda`
+holds the CUDA kernels and is built only when the installed torch has CUDA (a CPU torch cannot
+build `.cu` sources: its `CUDA_HOME` is None). Build without isolation, against the torch already
+installed: `pip install --no-build-isolation -e .` (an isolated build would pull a CUDA torch).
+"""
+
+import glob
+import os
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+# The stable ABI: one binary loads under every torch from 2.10 on, and headers compile in ~1 s.
+# (torch adds -DPy_LIMITED_API itself for py_limited_api extensions.)
+STABLE_ABI_FLAGS = ["-DTORCH_TARGET_VERSION=0x020a000000000000"]
+CXX_FLAGS = ["-O3", "-g0", "-std=c++17", *STABLE_ABI_FLAGS]
+
+
+def cpu_sources() -> list[str]:
+    return sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+
+
+def cuda_sources() -> list[str]:
+    return sorted(glob.glob("csrc/**/*.cu", recursive=True))
+
+
+def extensions() -> list:
+    exts = [
+        CppExtension(
+            "nostall._C",
+            cpu_sources(),
+            include_dirs=[os.path.abspath("csrc")],
+            extra_compile_args={"cxx": CXX_FLAGS},
+            py_limited_api=True,
+        )
+    ]
+    if torch.version.cuda and os.environ.get("NOSTALL_NO_CUDA") != "1":
+        from torch.utils.cpp_extension import CUDAExtension
+
+        exts.append(
+            CUDAExtension(
+                "nostall._C_cuda",
+                cuda_sources(),
+                include_dirs=[os.path.abspath("csrc")],
+                extra_compile_args={
+                    "cxx": [*CXX_FLAGS, "-DUSE_CUDA"],
+                    "nvcc": ["-O3", "-std=c++17", "-DUSE_CUDA", *STABLE_ABI_FLAGS],
+                },
+                py_limited_api=True,
+            )
+        )
+    return exts
+
+
+setup(
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExtension},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)
