@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 NATIVE_LIB := nostall/_C.abi3.so
-NATIVE_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
+NATIVE_SOURCES := $(shell find csrc -name "*.cpp" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh")
 
 .PHONY: all build test lint run bench cuda-check clean
 

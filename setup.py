@@ -1,9 +1,11 @@
-"""Builds nostall's native op library against the LibTorch stable ABI.
+"""Builds nostall's native op libraries.
 
-`nostall._C` holds every schema and the CPU kernels; it has no CUDA dependency. `nostall._C_cuda`
-holds the CUDA kernels and is built only when the installed torch has CUDA (a CPU torch cannot
-build `.cu` sources: its `CUDA_HOME` is None). Build without isolation, against the torch already
-installed: `pip install --no-build-isolation -e .` (an isolated build would pull a CUDA torch).
+`nostall._C` holds every schema and the CPU kernels; it uses the stable ABI and has no CUDA
+dependency. `nostall._C_autograd` holds the autograd kernels, which need the regular ABI.
+`nostall._C_cuda` holds the CUDA kernels and is built only when the installed torch has CUDA (a
+CPU torch cannot build `.cu` sources: its `CUDA_HOME` is None). Build without isolation, against
+the torch already installed: `pip install --no-build-isolation -e .` (an isolated build would
+pull a CUDA torch).
 """
 
 import glob
@@ -20,7 +22,8 @@ CXX_FLAGS = ["-O3", "-g0", "-std=c++17", *STABLE_ABI_FLAGS]
 
 
 def cpu_sources() -> list[str]:
-    return sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+    # csrc/autograd/ uses the regular ABI and builds into a library of its own.
+    return sorted(p for p in glob.glob("csrc/**/*.cpp", recursive=True) if "autograd" not in p)
 
 
 def cuda_sources() -> list[str]:
@@ -35,7 +38,14 @@ def extensions() -> list:
             include_dirs=[os.path.abspath("csrc")],
             extra_compile_args={"cxx": CXX_FLAGS},
             py_limited_api=True,
-        )
+        ),
+        # Autograd kernels need the regular (version-bound) ABI: the stable ABI has no autograd.
+        CppExtension(
+            "nostall._C_autograd",
+            sorted(glob.glob("csrc/autograd/*.cpp")),
+            include_dirs=[os.path.abspath("csrc")],
+            extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20"]},
+        ),
     ]
     if torch.version.cuda and os.environ.get("NOSTALL_NO_CUDA") != "1":
         from torch.utils.cpp_extension import CUDAExtension

@@ -31,9 +31,9 @@ from nostall.ops import reference
 
 GAMMA, LMBDA = 0.99, 0.95
 SIZES = [(128, 8), (128, 64), (512, 256), (2048, 1024)]
-# Compiling the unrolled Python loop grows with T; past this the peer's compile alone takes
-# minutes, so it is compiled per step instead (one compiled region entered T times).
-MAX_UNROLLED_T = 512
+# Compiling the unrolled Python loop grows with T (2 s at T=128, 96 s at T=512 here), so past
+# this it is compiled per step instead (one compiled region entered T times).
+MAX_UNROLLED_T = 128
 
 
 def timeit(fn: Callable[[], object], budget_s: float = 0.5, max_reps: int = 200) -> float:
