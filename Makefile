@@ -33,6 +33,7 @@ build: $(NATIVE_LIB)
 lint: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(NATIVE_SOURCES)
 
 test: build lint
 	$(PY) -m pytest -q

@@ -18,7 +18,8 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 # The stable ABI: one binary loads under every torch from 2.10 on, and headers compile in ~1 s.
 # (torch adds -DPy_LIMITED_API itself for py_limited_api extensions.)
 STABLE_ABI_FLAGS = ["-DTORCH_TARGET_VERSION=0x020a000000000000"]
-CXX_FLAGS = ["-O3", "-g0", "-std=c++17", *STABLE_ABI_FLAGS]
+# -ffp-contract=off: no fused multiply-add, so environment dynamics round as NumPy does.
+CXX_FLAGS = ["-O3", "-g0", "-std=c++17", "-ffp-contract=off", *STABLE_ABI_FLAGS]
 
 
 def cpu_sources() -> list[str]:

@@ -5,8 +5,7 @@
 extern "C" {
 PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {
-      PyModuleDef_HEAD_INIT, "_C", "nostall native operators (see torch.ops.nostall)", -1,
-      nullptr,
+      PyModuleDef_HEAD_INIT, "_C", "nostall native operators (see torch.ops.nostall)", -1, nullptr,
   };
   return PyModule_Create(&module_def);
 }

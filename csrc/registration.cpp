@@ -3,6 +3,7 @@
 // implementations, autograd formulas and vmap rules live in nostall/ops/.
 #include <torch/csrc/stable/library.h>
 
+#include "envs/env_ops.h"
 #include "ops/discounted_returns.h"
 #include "ops/gae.h"
 #include "ops/vtrace.h"
@@ -30,6 +31,35 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "vtrace(Tensor behavior_log_prob, Tensor target_log_prob, Tensor reward, Tensor value, "
       "Tensor next_value, Tensor done, Tensor terminated, float gamma, float rho_bar, "
       "float c_bar) -> (Tensor value_target, Tensor pg_advantage)");
+
+  // Environments. Each op that touches one is an ORDERED effect (registered from Python), so
+  // torch.compile keeps every call, in order.
+  // Opens num_envs copies of env_id; returns its handle. batch_size / max_episode_steps < 0:
+  // default.
+  m.def(
+      "env_create(str env_id, int num_envs, int num_threads, int seed, int autoreset_mode, "
+      "int batch_size, int max_episode_steps) -> int");
+  // Closes a handle; its environments and threads are freed once no call is using them.
+  m.def("env_close(int handle) -> ()");
+  // [obs_dim, state_dim, discrete, num_actions, action_dim, max_episode_steps] of env_id.
+  m.def("env_describe(str env_id) -> int[]");
+  // Resets every env (env i reseeded with seed + i when seed >= 0): obs float32 [num_envs,
+  // obs_dim].
+  m.def("env_reset(int handle, int seed) -> Tensor obs");
+  // Steps every env with actions (int64 [num_envs] or float32 [num_envs, action_dim]),
+  // autoresetting; final_obs is [num_envs, obs_dim] in same-step autoreset mode, else [0, obs_dim].
+  m.def(
+      "env_step(int handle, Tensor actions) -> (Tensor obs, Tensor reward, Tensor terminated, "
+      "Tensor truncated, Tensor final_obs)");
+  // Queues one step for each env in env_ids (int64 [k]) with actions [k, ...]; returns at once.
+  m.def("env_send(int handle, Tensor actions, Tensor env_ids) -> ()");
+  // Waits for batch_size queued steps and returns them in completion order, with their env ids.
+  m.def(
+      "env_recv(int handle) -> (Tensor obs, Tensor reward, Tensor terminated, Tensor truncated, "
+      "Tensor final_obs, Tensor env_ids)");
+  // The exact simulator state, float64 [num_envs, state_dim], for tests and checkpoints.
+  m.def("env_get_state(int handle) -> Tensor");
+  m.def("env_set_state(int handle, Tensor state) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
@@ -38,4 +68,17 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("discounted_returns", TORCH_BOX(&nostall::discounted_returns_cpu));
   m.impl("discounted_returns_backward", TORCH_BOX(&nostall::discounted_returns_backward_cpu));
   m.impl("vtrace", TORCH_BOX(&nostall::vtrace_cpu));
+  m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
+  m.impl("env_send", TORCH_BOX(&nostall::envs::env_send_cpu));
+  m.impl("env_set_state", TORCH_BOX(&nostall::envs::env_set_state_cpu));
+}
+
+// Ops with no tensor argument dispatch to no backend: they need a backend-independent kernel.
+STABLE_TORCH_LIBRARY_IMPL(nostall, CompositeExplicitAutograd, m) {
+  m.impl("env_create", TORCH_BOX(&nostall::envs::env_create));
+  m.impl("env_close", TORCH_BOX(&nostall::envs::env_close));
+  m.impl("env_describe", TORCH_BOX(&nostall::envs::env_describe));
+  m.impl("env_reset", TORCH_BOX(&nostall::envs::env_reset));
+  m.impl("env_recv", TORCH_BOX(&nostall::envs::env_recv));
+  m.impl("env_get_state", TORCH_BOX(&nostall::envs::env_get_state));
 }

@@ -18,8 +18,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
 extern "C" {
 PyObject* PyInit__C_cuda(void) {
   static struct PyModuleDef module_def = {
-      PyModuleDef_HEAD_INIT, "_C_cuda", "nostall CUDA kernels (see torch.ops.nostall)", -1,
-      nullptr,
+      PyModuleDef_HEAD_INIT, "_C_cuda", "nostall CUDA kernels (see torch.ops.nostall)", -1, nullptr,
   };
   return PyModule_Create(&module_def);
 }

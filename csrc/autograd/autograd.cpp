@@ -93,8 +93,8 @@ struct GaeFunction : torch::autograd::Function<GaeFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const Saved s = load_boundaries(ctx);
-    auto [gr, gv, gnv] = gae_backward_op(grads[0], grads[1], s.done, s.terminated, s.gamma,
-                                         s.lmbda);
+    auto [gr, gv, gnv] =
+        gae_backward_op(grads[0], grads[1], s.done, s.terminated, s.gamma, s.lmbda);
     return {gr, gv, gnv, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -154,9 +154,8 @@ struct ReturnsBackwardFunction : torch::autograd::Function<ReturnsBackwardFuncti
 
 struct VtraceFunction : torch::autograd::Function<VtraceFunction> {
   static variable_list forward(AutogradContext* ctx, const Tensor& blp, const Tensor& tlp,
-                               const Tensor& r, const Tensor& v, const Tensor& nv,
-                               const Tensor& d, const Tensor& t, double gamma, double rho_bar,
-                               double c_bar) {
+                               const Tensor& r, const Tensor& v, const Tensor& nv, const Tensor& d,
+                               const Tensor& t, double gamma, double rho_bar, double c_bar) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = native<VtraceSig>("nostall::vtrace");
     auto [value_target, pg_advantage] = op.call(blp, tlp, r, v, nv, d, t, gamma, rho_bar, c_bar);
@@ -175,8 +174,8 @@ Pair gae_autograd(const Tensor& r, const Tensor& v, const Tensor& nv, const Tens
   return {out[0], out[1]};
 }
 
-Triple gae_backward_autograd(const Tensor& ga, const Tensor& gvt, const Tensor& d,
-                             const Tensor& t, double gamma, double lmbda) {
+Triple gae_backward_autograd(const Tensor& ga, const Tensor& gvt, const Tensor& d, const Tensor& t,
+                             double gamma, double lmbda) {
   const variable_list out = GaeBackwardFunction::apply(ga, gvt, d, t, gamma, lmbda);
   return {out[0], out[1], out[2]};
 }
@@ -194,8 +193,7 @@ Pair returns_backward_autograd(const Tensor& g, const Tensor& d, const Tensor& t
 Pair vtrace_autograd(const Tensor& blp, const Tensor& tlp, const Tensor& r, const Tensor& v,
                      const Tensor& nv, const Tensor& d, const Tensor& t, double gamma,
                      double rho_bar, double c_bar) {
-  const variable_list out =
-      VtraceFunction::apply(blp, tlp, r, v, nv, d, t, gamma, rho_bar, c_bar);
+  const variable_list out = VtraceFunction::apply(blp, tlp, r, v, nv, d, t, gamma, rho_bar, c_bar);
   return {out[0], out[1]};
 }
 

@@ -24,26 +24,25 @@ inline void check_time_major(const Tensor& t, const char* name) {
                   " dimensions");
   STD_TORCH_CHECK(is_floating(t), name, " must be float32 or float64, got ",
                   torch::headeronly::toString(t.scalar_type()));
-  STD_TORCH_CHECK(t.size(0) >= 1 && t.size(1) >= 1, name,
-                  " must have T >= 1 and N >= 1, got [", t.size(0), ", ", t.size(1), "]");
+  STD_TORCH_CHECK(t.size(0) >= 1 && t.size(1) >= 1, name, " must have T >= 1 and N >= 1, got [",
+                  t.size(0), ", ", t.size(1), "]");
 }
 
 inline void check_same_shape_and_device(const Tensor& t, const char* name, const Tensor& ref,
                                         const char* ref_name) {
   STD_TORCH_CHECK(t.dim() == ref.dim() && t.size(0) == ref.size(0) && t.size(1) == ref.size(1),
-                  name, " must have the shape of ", ref_name, " [", ref.size(0), ", ",
-                  ref.size(1), "]");
+                  name, " must have the shape of ", ref_name, " [", ref.size(0), ", ", ref.size(1),
+                  "]");
   STD_TORCH_CHECK(t.device() == ref.device(), name, " must be on the device of ", ref_name);
 }
 
 // A float tensor that must match `ref` (the op's first float argument) in shape, dtype, device.
-inline void check_like(const Tensor& t, const char* name, const Tensor& ref,
-                       const char* ref_name) {
+inline void check_like(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name) {
   STD_TORCH_CHECK(t.dim() == 2, name, " must be a time-major [T, N] tensor, got ", t.dim(),
                   " dimensions");
   check_same_shape_and_device(t, name, ref, ref_name);
-  STD_TORCH_CHECK(t.scalar_type() == ref.scalar_type(), name, " must have the dtype of ",
-                  ref_name, " (", torch::headeronly::toString(ref.scalar_type()), "), got ",
+  STD_TORCH_CHECK(t.scalar_type() == ref.scalar_type(), name, " must have the dtype of ", ref_name,
+                  " (", torch::headeronly::toString(ref.scalar_type()), "), got ",
                   torch::headeronly::toString(t.scalar_type()));
 }
 
@@ -62,8 +61,7 @@ inline void check_unit_interval(double x, const char* name) {
 }
 
 inline void check_positive(double x, const char* name) {
-  STD_TORCH_CHECK(x > 0.0 && std::isfinite(x), name, " must be a positive finite number, got ",
-                  x);
+  STD_TORCH_CHECK(x > 0.0 && std::isfinite(x), name, " must be a positive finite number, got ", x);
 }
 
 }  // namespace nostall

@@ -35,7 +35,7 @@ NOSTALL_HD inline S pick(bool cond, S if_true, S if_false) {
   return cond ? if_true : if_false;
 #else
   using Bits = std::conditional_t<sizeof(S) == 4, uint32_t, uint64_t>;
-  const Bits mask = static_cast<Bits>(-static_cast<std::make_signed_t<Bits>>(cond));
+  const Bits mask = static_cast<Bits>(-static_cast<std::make_signed_t<Bits> >(cond));
   Bits a, b;
   std::memcpy(&a, &if_true, sizeof(S));
   std::memcpy(&b, &if_false, sizeof(S));

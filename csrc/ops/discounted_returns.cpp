@@ -31,9 +31,8 @@ void returns_band(const S* __restrict__ r, const S* __restrict__ b, const bool* 
 // Rows forward in time: returns[t - 1] holds returns[t] with coefficient returns_discount(t - 1).
 template <typename S>
 void returns_backward_band(const S* __restrict__ gret, const bool* __restrict__ d,
-                           const bool* __restrict__ term, S* __restrict__ gr,
-                           S* __restrict__ gb, int64_t T, int64_t N, int64_t n0, int64_t n1,
-                           S g) {
+                           const bool* __restrict__ term, S* __restrict__ gr, S* __restrict__ gb,
+                           int64_t T, int64_t N, int64_t n0, int64_t n1, S g) {
   auto write = [&](int64_t i, S gx, bool cut) {
     gr[i] = gx;
     gb[i] = zero_if(!cut || term[i], g * gx);
@@ -56,8 +55,8 @@ void returns_backward_band(const S* __restrict__ gret, const bool* __restrict__ 
 
 }  // namespace
 
-Tensor discounted_returns_cpu(Tensor reward, Tensor done, Tensor terminated,
-                              Tensor bootstrap_value, double gamma) {
+Tensor discounted_returns_cpu(Tensor reward, Tensor done, Tensor terminated, Tensor bootstrap_value,
+                              double gamma) {
   check_discounted_returns_args(reward, done, terminated, bootstrap_value, gamma);
   reward = as_contiguous(reward);
   done = as_contiguous(done);
@@ -74,9 +73,8 @@ Tensor discounted_returns_cpu(Tensor reward, Tensor done, Tensor terminated,
     const bool* term = terminated.const_data_ptr<bool>();
     S* ret = out_ptr<S>(returns);
     const S g = static_cast<S>(gamma);
-    for_column_bands(N, T, [&](int64_t n0, int64_t n1) {
-      returns_band(r, b, d, term, ret, T, N, n0, n1, g);
-    });
+    for_column_bands(
+        N, T, [&](int64_t n0, int64_t n1) { returns_band(r, b, d, term, ret, T, N, n0, n1, g); });
   });
   return returns;
 }

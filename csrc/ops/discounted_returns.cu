@@ -10,9 +10,8 @@ using torch::stable::empty_like;
 
 template <typename S>
 __global__ void discounted_returns_kernel(const S* __restrict__ r, const S* __restrict__ b,
-                                          const bool* __restrict__ d,
-                                          const bool* __restrict__ term, S* __restrict__ ret,
-                                          int64_t T, int64_t N, S g) {
+                                          const bool* __restrict__ d, const bool* __restrict__ term,
+                                          S* __restrict__ ret, int64_t T, int64_t N, S g) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   S following = S(0);

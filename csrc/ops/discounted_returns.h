@@ -28,8 +28,8 @@ NOSTALL_HD inline S returns_step(S reward, S bootstrap, bool cut, bool terminate
 }
 
 inline void check_discounted_returns_args(const Tensor& reward, const Tensor& done,
-                                          const Tensor& terminated,
-                                          const Tensor& bootstrap_value, double gamma) {
+                                          const Tensor& terminated, const Tensor& bootstrap_value,
+                                          double gamma) {
   check_time_major(reward, "reward");
   check_flags(done, "done", reward, "reward");
   check_flags(terminated, "terminated", reward, "reward");
@@ -45,8 +45,8 @@ inline void check_discounted_returns_backward_args(const Tensor& grad_returns, c
   check_unit_interval(gamma, "gamma");
 }
 
-Tensor discounted_returns_cpu(Tensor reward, Tensor done, Tensor terminated,
-                              Tensor bootstrap_value, double gamma);
+Tensor discounted_returns_cpu(Tensor reward, Tensor done, Tensor terminated, Tensor bootstrap_value,
+                              double gamma);
 std::tuple<Tensor, Tensor> discounted_returns_backward_cpu(Tensor grad_returns, Tensor done,
                                                            Tensor terminated, double gamma);
 Tensor discounted_returns_cuda(Tensor reward, Tensor done, Tensor terminated,

@@ -90,9 +90,8 @@ std::tuple<Tensor, Tensor> gae_cpu(Tensor reward, Tensor value, Tensor next_valu
   return {advantage, value_target};
 }
 
-std::tuple<Tensor, Tensor, Tensor> gae_backward_cpu(Tensor grad_advantage,
-                                                    Tensor grad_value_target, Tensor done,
-                                                    Tensor terminated, double gamma,
+std::tuple<Tensor, Tensor, Tensor> gae_backward_cpu(Tensor grad_advantage, Tensor grad_value_target,
+                                                    Tensor done, Tensor terminated, double gamma,
                                                     double lmbda) {
   check_gae_backward_args(grad_advantage, grad_value_target, done, terminated, gamma, lmbda);
   grad_advantage = as_contiguous(grad_advantage);

@@ -11,8 +11,8 @@ using torch::stable::empty_like;
 template <typename S>
 __global__ void gae_kernel(const S* __restrict__ r, const S* __restrict__ v,
                            const S* __restrict__ nv, const bool* __restrict__ d,
-                           const bool* __restrict__ term, S* __restrict__ adv,
-                           S* __restrict__ vt, int64_t T, int64_t N, S g, S gl) {
+                           const bool* __restrict__ term, S* __restrict__ adv, S* __restrict__ vt,
+                           int64_t T, int64_t N, S g, S gl) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   S carry = S(0);
@@ -60,9 +60,9 @@ std::tuple<Tensor, Tensor> gae_cuda(Tensor reward, Tensor value, Tensor next_val
   dispatch_floating(reward.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
     gae_kernel<S><<<column_blocks(N), kColumnThreads, 0, stream>>>(
-        in_ptr<S>(reward), in_ptr<S>(value), in_ptr<S>(next_value),
-        done.const_data_ptr<bool>(), terminated.const_data_ptr<bool>(), out_ptr<S>(advantage),
-        out_ptr<S>(value_target), T, N, static_cast<S>(gamma), static_cast<S>(gamma * lmbda));
+        in_ptr<S>(reward), in_ptr<S>(value), in_ptr<S>(next_value), done.const_data_ptr<bool>(),
+        terminated.const_data_ptr<bool>(), out_ptr<S>(advantage), out_ptr<S>(value_target), T, N,
+        static_cast<S>(gamma), static_cast<S>(gamma * lmbda));
   });
   check_launch("gae_kernel");
   return {advantage, value_target};
@@ -89,8 +89,7 @@ std::tuple<Tensor, Tensor, Tensor> gae_backward_cuda(Tensor grad_advantage,
     gae_backward_kernel<S><<<column_blocks(N), kColumnThreads, 0, stream>>>(
         in_ptr<S>(grad_advantage), in_ptr<S>(grad_value_target), done.const_data_ptr<bool>(),
         terminated.const_data_ptr<bool>(), out_ptr<S>(grad_reward), out_ptr<S>(grad_value),
-        out_ptr<S>(grad_next_value), T, N, static_cast<S>(gamma),
-        static_cast<S>(gamma * lmbda));
+        out_ptr<S>(grad_next_value), T, N, static_cast<S>(gamma), static_cast<S>(gamma * lmbda));
   });
   check_launch("gae_backward_kernel");
   return {grad_reward, grad_value, grad_next_value};

@@ -55,14 +55,13 @@ inline void check_gae_backward_args(const Tensor& grad_advantage, const Tensor& 
 
 std::tuple<Tensor, Tensor> gae_cpu(Tensor reward, Tensor value, Tensor next_value, Tensor done,
                                    Tensor terminated, double gamma, double lmbda);
-std::tuple<Tensor, Tensor, Tensor> gae_backward_cpu(Tensor grad_advantage,
-                                                    Tensor grad_value_target, Tensor done,
-                                                    Tensor terminated, double gamma, double lmbda);
+std::tuple<Tensor, Tensor, Tensor> gae_backward_cpu(Tensor grad_advantage, Tensor grad_value_target,
+                                                    Tensor done, Tensor terminated, double gamma,
+                                                    double lmbda);
 std::tuple<Tensor, Tensor> gae_cuda(Tensor reward, Tensor value, Tensor next_value, Tensor done,
                                     Tensor terminated, double gamma, double lmbda);
 std::tuple<Tensor, Tensor, Tensor> gae_backward_cuda(Tensor grad_advantage,
                                                      Tensor grad_value_target, Tensor done,
-                                                     Tensor terminated, double gamma,
-                                                     double lmbda);
+                                                     Tensor terminated, double gamma, double lmbda);
 
 }  // namespace nostall

@@ -3,9 +3,9 @@
 
 #include <torch/csrc/stable/ops.h>
 
-#include "common/cpu_loops.h"
-
 #include <vector>
+
+#include "common/cpu_loops.h"
 
 namespace nostall {
 
@@ -15,8 +15,8 @@ std::tuple<Tensor, Tensor> vtrace_cpu(Tensor behavior_log_prob, Tensor target_lo
                                       Tensor reward, Tensor value, Tensor next_value, Tensor done,
                                       Tensor terminated, double gamma, double rho_bar,
                                       double c_bar) {
-  check_vtrace_args(behavior_log_prob, target_log_prob, reward, value, next_value, done,
-                    terminated, gamma, rho_bar, c_bar);
+  check_vtrace_args(behavior_log_prob, target_log_prob, reward, value, next_value, done, terminated,
+                    gamma, rho_bar, c_bar);
   behavior_log_prob = as_contiguous(behavior_log_prob);
   target_log_prob = as_contiguous(target_log_prob);
   reward = as_contiguous(reward);

@@ -12,8 +12,8 @@ template <typename S>
 __global__ void vtrace_kernel(const S* __restrict__ blp, const S* __restrict__ tlp,
                               const S* __restrict__ r, const S* __restrict__ v,
                               const S* __restrict__ nv, const bool* __restrict__ d,
-                              const bool* __restrict__ term, S* __restrict__ vs,
-                              S* __restrict__ pg, int64_t T, int64_t N, S g, S rb, S cb) {
+                              const bool* __restrict__ term, S* __restrict__ vs, S* __restrict__ pg,
+                              int64_t T, int64_t N, S g, S rb, S cb) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   S acc = S(0);
@@ -33,11 +33,11 @@ __global__ void vtrace_kernel(const S* __restrict__ blp, const S* __restrict__ t
 }
 
 std::tuple<Tensor, Tensor> vtrace_cuda(Tensor behavior_log_prob, Tensor target_log_prob,
-                                       Tensor reward, Tensor value, Tensor next_value,
-                                       Tensor done, Tensor terminated, double gamma,
-                                       double rho_bar, double c_bar) {
-  check_vtrace_args(behavior_log_prob, target_log_prob, reward, value, next_value, done,
-                    terminated, gamma, rho_bar, c_bar);
+                                       Tensor reward, Tensor value, Tensor next_value, Tensor done,
+                                       Tensor terminated, double gamma, double rho_bar,
+                                       double c_bar) {
+  check_vtrace_args(behavior_log_prob, target_log_prob, reward, value, next_value, done, terminated,
+                    gamma, rho_bar, c_bar);
   torch::stable::accelerator::DeviceGuard guard(reward.get_device_index());
   behavior_log_prob = as_contiguous(behavior_log_prob);
   target_log_prob = as_contiguous(target_log_prob);
@@ -56,8 +56,8 @@ std::tuple<Tensor, Tensor> vtrace_cuda(Tensor behavior_log_prob, Tensor target_l
     vtrace_kernel<S><<<column_blocks(N), kColumnThreads, 0, stream>>>(
         in_ptr<S>(behavior_log_prob), in_ptr<S>(target_log_prob), in_ptr<S>(reward),
         in_ptr<S>(value), in_ptr<S>(next_value), done.const_data_ptr<bool>(),
-        terminated.const_data_ptr<bool>(), out_ptr<S>(value_target), out_ptr<S>(pg_advantage),
-        T, N, static_cast<S>(gamma), static_cast<S>(rho_bar), static_cast<S>(c_bar));
+        terminated.const_data_ptr<bool>(), out_ptr<S>(value_target), out_ptr<S>(pg_advantage), T, N,
+        static_cast<S>(gamma), static_cast<S>(rho_bar), static_cast<S>(c_bar));
   });
   check_launch("vtrace_kernel");
   return {value_target, pg_advantage};

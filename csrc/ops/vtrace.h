@@ -51,8 +51,8 @@ std::tuple<Tensor, Tensor> vtrace_cpu(Tensor behavior_log_prob, Tensor target_lo
                                       Tensor terminated, double gamma, double rho_bar,
                                       double c_bar);
 std::tuple<Tensor, Tensor> vtrace_cuda(Tensor behavior_log_prob, Tensor target_log_prob,
-                                       Tensor reward, Tensor value, Tensor next_value,
-                                       Tensor done, Tensor terminated, double gamma,
-                                       double rho_bar, double c_bar);
+                                       Tensor reward, Tensor value, Tensor next_value, Tensor done,
+                                       Tensor terminated, double gamma, double rho_bar,
+                                       double c_bar);
 
 }  // namespace nostall

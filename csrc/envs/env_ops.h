@@ -1,0 +1,40 @@
+// Kernels of the environment operators (schemas in csrc/registration.cpp). Every op takes the
+// integer handle of an environment opened by env_create.
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "envs/core/vec_env.h"
+
+namespace nostall::envs {
+
+using torch::stable::Tensor;
+using StepTensors = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+using RecvTensors = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+int64_t env_create(std::string env_id, int64_t num_envs, int64_t num_threads, int64_t seed,
+                   int64_t autoreset_mode, int64_t batch_size, int64_t max_episode_steps);
+void env_close(int64_t handle);
+std::vector<int64_t> env_describe(std::string env_id);
+Tensor env_reset(int64_t handle, int64_t seed);
+StepTensors env_step_cpu(int64_t handle, Tensor actions);
+void env_send_cpu(int64_t handle, Tensor actions, Tensor env_ids);
+RecvTensors env_recv(int64_t handle);
+Tensor env_get_state(int64_t handle);
+void env_set_state_cpu(int64_t handle, Tensor state);
+
+// Shared by the CPU and CUDA step: shape and dtype of an action batch for `env`.
+void check_action_tensor(const VecEnv& env, const Tensor& actions, int64_t rows);
+// Output tensors of one step (final_obs is [0, obs_dim] unless autoreset is same-step), on
+// the device of `like`.
+StepTensors new_step_outputs(const VecEnv& env, const Tensor& like, int64_t rows);
+StepOutput output_pointers(StepTensors& out);
+
+StepTensors env_step_cuda(int64_t handle, Tensor actions);
+
+}  // namespace nostall::envs

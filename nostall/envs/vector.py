@@ -1,0 +1,262 @@
+"""Native vector environments with Gymnasium's VectorEnv API (NumPy) and a torch API.
+
+    env = nostall.envs.make("CartPole-v1", num_envs=64, seed=0)
+    obs, info = env.reset()                        # NumPy, as any Gymnasium vector env
+    obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+
+    obs = env.torch.reset()                        # tensors, through the same native envs
+    step = env.torch.step(actions)                 # obs, reward, terminated, truncated, final_obs
+    env.torch.send(actions, env_ids); batch = env.torch.recv()   # EnvPool-style async
+
+Each call is one custom operator on an integer handle (torch.ops.nostall.env_*), registered as
+an ordered effect, so a loop of policy -> env.torch.step compiles whole and keeps its order.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from nostall.envs import _ops
+from nostall.envs.gymnasium_bridge import set_gymnasium_state
+from nostall.envs.registry import env_info
+
+ops = torch.ops.nostall
+_MODES = {AutoresetMode.NEXT_STEP: 0, AutoresetMode.SAME_STEP: 1}
+
+
+class EnvStep(NamedTuple):
+    obs: torch.Tensor  # float32 [num_envs, obs_dim]
+    reward: torch.Tensor  # float64 [num_envs]
+    terminated: torch.Tensor  # bool [num_envs]
+    truncated: torch.Tensor  # bool [num_envs]
+    final_obs: torch.Tensor  # float32 [num_envs, obs_dim] (same-step autoreset), else [0, obs_dim]
+
+
+class EnvBatch(NamedTuple):
+    obs: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    final_obs: torch.Tensor
+    env_ids: torch.Tensor  # int64 [batch_size]: which environment each row belongs to
+
+
+def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
+    try:
+        mode = AutoresetMode(mode) if isinstance(mode, str) else mode
+    except ValueError:
+        mode = None
+    if mode not in _MODES:
+        names = ", ".join(m.value for m in _MODES)
+        raise ValueError(f"autoreset_mode must be one of {names}")
+    return mode
+
+
+def _close_handle(handle: int) -> None:
+    _ops.OPEN.pop(handle, None)
+    ops.env_close(handle)
+
+
+class VectorEnv(gym.vector.VectorEnv):
+    """`num_envs` copies of a native environment, as a Gymnasium vector env."""
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        *,
+        num_threads: int = 1,
+        seed: int = 0,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        batch_size: int | None = None,
+        max_episode_steps: int | None = None,
+        render_mode: str | None = None,
+    ):
+        self.info = env_info(env_id)
+        mode = _autoreset_mode(autoreset_mode)
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.handle: int = ops.env_create(
+            env_id,
+            num_envs,
+            num_threads,
+            seed,
+            _MODES[mode],
+            -1 if batch_size is None else batch_size,
+            -1 if max_episode_steps is None else max_episode_steps,
+        )
+        self._finalizer = weakref.finalize(self, _close_handle, self.handle)
+        self.num_envs = num_envs
+        self.batch_size = num_envs if batch_size is None else batch_size
+        self.max_episode_steps = max_episode_steps or self.info.max_episode_steps
+        self.metadata = {"autoreset_mode": mode, "render_modes": ["rgb_array"]}
+        self.render_mode = render_mode
+        self.single_observation_space = self.info.observation_space
+        self.single_action_space = self.info.action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        _ops.OPEN[self.handle] = _ops.HandleSizes(
+            num_envs,
+            self.single_observation_space.shape[0],
+            self.info.state_dim,
+            self.batch_size,
+            mode == AutoresetMode.SAME_STEP,
+        )
+        self._renderers: list[gym.Env] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        # gymnasium.vector.VectorEnv assigns `closed`; the finalizer is the source of truth.
+        pass
+
+    @property
+    def torch(self) -> TorchVectorEnv:
+        """The same environments through tensors (no NumPy conversion)."""
+        return TorchVectorEnv(self)
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"{self.info.id}: the environment is closed")
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Resets every environment; `seed` reseeds env i with seed + i, as Gymnasium does."""
+        self._require_open()
+        if options:
+            raise ValueError("nostall environments take no reset options")
+        obs = ops.env_reset(self.handle, -1 if seed is None else seed)
+        return obs.numpy(), {}
+
+    def _action_tensor(self, actions) -> torch.Tensor:
+        a = np.asarray(actions)
+        if self.info.discrete:
+            if not np.issubdtype(a.dtype, np.integer):
+                raise TypeError(f"{self.info.id}: actions must be integers, got {a.dtype}")
+            a = a.astype(np.int64, copy=False)
+        else:
+            if not np.issubdtype(a.dtype, np.floating):
+                raise TypeError(f"{self.info.id}: actions must be floats, got {a.dtype}")
+            a = a.astype(np.float32, copy=False)
+        return torch.as_tensor(np.ascontiguousarray(a))
+
+    def step(
+        self, actions
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        self._require_open()
+        out = EnvStep(*ops.env_step(self.handle, self._action_tensor(actions)))
+        return (
+            out.obs.numpy(),
+            out.reward.numpy(),
+            out.terminated.numpy(),
+            out.truncated.numpy(),
+            self._infos(out.terminated, out.truncated, out.final_obs),
+        )
+
+    def _infos(self, terminated, truncated, final_obs) -> dict[str, Any]:
+        if final_obs.shape[0] == 0:
+            return {}
+        done = (terminated | truncated).numpy()
+        if not done.any():
+            return {}
+        # Gymnasium's same-step layout: an object array with the final observation of each env
+        # that finished (None elsewhere), and a mask.
+        finals = np.full(len(done), None, dtype=object)
+        for i in np.flatnonzero(done):
+            finals[i] = final_obs[i].numpy()
+        return {"final_obs": finals, "_final_obs": done, "final_info": {}, "_final_info": done}
+
+    def send(self, actions, env_ids=None) -> None:
+        """Queues one step for each env in `env_ids` (all envs when None); returns at once."""
+        self._require_open()
+        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, np.int64)
+        ops.env_send(self.handle, self._action_tensor(actions), torch.as_tensor(ids))
+
+    def recv(self):
+        """The first `batch_size` queued steps to finish: (obs, reward, terminated, truncated,
+        info) with `info["env_id"]` saying which environment each row belongs to."""
+        self._require_open()
+        b = EnvBatch(*ops.env_recv(self.handle))
+        infos = self._infos(b.terminated, b.truncated, b.final_obs)
+        infos["env_id"] = b.env_ids.numpy()
+        return b.obs.numpy(), b.reward.numpy(), b.terminated.numpy(), b.truncated.numpy(), infos
+
+    def get_state(self) -> np.ndarray:
+        """Exact simulator state, float64 [num_envs, state_dim] (for tests and checkpoints)."""
+        self._require_open()
+        return ops.env_get_state(self.handle).numpy()
+
+    def set_state(self, state: np.ndarray) -> None:
+        self._require_open()
+        ops.env_set_state(self.handle, torch.as_tensor(np.asarray(state, dtype=np.float64)))
+
+    def render(self) -> tuple[np.ndarray, ...] | None:
+        """RGB frames of every environment, drawn by Gymnasium's own renderer from our state."""
+        self._require_open()
+        if self.render_mode is None:
+            return None
+        if self._renderers is None:
+            self._renderers = [
+                gym.make(self.info.id, render_mode="rgb_array").unwrapped
+                for _ in range(self.num_envs)
+            ]
+        frames = []
+        for renderer, state in zip(self._renderers, self.get_state(), strict=True):
+            set_gymnasium_state(self.info.id, renderer, state)
+            frames.append(renderer.render())
+        return tuple(frames)
+
+    def close(self, **kwargs: Any) -> None:
+        """Frees the environments and their threads. Safe to call twice."""
+        if self._renderers is not None:
+            for renderer in self._renderers:
+                renderer.close()
+            self._renderers = None
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"handle {self.handle}"
+        return f"nostall.envs.VectorEnv({self.info.id}, num_envs={self.num_envs}, {state})"
+
+
+class TorchVectorEnv:
+    """The torch interface of a VectorEnv: tensors in and out, one native call each."""
+
+    def __init__(self, env: VectorEnv):
+        self.env = env
+        self.handle = env.handle
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Resets every environment; returns obs float32 [num_envs, obs_dim] on the CPU."""
+        self.env._require_open()
+        return ops.env_reset(self.handle, -1 if seed is None else seed)
+
+    def step(self, actions: torch.Tensor) -> EnvStep:
+        """Steps every environment. Actions: int64 [num_envs] (discrete) or float32
+        [num_envs, action_dim] (continuous). Outputs live on the actions' device; with CUDA
+        actions the step is ordered on the current stream and the host never waits."""
+        return EnvStep(*ops.env_step(self.handle, actions))
+
+    def send(self, actions: torch.Tensor, env_ids: torch.Tensor | None = None) -> None:
+        if env_ids is None:
+            env_ids = torch.arange(self.env.num_envs)
+        ops.env_send(self.handle, actions, env_ids)
+
+    def recv(self) -> EnvBatch:
+        return EnvBatch(*ops.env_recv(self.handle))
+
+
+def make(env_id: str, num_envs: int = 1, **kwargs: Any) -> VectorEnv:
+    """Opens `num_envs` native copies of `env_id`; see VectorEnv for the options."""
+    return VectorEnv(env_id, num_envs, **kwargs)
