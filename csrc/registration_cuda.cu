@@ -3,6 +3,7 @@
 #include <Python.h>
 #include <torch/csrc/stable/library.h>
 
+#include "envs/env_ops.h"
 #include "ops/discounted_returns.h"
 #include "ops/gae.h"
 #include "ops/vtrace.h"
@@ -13,6 +14,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
   m.impl("discounted_returns", TORCH_BOX(&nostall::discounted_returns_cuda));
   m.impl("discounted_returns_backward", TORCH_BOX(&nostall::discounted_returns_backward_cuda));
   m.impl("vtrace", TORCH_BOX(&nostall::vtrace_cuda));
+  m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cuda));
 }
 
 extern "C" {

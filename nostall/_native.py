@@ -8,12 +8,26 @@ the 'CUDA' backend", never silently.
 
 import importlib
 import importlib.util
+import os
+import sys
 
 import torch
 
-# Order matters: the autograd kernels attach to schemas that _C defines.
-importlib.import_module("nostall._C")
-importlib.import_module("nostall._C_autograd")
+
+def _load_core() -> None:
+    # _C is loaded with RTLD_GLOBAL: the CUDA library's environment step calls into the engine
+    # and handle registry that live in _C (one registry, shared), and resolves them at load.
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags(flags | os.RTLD_GLOBAL)
+    try:
+        importlib.import_module("nostall._C")
+    finally:
+        sys.setdlopenflags(flags)
+    # The autograd kernels attach to schemas that _C defines.
+    importlib.import_module("nostall._C_autograd")
+
+
+_load_core()
 
 
 def _load_cuda_kernels() -> bool:

@@ -9,8 +9,6 @@
 
 namespace nostall::envs {
 
-using torch::headeronly::ScalarType;
-
 namespace {
 
 Tensor cpu_empty(std::vector<int64_t> sizes, ScalarType dtype) {
@@ -55,44 +53,6 @@ Tensor env_reset(int64_t handle, int64_t seed) {
   Tensor obs = cpu_empty({env->num_envs(), env->spec().obs_dim}, ScalarType::Float);
   env->reset(seed, obs.mutable_data_ptr<float>());
   return obs;
-}
-
-void check_action_tensor(const VecEnv& env, const Tensor& actions, int64_t rows) {
-  const EnvSpec& s = env.spec();
-  if (s.discrete) {
-    STD_TORCH_CHECK(actions.scalar_type() == ScalarType::Long, s.id,
-                    ": actions must be int64 (discrete), got ",
-                    torch::headeronly::toString(actions.scalar_type()));
-    STD_TORCH_CHECK(actions.dim() == 1 && actions.size(0) == rows, s.id,
-                    ": actions must have shape [", rows, "]");
-  } else {
-    STD_TORCH_CHECK(actions.scalar_type() == ScalarType::Float, s.id,
-                    ": actions must be float32 (continuous), got ",
-                    torch::headeronly::toString(actions.scalar_type()));
-    STD_TORCH_CHECK(
-        actions.dim() == 2 && actions.size(0) == rows && actions.size(1) == s.action_dim, s.id,
-        ": actions must have shape [", rows, ", ", s.action_dim, "]");
-  }
-}
-
-StepTensors new_step_outputs(const VecEnv& env, const Tensor& like, int64_t rows) {
-  const int64_t obs_dim = env.spec().obs_dim;
-  const bool same_step = env.config().autoreset_mode == AutoresetMode::kSameStep;
-  using torch::stable::new_empty;
-  return {new_empty(like, {rows, obs_dim}, ScalarType::Float),
-          new_empty(like, {rows}, ScalarType::Double), new_empty(like, {rows}, ScalarType::Bool),
-          new_empty(like, {rows}, ScalarType::Bool),
-          new_empty(like, {same_step ? rows : 0, obs_dim}, ScalarType::Float)};
-}
-
-StepOutput output_pointers(StepTensors& out) {
-  auto& [obs, reward, terminated, truncated, final_obs] = out;
-  return {obs.mutable_data_ptr<float>(),
-          reward.mutable_data_ptr<double>(),
-          terminated.mutable_data_ptr<bool>(),
-          truncated.mutable_data_ptr<bool>(),
-          final_obs.size(0) > 0 ? final_obs.mutable_data_ptr<float>() : nullptr,
-          nullptr};
 }
 
 StepTensors env_step_cpu(int64_t handle, Tensor actions) {

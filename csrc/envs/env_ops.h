@@ -10,11 +10,10 @@
 #include <vector>
 
 #include "envs/core/vec_env.h"
+#include "envs/step_tensors.h"
 
 namespace nostall::envs {
 
-using torch::stable::Tensor;
-using StepTensors = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 using RecvTensors = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 int64_t env_create(std::string env_id, int64_t num_envs, int64_t num_threads, int64_t seed,
@@ -27,13 +26,6 @@ void env_send_cpu(int64_t handle, Tensor actions, Tensor env_ids);
 RecvTensors env_recv(int64_t handle);
 Tensor env_get_state(int64_t handle);
 void env_set_state_cpu(int64_t handle, Tensor state);
-
-// Shared by the CPU and CUDA step: shape and dtype of an action batch for `env`.
-void check_action_tensor(const VecEnv& env, const Tensor& actions, int64_t rows);
-// Output tensors of one step (final_obs is [0, obs_dim] unless autoreset is same-step), on
-// the device of `like`.
-StepTensors new_step_outputs(const VecEnv& env, const Tensor& like, int64_t rows);
-StepOutput output_pointers(StepTensors& out);
 
 StepTensors env_step_cuda(int64_t handle, Tensor actions);
 

@@ -19,6 +19,8 @@ def set_gymnasium_state(env_id: str, unwrapped, state: np.ndarray) -> None:
         unwrapped.state = np.array(state, dtype=np.float64)
     if env_id == "CartPole-v1":
         unwrapped.steps_beyond_terminated = None
+    if env_id == "Pendulum-v1":
+        unwrapped.last_u = None  # as after reset: the frame shows no torque arrow
 
 
 def gymnasium_observation(env_id: str, unwrapped) -> np.ndarray:

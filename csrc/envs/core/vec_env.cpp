@@ -70,6 +70,7 @@ void VecEnv::require_idle(const char* what) const {
 
 void VecEnv::reset(int64_t seed, float* obs) {
   raise_deferred_error();
+  std::lock_guard<std::mutex> call(call_mutex_);
   require_idle("reset()");
   for (int64_t i = 0; i < num_envs(); ++i) {
     if (seed >= 0) rng(i).seed(static_cast<uint64_t>(seed) + i);
@@ -112,6 +113,7 @@ void VecEnv::step_one(int64_t i, const Action& a, const StepOutput& out, int64_t
 
 void VecEnv::step(const void* actions, const StepOutput& out) {
   raise_deferred_error();
+  std::lock_guard<std::mutex> call(call_mutex_);
   require_idle("step()");
   check_actions(actions, num_envs());
   const int64_t max_parts = std::max<int64_t>(1, num_envs() / kMinEnvsPerThread);
@@ -204,11 +206,13 @@ void VecEnv::recv(const StepOutput& out) {
 }
 
 void VecEnv::get_state(double* out) const {
+  std::lock_guard<std::mutex> call(call_mutex_);
   require_idle("get_state()");
   for (int64_t i = 0; i < num_envs(); ++i) export_env(i, out + i * spec_.state_dim);
 }
 
 void VecEnv::set_state(const double* in) {
+  std::lock_guard<std::mutex> call(call_mutex_);
   require_idle("set_state()");
   for (int64_t i = 0; i < num_envs(); ++i) import_env(i, in + i * spec_.state_dim);
 }

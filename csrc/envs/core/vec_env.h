@@ -78,6 +78,10 @@ class VecEnv {
   void defer_error(std::string message);
   void raise_deferred_error();
 
+  // Opaque per-environment resources of a device backend (the CUDA step's pinned staging
+  // buffers), released with the environment.
+  std::shared_ptr<void>& device_staging() { return device_staging_; }
+
  protected:
   virtual void reset_env(int64_t i) = 0;
   virtual Transition step_env(int64_t i, const Action& a) = 0;
@@ -86,6 +90,10 @@ class VecEnv {
   virtual void import_env(int64_t i, const double* in) = 0;
 
   Rng& rng(int64_t i) { return rngs_[static_cast<size_t>(i)]; }
+
+  // Runs the queued asynchronous steps and joins the workers. Derived classes call it first in
+  // their destructor: a queued step calls their virtual functions and reads their state.
+  void stop_workers() { pool_.reset(); }
 
  private:
   Action action_at(const void* actions, int64_t row) const;
@@ -114,6 +122,10 @@ class VecEnv {
   std::mutex error_mutex_;
   std::string deferred_error_;
 
+  // Serialises synchronous calls: a CUDA stream's host function may step while Python calls.
+  mutable std::mutex call_mutex_;
+  std::shared_ptr<void> device_staging_;
+
   std::unique_ptr<ThreadPool> pool_;  // last: joined first, while the state above still lives
 };
 
@@ -122,6 +134,7 @@ class VecEnvOf final : public VecEnv {
  public:
   explicit VecEnvOf(const EnvConfig& config)
       : VecEnv(Dynamics::spec(), config), states_(static_cast<size_t>(config.num_envs)) {}
+  ~VecEnvOf() override { stop_workers(); }
 
  protected:
   void reset_env(int64_t i) override { Dynamics::reset(rng(i), states_[i]); }

@@ -1,0 +1,61 @@
+// Step-output tensors and action checks shared by the CPU and CUDA step kernels. Inline: the
+// CUDA library compiles its own copy (stable-ABI tensor types are not exported across
+// libraries), while the engine and handle registry it calls stay one, in the core library.
+#pragma once
+
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <tuple>
+
+#include "envs/core/vec_env.h"
+
+namespace nostall::envs {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+using StepTensors = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+// Shape and dtype of an action batch of `rows` environments.
+inline void check_action_tensor(const VecEnv& env, const Tensor& actions, int64_t rows) {
+  const EnvSpec& s = env.spec();
+  if (s.discrete) {
+    STD_TORCH_CHECK(actions.scalar_type() == ScalarType::Long, s.id,
+                    ": actions must be int64 (discrete), got ",
+                    torch::headeronly::toString(actions.scalar_type()));
+    STD_TORCH_CHECK(actions.dim() == 1 && actions.size(0) == rows, s.id,
+                    ": actions must have shape [", rows, "]");
+  } else {
+    STD_TORCH_CHECK(actions.scalar_type() == ScalarType::Float, s.id,
+                    ": actions must be float32 (continuous), got ",
+                    torch::headeronly::toString(actions.scalar_type()));
+    STD_TORCH_CHECK(
+        actions.dim() == 2 && actions.size(0) == rows && actions.size(1) == s.action_dim, s.id,
+        ": actions must have shape [", rows, ", ", s.action_dim, "]");
+  }
+}
+
+// Outputs of one step on the device of `like` (final_obs is [0, obs_dim] unless autoreset is
+// same-step).
+inline StepTensors new_step_outputs(const VecEnv& env, const Tensor& like, int64_t rows) {
+  const int64_t obs_dim = env.spec().obs_dim;
+  const bool same_step = env.config().autoreset_mode == AutoresetMode::kSameStep;
+  using torch::stable::new_empty;
+  return {new_empty(like, {rows, obs_dim}, ScalarType::Float),
+          new_empty(like, {rows}, ScalarType::Double), new_empty(like, {rows}, ScalarType::Bool),
+          new_empty(like, {rows}, ScalarType::Bool),
+          new_empty(like, {same_step ? rows : 0, obs_dim}, ScalarType::Float)};
+}
+
+inline StepOutput output_pointers(StepTensors& out) {
+  auto& [obs, reward, terminated, truncated, final_obs] = out;
+  return {obs.mutable_data_ptr<float>(),
+          reward.mutable_data_ptr<double>(),
+          terminated.mutable_data_ptr<bool>(),
+          truncated.mutable_data_ptr<bool>(),
+          final_obs.size(0) > 0 ? final_obs.mutable_data_ptr<float>() : nullptr,
+          nullptr};
+}
+
+}  // namespace nostall::envs
