@@ -41,8 +41,14 @@ test: build lint
 run: build
 	$(PY) benchmarks/ops/bench_advantages.py
 
-bench: build
+BENCH_INSTALLED := $(VENV)/.bench-installed
+$(BENCH_INSTALLED): $(INSTALLED) benchmarks/requirements.txt
+	$(PY) -m pip install -q -r benchmarks/requirements.txt
+	touch $@
+
+bench: build $(BENCH_INSTALLED)
 	$(PY) benchmarks/ops/bench_advantages.py
+	$(PY) benchmarks/envs/bench_sps.py
 
 # Compiles every CUDA source with nvcc (no GPU or CUDA torch needed): catches CUDA build errors
 # on a CPU-only machine.

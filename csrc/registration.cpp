@@ -51,6 +51,10 @@ STABLE_TORCH_LIBRARY(nostall, m) {
   m.def(
       "env_step(int handle, Tensor actions) -> (Tensor obs, Tensor reward, Tensor terminated, "
       "Tensor truncated, Tensor final_obs)");
+  // env_step writing into caller-owned tensors (rows of a rollout buffer): no allocation.
+  m.def(
+      "env_step_into(int handle, Tensor actions, Tensor(a!) obs, Tensor(b!) reward, "
+      "Tensor(c!) terminated, Tensor(d!) truncated, Tensor(e!) final_obs) -> ()");
   // Queues one step for each env in env_ids (int64 [k]) with actions [k, ...]; returns at once.
   m.def("env_send(int handle, Tensor actions, Tensor env_ids) -> ()");
   // Waits for batch_size queued steps and returns them in completion order, with their env ids.
@@ -69,6 +73,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("discounted_returns_backward", TORCH_BOX(&nostall::discounted_returns_backward_cpu));
   m.impl("vtrace", TORCH_BOX(&nostall::vtrace_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
+  m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));
   m.impl("env_send", TORCH_BOX(&nostall::envs::env_send_cpu));
   m.impl("env_set_state", TORCH_BOX(&nostall::envs::env_set_state_cpu));
 }

@@ -15,6 +15,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
   m.impl("discounted_returns_backward", TORCH_BOX(&nostall::discounted_returns_backward_cuda));
   m.impl("vtrace", TORCH_BOX(&nostall::vtrace_cuda));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cuda));
+  m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cuda));
 }
 
 extern "C" {

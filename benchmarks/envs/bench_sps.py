@@ -1,10 +1,12 @@
 """Environment steps per second, nostall against its peers side by side, on one thread.
 
 For CartPole-v1 and Pendulum-v1 at num_envs in {1, 8, 64, 256, 1024}: nostall through its NumPy
-(Gymnasium) API and its tensor API; EnvPool, synchronous and asynchronous (send/recv); Gymnasium's
+(Gymnasium) API and its tensor API (fresh outputs, and written into preallocated rows as a
+rollout does); EnvPool, synchronous and asynchronous (send/recv); Gymnasium's
 SyncVectorEnv and, for CartPole, its vectorised NumPy entry point; and a plain C loop over the
 same dynamics as the physical limit. Every variant steps with the same pre-drawn random actions
-and autoresets. Prints steps/s, ratios to nostall's tensor API, and per-call latency at 1 and 8.
+and autoresets. Prints steps/s, each peer's time relative to nostall's preallocated tensor
+path, and per-call latency at 1 and 8 envs.
 
     python benchmarks/envs/bench_sps.py [--sizes 1,8,64] [--envs CartPole-v1] [--budget 0.3]
 """
@@ -89,8 +91,10 @@ def bench(env_id: str, n: int, budget_s: float, plain_c) -> dict[str, float]:
     ours = nostall.envs.make(env_id, n, num_threads=1, seed=0)
     ours.reset()
     results["nostall numpy"] = steps_per_second(lambda k: ours.step(actions[k]), n, budget_s)
-    results["nostall tensor"] = steps_per_second(
-        lambda k: ours.torch.step(tensors[k]), n, budget_s
+    results["nostall tensor"] = steps_per_second(lambda k: ours.torch.step(tensors[k]), n, budget_s)
+    buffers = ours.torch.empty_step()
+    results["nostall tensor into"] = steps_per_second(
+        lambda k: ours.torch.step(tensors[k], out=buffers), n, budget_s
     )
     ours.close()
 
@@ -148,13 +152,13 @@ def main() -> None:
     for env_id in args.envs.split(","):
         for n in (int(s) for s in args.sizes.split(",")):
             results = bench(env_id, n, args.budget, plain_c)
-            ours = results["nostall tensor"]
+            ours = results["nostall tensor into"]
             print(f"\n{env_id}, num_envs={n}")
             for name, sps in results.items():
                 latency = f"{n / sps * 1e6:9.2f} us/call" if n <= 8 else ""
                 print(f"  {name:22s} {sps / 1e6:9.3f} M steps/s  {ours / sps:7.2f}x  {latency}")
             pool = max(results["envpool sync"], results["envpool async"])
-            line = f"  => nostall tensor: {ours / pool:.2f}x EnvPool"
+            line = f"  => nostall tensor into: {ours / pool:.2f}x EnvPool"
             if "gymnasium numpy vec" in results:
                 line += f", {ours / results['gymnasium numpy vec']:.2f}x Gymnasium numpy vec"
             line += f", {ours / results['plain C loop']:.0%} of the plain C loop"

@@ -64,6 +64,16 @@ StepTensors env_step_cpu(int64_t handle, Tensor actions) {
   return out;
 }
 
+void env_step_into_cpu(int64_t handle, Tensor actions, Tensor obs, Tensor reward, Tensor terminated,
+                       Tensor truncated, Tensor final_obs) {
+  const auto env = env_for(handle);
+  check_action_tensor(*env, actions, env->num_envs());
+  StepTensors out{obs, reward, terminated, truncated, final_obs};
+  check_step_outputs(*env, actions, out);
+  actions = actions.is_contiguous() ? actions : torch::stable::contiguous(actions);
+  env->step(actions.const_data_ptr(), output_pointers(out));
+}
+
 void env_send_cpu(int64_t handle, Tensor actions, Tensor env_ids) {
   const auto env = env_for(handle);
   STD_TORCH_CHECK(env_ids.scalar_type() == ScalarType::Long && env_ids.dim() == 1,

@@ -22,11 +22,15 @@ void env_close(int64_t handle);
 std::vector<int64_t> env_describe(std::string env_id);
 Tensor env_reset(int64_t handle, int64_t seed);
 StepTensors env_step_cpu(int64_t handle, Tensor actions);
+void env_step_into_cpu(int64_t handle, Tensor actions, Tensor obs, Tensor reward, Tensor terminated,
+                       Tensor truncated, Tensor final_obs);
 void env_send_cpu(int64_t handle, Tensor actions, Tensor env_ids);
 RecvTensors env_recv(int64_t handle);
 Tensor env_get_state(int64_t handle);
 void env_set_state_cpu(int64_t handle, Tensor state);
 
 StepTensors env_step_cuda(int64_t handle, Tensor actions);
+void env_step_into_cuda(int64_t handle, Tensor actions, Tensor obs, Tensor reward,
+                        Tensor terminated, Tensor truncated, Tensor final_obs);
 
 }  // namespace nostall::envs

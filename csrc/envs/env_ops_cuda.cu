@@ -107,18 +107,10 @@ void CUDART_CB release(void* data) {
   pool.free.push_back(s);
 }
 
-}  // namespace
-
-StepTensors env_step_cuda(int64_t handle, Tensor actions) {
-  const auto env = env_for(handle);
-  env->raise_deferred_error();
-  check_action_tensor(*env, actions, env->num_envs());
-  torch::stable::accelerator::DeviceGuard guard(actions.get_device_index());
-  actions = actions.is_contiguous() ? actions : torch::stable::contiguous(actions);
-  StepTensors out = new_step_outputs(*env, actions, env->num_envs());
-  StepOutput device = output_pointers(out);
+// Enqueues one step of `env` on the current stream: actions in, `device` outputs out.
+void enqueue_step(const std::shared_ptr<VecEnv>& env, const Tensor& actions,
+                  const StepOutput& device) {
   const cudaStream_t stream = current_stream(actions);
-
   Staging* s = acquire(*env);
   s->env = env;
   const size_t rows = s->rows;
@@ -142,7 +134,33 @@ StepTensors env_step_cuda(int64_t handle, Tensor actions) {
     check_cuda(cudaLaunchHostFunc(stream, release, s), "cudaLaunchHostFunc(release)");
   }
   // Under capture the buffers belong to the graph, which replays into them: never released.
+}
+
+std::shared_ptr<VecEnv> checked_env(int64_t handle, Tensor& actions) {
+  auto env = env_for(handle);
+  env->raise_deferred_error();
+  check_action_tensor(*env, actions, env->num_envs());
+  actions = actions.is_contiguous() ? actions : torch::stable::contiguous(actions);
+  return env;
+}
+
+}  // namespace
+
+StepTensors env_step_cuda(int64_t handle, Tensor actions) {
+  torch::stable::accelerator::DeviceGuard guard(actions.get_device_index());
+  const auto env = checked_env(handle, actions);
+  StepTensors out = new_step_outputs(*env, actions, env->num_envs());
+  enqueue_step(env, actions, output_pointers(out));
   return out;
+}
+
+void env_step_into_cuda(int64_t handle, Tensor actions, Tensor obs, Tensor reward,
+                        Tensor terminated, Tensor truncated, Tensor final_obs) {
+  torch::stable::accelerator::DeviceGuard guard(actions.get_device_index());
+  const auto env = checked_env(handle, actions);
+  StepTensors out{obs, reward, terminated, truncated, final_obs};
+  check_step_outputs(*env, actions, out);
+  enqueue_step(env, actions, output_pointers(out));
 }
 
 }  // namespace nostall::envs

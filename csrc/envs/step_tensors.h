@@ -7,6 +7,7 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include <string>
 #include <tuple>
 
 #include "envs/core/vec_env.h"
@@ -46,6 +47,31 @@ inline StepTensors new_step_outputs(const VecEnv& env, const Tensor& like, int64
           new_empty(like, {rows}, ScalarType::Double), new_empty(like, {rows}, ScalarType::Bool),
           new_empty(like, {rows}, ScalarType::Bool),
           new_empty(like, {same_step ? rows : 0, obs_dim}, ScalarType::Float)};
+}
+
+// Caller-provided outputs (env_step_into): contiguous, of the step's shapes and dtypes, on the
+// device of the actions.
+inline void check_step_outputs(const VecEnv& env, const Tensor& actions, const StepTensors& out) {
+  const EnvSpec& s = env.spec();
+  const int64_t n = env.num_envs();
+  const bool same_step = env.config().autoreset_mode == AutoresetMode::kSameStep;
+  const auto check = [&](const Tensor& t, const char* name, ScalarType dtype, int64_t rows,
+                         int64_t cols) {
+    const bool shape_ok = cols < 0 ? (t.dim() == 1 && t.size(0) == rows)
+                                   : (t.dim() == 2 && t.size(0) == rows && t.size(1) == cols);
+    STD_TORCH_CHECK(shape_ok && t.scalar_type() == dtype, s.id, ": ", name, " must be ",
+                    torch::headeronly::toString(dtype), " of shape [", rows, cols < 0 ? "" : ", ",
+                    cols < 0 ? "" : std::to_string(cols), "]");
+    STD_TORCH_CHECK(t.is_contiguous(), s.id, ": ", name, " must be contiguous");
+    STD_TORCH_CHECK(t.device() == actions.device(), s.id, ": ", name,
+                    " must be on the device of actions");
+  };
+  const auto& [obs, reward, terminated, truncated, final_obs] = out;
+  check(obs, "obs", ScalarType::Float, n, s.obs_dim);
+  check(reward, "reward", ScalarType::Double, n, -1);
+  check(terminated, "terminated", ScalarType::Bool, n, -1);
+  check(truncated, "truncated", ScalarType::Bool, n, -1);
+  check(final_obs, "final_obs", ScalarType::Float, same_step ? n : 0, s.obs_dim);
 }
 
 inline StepOutput output_pointers(StepTensors& out) {

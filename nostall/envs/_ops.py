@@ -14,7 +14,15 @@ from torch._library.effects import EffectType
 
 from nostall import _native  # noqa: F401  (loads the native library)
 
-EFFECTFUL_OPS = ("env_reset", "env_step", "env_send", "env_recv", "env_set_state", "env_close")
+EFFECTFUL_OPS = (
+    "env_reset",
+    "env_step",
+    "env_step_into",
+    "env_send",
+    "env_recv",
+    "env_set_state",
+    "env_close",
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,11 @@ def _step_outputs(s: HandleSizes, rows: int, device: torch.device):
 def _env_step_fake(handle, actions):
     s = _sizes(handle)
     return _step_outputs(s, s.num_envs, actions.device)
+
+
+@torch.library.register_fake("nostall::env_step_into")
+def _env_step_into_fake(handle, actions, obs, reward, terminated, truncated, final_obs):
+    _sizes(handle)
 
 
 @torch.library.register_fake("nostall::env_reset")

@@ -242,11 +242,29 @@ class TorchVectorEnv:
         self.env._require_open()
         return ops.env_reset(self.handle, -1 if seed is None else seed)
 
-    def step(self, actions: torch.Tensor) -> EnvStep:
+    def step(self, actions: torch.Tensor, out: EnvStep | None = None) -> EnvStep:
         """Steps every environment. Actions: int64 [num_envs] (discrete) or float32
         [num_envs, action_dim] (continuous). Outputs live on the actions' device; with CUDA
-        actions the step is ordered on the current stream and the host never waits."""
-        return EnvStep(*ops.env_step(self.handle, actions))
+        actions the step is ordered on the current stream and the host never waits.
+
+        With `out` (see `empty_step`; rows of a rollout buffer, say), the step writes into
+        those tensors instead of allocating new ones, and returns `out`."""
+        if out is None:
+            return EnvStep(*ops.env_step(self.handle, actions))
+        ops.env_step_into(self.handle, actions, *out)
+        return out
+
+    def empty_step(self, device: torch.device | str = "cpu") -> EnvStep:
+        """Uninitialised output tensors of one step, for `step(actions, out=...)`."""
+        n, obs_dim = self.env.num_envs, self.env.single_observation_space.shape[0]
+        same_step = self.env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+        return EnvStep(
+            torch.empty(n, obs_dim, device=device),
+            torch.empty(n, dtype=torch.float64, device=device),
+            torch.empty(n, dtype=torch.bool, device=device),
+            torch.empty(n, dtype=torch.bool, device=device),
+            torch.empty(n if same_step else 0, obs_dim, device=device),
+        )
 
     def send(self, actions: torch.Tensor, env_ids: torch.Tensor | None = None) -> None:
         if env_ids is None:

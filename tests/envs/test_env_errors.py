@@ -14,7 +14,7 @@ ops = torch.ops.nostall
 
 def _healthy(env) -> None:
     """One more step works and gives well-formed output."""
-    obs, reward, term, trunc, _ = env.step(env.action_space.sample())
+    obs, reward, *_ = env.step(env.action_space.sample())
     assert obs.shape == env.observation_space.shape
     assert np.isfinite(obs).all() and reward.shape == (env.num_envs,)
 

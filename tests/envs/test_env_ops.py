@@ -175,3 +175,37 @@ def test_get_and_set_state_round_trip():
     env.set_state(state)
     again, *_ = env.step(np.ones((3, 1), dtype=np.float32))
     np.testing.assert_array_equal(obs, again)
+
+
+def test_step_into_preallocated_rows_matches_step_and_compiles():
+    eager_env, compiled_env = _pair("Acrobot-v1", 5)
+    T = 6
+    actions = torch.tensor([[(t + i) % 3 for i in range(5)] for t in range(T)])
+    want = [eager_env.torch.step(actions[t]) for t in range(T)]
+    buffers = compiled_env.torch.empty_step()
+    obs_rows = torch.empty(T, 5, 6)
+
+    def rollout(env, actions, buffers, obs_rows):
+        for t in range(T):
+            step = env.step(actions[t], out=buffers)
+            obs_rows[t].copy_(step.obs)
+        return obs_rows
+
+    torch._dynamo.reset()
+    got = torch.compile(rollout, fullgraph=True)(compiled_env.torch, actions, buffers, obs_rows)
+    torch.testing.assert_close(got, torch.stack([w.obs for w in want]), rtol=0, atol=0)
+    torch.testing.assert_close(buffers.reward, want[-1].reward, rtol=0, atol=0)
+    np.testing.assert_array_equal(compiled_env.get_state(), eager_env.get_state())
+
+
+def test_step_into_rejects_mismatched_outputs():
+    env = nostall.envs.make("CartPole-v1", 4, seed=0)
+    env.reset()
+    good = env.torch.empty_step()
+    bad = good._replace(obs=torch.empty(4, 3))
+    with pytest.raises(RuntimeError, match="obs must be Float of shape \\[4, 4\\]"):
+        env.torch.step(torch.zeros(4, dtype=torch.long), out=bad)
+    bad = good._replace(reward=torch.empty(8, dtype=torch.float64)[::2])
+    with pytest.raises(RuntimeError, match="reward must be contiguous"):
+        env.torch.step(torch.zeros(4, dtype=torch.long), out=bad)
+    env.torch.step(torch.zeros(4, dtype=torch.long), out=good)
