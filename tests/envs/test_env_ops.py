@@ -209,3 +209,27 @@ def test_step_into_rejects_mismatched_outputs():
     with pytest.raises(RuntimeError, match="reward must be contiguous"):
         env.torch.step(torch.zeros(4, dtype=torch.long), out=bad)
     env.torch.step(torch.zeros(4, dtype=torch.long), out=good)
+
+
+RESET_RANGES = {
+    # Gymnasium's documented start-state ranges, per exported state component.
+    "CartPole-v1": [(-0.05, 0.05)] * 4,
+    "Pendulum-v1": [(-np.pi, np.pi), (-1.0, 1.0)],
+    "Acrobot-v1": [(-0.1, 0.1)] * 4,
+    "MountainCar-v0": [(-0.6, -0.4), (0.0, 0.0)],
+    "MountainCarContinuous-v0": [(-0.6, -0.4), (0.0, 0.0), (0.0, 0.0)],
+}
+
+
+@pytest.mark.parametrize("env_id", list(RESET_RANGES))
+def test_reset_draws_from_gymnasiums_documented_ranges(env_id):
+    env = nostall.envs.make(env_id, 2000, seed=9)
+    env.reset()
+    state = env.get_state()
+    for column, (low, high) in enumerate(RESET_RANGES[env_id]):
+        assert state[:, column].min() >= low and state[:, column].max() <= high
+        if low < high:  # spread over the range, not stuck in a corner of it
+            span = state[:, column].max() - state[:, column].min()
+            assert span > 0.95 * (high - low)
+    if env_id == "Acrobot-v1":  # Gymnasium stores this start state as float32
+        np.testing.assert_array_equal(state, state.astype(np.float32))

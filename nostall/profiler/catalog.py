@@ -1,0 +1,137 @@
+"""What forces a host-device sync: the catalog SyncWatch matches calls against.
+
+Two layers, because some syncs never reach an ATen op on a CPU tensor (`.tolist()`, `.numpy()`,
+`.cpu()`): Python-level tensor methods and torch functions (seen by a TorchFunctionMode), and
+ATen ops (seen by a TorchDispatchMode). Each entry names the kind reported to the user.
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+Tensor = torch.Tensor
+
+# Python-level calls that read device data on the host. Matched on a device tensor argument.
+FUNCTION_KINDS: dict[Callable, str] = {
+    Tensor.item: "item",
+    Tensor.__bool__: "bool",
+    Tensor.__int__: "int",
+    Tensor.__float__: "float",
+    Tensor.__index__: "index",
+    Tensor.tolist: "tolist",
+    Tensor.numpy: "numpy",
+    Tensor.__array__: "numpy",
+    Tensor.cpu: "copy to host",
+    Tensor.__repr__: "print",
+    Tensor.__format__: "print",
+    Tensor.__str__: "print",
+    Tensor.__contains__: "contains",
+    torch.allclose: "allclose",
+    Tensor.allclose: "allclose",
+    torch.equal: "equal",
+    Tensor.equal: "equal",
+}
+
+
+def _to_host(args: tuple, kwargs: dict) -> bool:
+    """Tensor.to(...) targets the CPU, blocking (non_blocking copies are a known blind spot)."""
+    if kwargs.get("non_blocking", False) or any(a is True for a in args[1:]):
+        return False
+    targets = [*args[1:], kwargs.get("device")]
+    for target in targets:
+        if isinstance(target, str | torch.device) and torch.device(target).type == "cpu":
+            return True
+        if isinstance(target, Tensor) and target.device.type == "cpu":
+            return True
+    return False
+
+
+CONDITIONAL_FUNCTION_KINDS: dict[Callable, tuple[str, Callable[[tuple, dict], bool]]] = {
+    Tensor.to: ("copy to host", _to_host),
+}
+
+
+def _has_mask_index(indices: Any) -> bool:
+    return any(
+        isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
+    )
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    if len(args) > index:
+        return args[index]
+    return kwargs.get(name, default)
+
+
+def classify_op(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """The sync kind of an ATen op call with a device input, or None if it does not sync."""
+    packet = func.overloadpacket
+    if packet is aten._local_scalar_dense or packet is aten.is_nonzero:
+        return "scalar read"
+    if packet in (aten.nonzero, aten.argwhere):
+        return "nonzero"
+    if packet is aten.index and _has_mask_index(_arg(args, kwargs, 1, "indices")):
+        return "boolean mask indexing"
+    if packet in (aten.index_put, aten.index_put_, aten._index_put_impl_) and _has_mask_index(
+        _arg(args, kwargs, 1, "indices")
+    ):
+        return "boolean mask assignment"
+    if packet is aten.masked_select:
+        return "masked_select"
+    if packet in (
+        aten._unique,
+        aten._unique2,
+        aten.unique_dim,
+        aten.unique_consecutive,
+        aten.unique_dim_consecutive,
+    ):
+        return "unique"
+    if packet is aten.repeat_interleave and _arg(args, kwargs, 2, "output_size") is None:
+        if func is aten.repeat_interleave.Tensor or func is aten.repeat_interleave.self_Tensor:
+            return "repeat_interleave without output_size"
+    if packet is aten.bincount:
+        return "bincount"
+    if packet is aten.histc:
+        low, high = _arg(args, kwargs, 2, "min", 0), _arg(args, kwargs, 3, "max", 0)
+        if low == high:
+            return "histc without bounds"
+    if packet is aten.equal:
+        return "equal"
+    if packet is aten.allclose:
+        return "allclose"
+    if packet is aten._linalg_check_errors:
+        return "linalg error check"
+    if packet is aten.multinomial and _arg(args, kwargs, 1, "num_samples") == 1:
+        return "multinomial"
+    if packet in (aten._to_copy, aten.copy_):
+        return _device_to_host(func, args, kwargs)
+    return None
+
+
+def _device_to_host(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """A blocking copy from a CUDA tensor to the CPU (only on machines with CUDA)."""
+    if func.overloadpacket is aten.copy_:
+        dst, src = args[0], args[1]
+        non_blocking = _arg(args, kwargs, 2, "non_blocking", False)
+        if src.is_cuda and dst.device.type == "cpu" and not non_blocking:
+            return "copy to host"
+        return None
+    src = args[0]
+    device = kwargs.get("device")
+    if src.is_cuda and device is not None and torch.device(device).type == "cpu":
+        if not kwargs.get("non_blocking", False):
+            return "copy to host"
+    return None
+
+
+# Frames under these directories are torch's (or the profiler's) own: a sync is reported at
+# the first frame outside them, the user's line.
+TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+PROFILER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+INTERNAL_DIRS = (TORCH_DIR, PROFILER_DIR)
+MODULE_FILE_SUFFIX = os.path.join("torch", "nn", "modules", "module.py")
+# A sync raised while torch.distributions validates its arguments gets its own kind.
+DISTRIBUTIONS_DIR = os.path.join(TORCH_DIR, "distributions") + os.sep

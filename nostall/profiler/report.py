@@ -1,0 +1,159 @@
+"""Sync reports: events grouped by source line and kind, as a readable table or JSON."""
+
+from __future__ import annotations
+
+import linecache
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    kind: str
+    file: str
+    line: int
+    function: str
+    step: int
+    allowed: bool
+    reason: str | None
+
+
+@dataclass
+class SyncSite:
+    """One source line and kind, with how often it synced."""
+
+    file: str
+    line: int
+    kind: str
+    count: int
+    steps_with_sync: int
+    per_step: float | None
+    reason: str | None = None
+    code: str = ""
+
+    @property
+    def location(self) -> str:
+        return f"{_short(self.file)}:{self.line}"
+
+
+@dataclass
+class SyncReport:
+    steps: int
+    unintended: list[SyncSite] = field(default_factory=list)
+    intended: list[SyncSite] = field(default_factory=list)
+    cuda_warnings_unmatched: list[tuple[str, int]] = field(default_factory=list)
+    idle: dict | None = None
+
+    @classmethod
+    def from_events(
+        cls, events: list[SyncEvent], steps: int, cuda_warnings: list[tuple[str, int]] = ()
+    ) -> SyncReport:
+        report = cls(steps=steps)
+        groups: dict[tuple, list[SyncEvent]] = defaultdict(list)
+        for e in events:
+            groups[(e.allowed, e.file, e.line, e.kind, e.reason)].append(e)
+        for (allowed, file, line, kind, reason), group in groups.items():
+            site = SyncSite(
+                file=file,
+                line=line,
+                kind=kind,
+                count=len(group),
+                steps_with_sync=len({e.step for e in group}),
+                per_step=len(group) / steps if steps else None,
+                reason=reason,
+                code=linecache.getline(file, line).strip(),
+            )
+            (report.intended if allowed else report.unintended).append(site)
+        for sites in (report.unintended, report.intended):
+            sites.sort(key=lambda s: (-s.count, s.file, s.line))
+        seen = {(e.file, e.line) for e in events}
+        report.cuda_warnings_unmatched = [w for w in cuda_warnings if w not in seen]
+        return report
+
+    @property
+    def unintended_count(self) -> int:
+        return sum(s.count for s in self.unintended)
+
+    @property
+    def intended_count(self) -> int:
+        return sum(s.count for s in self.intended)
+
+    def counts_by_kind(self) -> dict[str, int]:
+        """Unintended syncs per kind."""
+        return dict(_sum_by_kind(self.unintended))
+
+    def to_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "unintended_syncs": self.unintended_count,
+            "intended_syncs": self.intended_count,
+            "unintended": [asdict(s) for s in self.unintended],
+            "intended": [asdict(s) for s in self.intended],
+            "cuda_warnings_unmatched": [list(w) for w in self.cuda_warnings_unmatched],
+            "idle": self.idle,
+        }
+
+    def table(self) -> str:
+        steps = f" over {self.steps} steps" if self.steps else ""
+        lines = [
+            f"nostall sync report: {self.unintended_count} unintended sync(s) at "
+            f"{len(self.unintended)} site(s), {self.intended_count} intended{steps}"
+        ]
+        if self.unintended:
+            lines.append(_rows(self.unintended, "unintended"))
+        if self.intended:
+            lines.append(_rows(self.intended, "intended"))
+        if self.cuda_warnings_unmatched:
+            lines.append("CUDA sync debug mode also flagged (not matched to a site above):")
+            lines += [f"  {_short(f)}:{n}" for f, n in self.cuda_warnings_unmatched]
+        if self.idle is not None:
+            lines.append(format_idle(self.idle))
+        return "\n".join(lines)
+
+
+def _sum_by_kind(sites: list[SyncSite]) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for s in sites:
+        totals[s.kind] += s.count
+    return totals
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+def _rows(sites: list[SyncSite], title: str) -> str:
+    out = [f"  {title}:", f"  {'count':>7} {'per step':>9}  {'kind':<34} location"]
+    for s in sites:
+        per_step = f"{s.per_step:9.2f}" if s.per_step is not None else f"{'-':>9}"
+        kind = s.kind if s.reason is None else f"{s.kind} ({s.reason})"
+        code = s.code if len(s.code) <= 60 else s.code[:57] + "..."
+        out.append(f"  {s.count:7d} {per_step}  {kind:<34} {s.location}  {code}")
+    return "\n".join(out)
+
+
+def format_idle(idle: dict) -> str:
+    """The device idle breakdown of a trace analysis (see trace.py) as text."""
+    if not idle.get("streams"):
+        return "device idle breakdown: the trace holds no device activity"
+    lines = [
+        f"device idle breakdown ({idle['window_us'] / 1e3:.2f} ms window, "
+        f"device busy {idle['busy_us'] / 1e3:.2f} ms, idle {idle['idle_us'] / 1e3:.2f} ms):"
+    ]
+    for s in idle["streams"]:
+        lines.append(
+            f"  stream {s['device']}:{s['stream']}: busy {s['busy_us'] / 1e3:.2f} ms, idle "
+            f"{s['idle_us'] / 1e3:.2f} ms = host wait {s['host_wait_us'] / 1e3:.2f} + kernel "
+            f"wait {s['kernel_wait_us'] / 1e3:.2f} + other {s['other_us'] / 1e3:.2f}"
+        )
+    for gap in idle.get("host_wait_causes", [])[:10]:
+        where = gap["source"] or "no stack in trace"
+        lines.append(
+            f"  host wait {gap['idle_us'] / 1e3:8.3f} ms after {gap['sync_call']} ({where})"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,305 @@
+"""SyncWatch: finds every call in a loop that forces (or, on a CPU-only machine, would force)
+a host-device sync, with the user's file:line, its kind, and counts per step.
+
+    watch = SyncWatch(policy)              # parameters of these modules live on the device
+    with watch:
+        for step in range(n):
+            loss = train_step(batch)
+            watch.step()
+            with watch.allow("log every 100 steps"):
+                if step % 100 == 0:
+                    print(loss.item())
+    print(watch.report().table())
+
+It tracks which tensors would live on the device: CUDA tensors, every nn.Parameter, tensors the
+user marks, and everything computed from them. Tensors built on the host from host data (an
+optimizer's step counter, say) are not device tensors, and reading them is not a sync. Both
+layers (a TorchFunctionMode and a TorchDispatchMode) are per thread: a watch sees the thread
+that entered it. With a dispatch mode active torch.compile does not compile, so the watch sees
+the eager program. Known blind spots are listed in docs/sync_points.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from nostall.profiler import catalog
+from nostall.profiler.report import SyncEvent, SyncReport
+
+_ACTIVE = threading.local()
+
+
+def active_watch() -> SyncWatch | None:
+    """The innermost SyncWatch entered on this thread, if any."""
+    stack = getattr(_ACTIVE, "stack", [])
+    return stack[-1] if stack else None
+
+
+@dataclass
+class _Source:
+    file: str
+    line: int
+    function: str
+    in_distributions: bool
+
+
+def _user_frame() -> _Source:
+    frame = sys._getframe(1)
+    in_distributions = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(catalog.DISTRIBUTIONS_DIR):
+            in_distributions = True
+        if not filename.startswith(catalog.INTERNAL_DIRS) and not filename.startswith("<frozen"):
+            return _Source(filename, frame.f_lineno, frame.f_code.co_name, in_distributions)
+        frame = frame.f_back
+    return _Source("<unknown>", 0, "<unknown>", in_distributions)
+
+
+def _moving_a_module() -> bool:
+    """True inside nn.Module.to/cuda/cpu: moving parameters is set-up, not a host read (and
+    on a CPU-only machine `module.to(device)` cannot tell a real device from the host)."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith(catalog.MODULE_FILE_SUFFIX):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _FunctionLayer(TorchFunctionMode):
+    def __init__(self, watch: SyncWatch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = catalog.FUNCTION_KINDS.get(func)
+        if kind is None and func in catalog.CONDITIONAL_FUNCTION_KINDS:
+            candidate, applies = catalog.CONDITIONAL_FUNCTION_KINDS[func]
+            kind = candidate if applies(args, kwargs) and not _moving_a_module() else None
+        if kind is None or not self.watch._touches_device(args, kwargs):
+            return func(*args, **kwargs)
+        self.watch._record(kind)
+        # The ATen ops underneath (_local_scalar_dense, say) are this same sync: not recorded.
+        self.watch._quiet += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.watch._quiet -= 1
+
+
+def _tensors(value) -> Iterator[torch.Tensor]:
+    """The tensors in op arguments or outputs (tensors, lists/tuples of them, dicts)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+@functools.cache
+def _written_args(func) -> tuple[int, ...]:
+    """Positions of the arguments an op writes into."""
+    return tuple(
+        i
+        for i, a in enumerate(func._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+class _DispatchLayer(TorchDispatchMode):
+    def __init__(self, watch: SyncWatch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        watch = self.watch
+        on_device = watch._touches_device(args, kwargs)
+        if on_device and watch._quiet == 0:
+            kind = catalog.classify_op(func, args, kwargs)
+            if kind is not None:
+                watch._record(kind)
+        out = func(*args, **kwargs)
+        if on_device:
+            # Whatever is computed from device tensors lives on the device, and so does every
+            # tensor an op writes into.
+            watch._tag(out)
+            for i in _written_args(func):
+                if i < len(args):
+                    watch._tag(args[i])
+        return out
+
+
+class SyncWatch:
+    """Records host-device syncs in the code it watches. See the module docstring."""
+
+    def __init__(
+        self,
+        *modules: torch.nn.Module,
+        tensors: tuple[torch.Tensor, ...] = (),
+        all_tensors: bool = False,
+        cuda_cross_check: bool = True,
+    ):
+        self._device = WeakIdKeyDictionary()
+        self.all_tensors = all_tensors
+        self.cuda_cross_check = cuda_cross_check and torch.cuda.is_available()
+        self.events: list[SyncEvent] = []
+        self.cuda_warnings: list[tuple[str, int]] = []
+        self.steps = 0
+        self._quiet = 0
+        self._allowed: list[str] = []
+        self._layers: contextlib.ExitStack | None = None
+        for module in modules:
+            self.mark(*module.parameters(), *module.buffers())
+        self.mark(*tensors)
+
+    # -- what counts as a device tensor ------------------------------------------------------
+    def mark(self, *tensors: torch.Tensor) -> None:
+        """Declares tensors (and what is later computed from them) as living on the device."""
+        for t in tensors:
+            self._device[t] = True
+
+    def _is_device(self, t: torch.Tensor) -> bool:
+        return (
+            self.all_tensors or t.is_cuda or isinstance(t, torch.nn.Parameter) or t in self._device
+        )
+
+    def _touches_device(self, args, kwargs) -> bool:
+        return any(self._is_device(t) for t in _tensors((args, kwargs)))
+
+    def _tag(self, value) -> None:
+        for t in _tensors(value):
+            self._device[t] = True
+
+    # -- recording ---------------------------------------------------------------------------
+    def _record(self, kind: str) -> None:
+        source = _user_frame()
+        if source.in_distributions:
+            kind = "distributions validation"
+        allowed = bool(self._allowed)
+        self.events.append(
+            SyncEvent(
+                kind=kind,
+                file=source.file,
+                line=source.line,
+                function=source.function,
+                step=self.steps,
+                allowed=allowed,
+                reason=self._allowed[-1] if allowed else None,
+            )
+        )
+
+    def step(self) -> None:
+        """Marks the end of one step of the loop, for per-step counts."""
+        self.steps += 1
+
+    @contextlib.contextmanager
+    def allow(self, reason: str) -> Iterator[None]:
+        """Syncs inside are intended: counted apart with `reason`, never reported as faults."""
+        self._allowed.append(reason)
+        try:
+            yield
+        finally:
+            self._allowed.pop()
+
+    # -- entering and leaving ----------------------------------------------------------------
+    def __enter__(self) -> SyncWatch:
+        stack = contextlib.ExitStack()
+        stack.enter_context(_FunctionLayer(self))
+        stack.enter_context(_DispatchLayer(self))
+        if self.cuda_cross_check:
+            stack.enter_context(self._cuda_debug_mode())
+        _ACTIVE.__dict__.setdefault("stack", []).append(self)
+        stack.callback(_ACTIVE.stack.pop)
+        self._layers = stack
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self._layers is not None
+        self._layers.close()
+        self._layers = None
+
+    def __call__(self, fn: Callable) -> Callable:
+        """As a decorator: watch every call of `fn`."""
+
+        @functools.wraps(fn)
+        def watched(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+
+        return watched
+
+    @contextlib.contextmanager
+    def _cuda_debug_mode(self) -> Iterator[None]:
+        # CUDA's own detector, as a cross-check: it is process-wide and warns on the syncs it
+        # sees (not torch.cuda.synchronize, events, or pageable non_blocking copies).
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        for w in caught:
+            if "synchroniz" in str(w.message):
+                self.cuda_warnings.append((w.filename, w.lineno))
+
+    def report(self) -> SyncReport:
+        return SyncReport.from_events(self.events, self.steps, self.cuda_warnings)
+
+
+# Module-level helpers: scripts annotate their loop once, and the annotations act on whatever
+# watch is active (under `nostall profile`) and do nothing otherwise.
+def mark_step() -> None:
+    watch = active_watch()
+    if watch is not None:
+        watch.step()
+
+
+def mark(*tensors: torch.Tensor) -> None:
+    watch = active_watch()
+    if watch is not None:
+        watch.mark(*tensors)
+
+
+@contextlib.contextmanager
+def allow(reason: str) -> Iterator[None]:
+    watch = active_watch()
+    if watch is None:
+        yield
+        return
+    with watch.allow(reason):
+        yield
+
+
+class SyncError(AssertionError):
+    """Raised by assert_no_sync when the watched code synchronised host and device."""
+
+
+@contextlib.contextmanager
+def assert_no_sync(*modules: torch.nn.Module, **kwargs) -> Iterator[SyncWatch]:
+    """Fails (SyncError, listing each site) if the code inside has an unintended sync."""
+    with SyncWatch(*modules, **kwargs) as watch:
+        yield watch
+    report = watch.report()
+    if report.unintended:
+        raise SyncError("unintended host-device syncs:\n" + report.table())
