@@ -64,6 +64,9 @@ STABLE_TORCH_LIBRARY(nostall, m) {
   // The exact simulator state, float64 [num_envs, state_dim], for tests and checkpoints.
   m.def("env_get_state(int handle) -> Tensor");
   m.def("env_set_state(int handle, Tensor state) -> ()");
+  // Everything needed to resume exactly (generators, episode step counts, states), int64 words.
+  m.def("env_save(int handle) -> Tensor");
+  m.def("env_load(int handle, Tensor checkpoint) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
@@ -76,6 +79,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));
   m.impl("env_send", TORCH_BOX(&nostall::envs::env_send_cpu));
   m.impl("env_set_state", TORCH_BOX(&nostall::envs::env_set_state_cpu));
+  m.impl("env_load", TORCH_BOX(&nostall::envs::env_load_cpu));
 }
 
 // Ops with no tensor argument dispatch to no backend: they need a backend-independent kernel.
@@ -86,4 +90,5 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CompositeExplicitAutograd, m) {
   m.impl("env_reset", TORCH_BOX(&nostall::envs::env_reset));
   m.impl("env_recv", TORCH_BOX(&nostall::envs::env_recv));
   m.impl("env_get_state", TORCH_BOX(&nostall::envs::env_get_state));
+  m.impl("env_save", TORCH_BOX(&nostall::envs::env_save));
 }

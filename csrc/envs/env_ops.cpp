@@ -114,4 +114,21 @@ void env_set_state_cpu(int64_t handle, Tensor state) {
   env->set_state(state.const_data_ptr<double>());
 }
 
+Tensor env_save(int64_t handle) {
+  const auto env = env_for(handle);
+  Tensor out = cpu_empty({env->checkpoint_words()}, ScalarType::Long);
+  env->save_checkpoint(out.mutable_data_ptr<int64_t>());
+  return out;
+}
+
+void env_load_cpu(int64_t handle, Tensor checkpoint) {
+  const auto env = env_for(handle);
+  STD_TORCH_CHECK(checkpoint.scalar_type() == ScalarType::Long && checkpoint.dim() == 1 &&
+                      checkpoint.size(0) == env->checkpoint_words(),
+                  env->spec().id, ": checkpoint must be int64 [", env->checkpoint_words(),
+                  "] (saved from an environment of the same id and num_envs)");
+  checkpoint = checkpoint.is_contiguous() ? checkpoint : torch::stable::contiguous(checkpoint);
+  env->load_checkpoint(checkpoint.const_data_ptr<int64_t>());
+}
+
 }  // namespace nostall::envs

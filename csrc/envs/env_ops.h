@@ -28,6 +28,8 @@ void env_send_cpu(int64_t handle, Tensor actions, Tensor env_ids);
 RecvTensors env_recv(int64_t handle);
 Tensor env_get_state(int64_t handle);
 void env_set_state_cpu(int64_t handle, Tensor state);
+Tensor env_save(int64_t handle);
+void env_load_cpu(int64_t handle, Tensor checkpoint);
 
 StepTensors env_step_cuda(int64_t handle, Tensor actions);
 void env_step_into_cuda(int64_t handle, Tensor actions, Tensor obs, Tensor reward,

@@ -21,6 +21,8 @@ EFFECTFUL_OPS = (
     "env_send",
     "env_recv",
     "env_set_state",
+    "env_save",
+    "env_load",
     "env_close",
 )
 
@@ -91,6 +93,17 @@ def _env_get_state_fake(handle):
 
 @torch.library.register_fake("nostall::env_set_state")
 def _env_set_state_fake(handle, state):
+    _sizes(handle)
+
+
+@torch.library.register_fake("nostall::env_save")
+def _env_save_fake(handle):
+    s = _sizes(handle)
+    return torch.empty(s.num_envs * (6 + s.state_dim), dtype=torch.int64)
+
+
+@torch.library.register_fake("nostall::env_load")
+def _env_load_fake(handle, checkpoint):
     _sizes(handle)
 
 

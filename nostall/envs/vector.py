@@ -201,6 +201,24 @@ class VectorEnv(gym.vector.VectorEnv):
         self._require_open()
         ops.env_set_state(self.handle, torch.as_tensor(np.asarray(state, dtype=np.float64)))
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: generators, episode step counts, states."""
+        self._require_open()
+        return {
+            "env_id": self.info.id,
+            "num_envs": self.num_envs,
+            "words": ops.env_save(self.handle),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._require_open()
+        if (state.get("env_id"), state.get("num_envs")) != (self.info.id, self.num_envs):
+            raise ValueError(
+                f"checkpoint is for {state.get('env_id')} x {state.get('num_envs')}, "
+                f"not {self.info.id} x {self.num_envs}"
+            )
+        ops.env_load(self.handle, state["words"])
+
     def render(self) -> tuple[np.ndarray, ...] | None:
         """RGB frames of every environment, drawn by Gymnasium's own renderer from our state."""
         self._require_open()

@@ -233,3 +233,22 @@ def test_reset_draws_from_gymnasiums_documented_ranges(env_id):
             assert span > 0.95 * (high - low)
     if env_id == "Acrobot-v1":  # Gymnasium stores this start state as float32
         np.testing.assert_array_equal(state, state.astype(np.float32))
+
+
+def test_state_dict_resumes_exactly_including_generators_and_time_limits():
+    env = nostall.envs.make("CartPole-v1", 16, seed=4)
+    env.reset()
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, 2, size=16) for _ in range(1200)]
+    for a in actions[:300]:
+        env.step(a)
+    saved = env.state_dict()
+    first = [env.step(a) for a in actions[300:]]  # crosses time limits and resets
+    other = nostall.envs.make("CartPole-v1", 16, seed=99)  # different seed: all from the dict
+    other.load_state_dict(saved)
+    second = [other.step(a) for a in actions[300:]]
+    for a, b in zip(first, second, strict=True):
+        for x, y in zip(a[:4], b[:4], strict=True):
+            np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="checkpoint is for CartPole-v1 x 16"):
+        nostall.envs.make("CartPole-v1", 8).load_state_dict(saved)

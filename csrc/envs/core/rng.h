@@ -29,6 +29,14 @@ class Rng {
     return result;
   }
 
+  // The raw generator state, for checkpoints.
+  void save(uint64_t* out) const {
+    for (int i = 0; i < 4; ++i) out[i] = state_[i];
+  }
+  void load(const uint64_t* in) {
+    for (int i = 0; i < 4; ++i) state_[i] = in[i];
+  }
+
   // Uniform in [low, high), 53 random bits.
   double uniform(double low, double high) {
     const double unit = static_cast<double>(next() >> 11) * 0x1.0p-53;

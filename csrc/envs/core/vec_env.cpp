@@ -217,6 +217,34 @@ void VecEnv::set_state(const double* in) {
   for (int64_t i = 0; i < num_envs(); ++i) import_env(i, in + i * spec_.state_dim);
 }
 
+void VecEnv::save_checkpoint(int64_t* out) const {
+  std::lock_guard<std::mutex> call(call_mutex_);
+  require_idle("save_checkpoint()");
+  std::vector<double> state(static_cast<size_t>(spec_.state_dim));
+  for (int64_t i = 0; i < num_envs(); ++i) {
+    int64_t* row = out + i * (6 + spec_.state_dim);
+    rngs_[i].save(reinterpret_cast<uint64_t*>(row));
+    row[4] = elapsed_[i];
+    row[5] = needs_reset_[i];
+    export_env(i, state.data());
+    std::memcpy(row + 6, state.data(), state.size() * sizeof(double));
+  }
+}
+
+void VecEnv::load_checkpoint(const int64_t* in) {
+  std::lock_guard<std::mutex> call(call_mutex_);
+  require_idle("load_checkpoint()");
+  std::vector<double> state(static_cast<size_t>(spec_.state_dim));
+  for (int64_t i = 0; i < num_envs(); ++i) {
+    const int64_t* row = in + i * (6 + spec_.state_dim);
+    rngs_[i].load(reinterpret_cast<const uint64_t*>(row));
+    elapsed_[i] = row[4];
+    needs_reset_[i] = static_cast<uint8_t>(row[5] != 0);
+    std::memcpy(state.data(), row + 6, state.size() * sizeof(double));
+    import_env(i, state.data());
+  }
+}
+
 void VecEnv::defer_error(std::string message) {
   std::lock_guard<std::mutex> lock(error_mutex_);
   if (deferred_error_.empty()) deferred_error_ = std::move(message);

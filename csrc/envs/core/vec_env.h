@@ -73,6 +73,12 @@ class VecEnv {
   void get_state(double* out) const;
   void set_state(const double* in);
 
+  // Everything needed to resume exactly: per env, the generator state, the step count within
+  // the episode, the pending-reset flag, and the simulator state's bits (int64 words).
+  int64_t checkpoint_words() const { return num_envs() * (6 + spec_.state_dim); }
+  void save_checkpoint(int64_t* out) const;
+  void load_checkpoint(const int64_t* in);
+
   // A failure in a context that cannot throw (a host function on a CUDA stream) is recorded
   // here and raised by the next call.
   void defer_error(std::string message);
