@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine (Python 3.11, pip, g++):
-#   make run    the main job (for now the advantage benchmark, with its report)
+#   make run    the main job: PPO on the native CartPole, with its report and plots
 #   make test   ruff and the test suite
 # torch is pinned for a fast CPU install; GPU users override it, e.g.
 #   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
@@ -39,7 +39,7 @@ test: build lint
 	$(PY) -m pytest -q
 
 run: build
-	$(PY) benchmarks/ops/bench_advantages.py
+	$(PY) -m nostall.cli train ppo --env CartPole-v1
 
 BENCH_INSTALLED := $(VENV)/.bench-installed
 $(BENCH_INSTALLED): $(INSTALLED) benchmarks/requirements.txt

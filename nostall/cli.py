@@ -1,24 +1,87 @@
 """The `nostall` command.
 
+    nostall train {ppo,appo} [--env-id ID] [--ARG VALUE ...]  train, with progress, logs, plots
     nostall profile SCRIPT [options] [-- ARGS...]   run a script under SyncWatch, print a report
     nostall trace TRACE.json [--json]               device idle breakdown of a torch.profiler trace
+    nostall bench                                   run every benchmark, side by side with peers
 
-Exit codes: 0 success; 1 the profiled script failed; 2 bad usage, a missing script or an
-unreadable trace; 3 unintended syncs found with --fail-on-sync.
+Exit codes: 0 success; 1 the profiled script failed; 2 bad usage (an unknown environment or
+algorithm, a bad size, a missing script, an unreadable trace or checkpoint); 3 unintended syncs
+found with --fail-on-sync.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import inspect
+import itertools
 import json
+import subprocess
 import sys
+import typing
+from pathlib import Path
 
 EXIT_SCRIPT_FAILED, EXIT_USAGE, EXIT_SYNC_FOUND = 1, 2, 3
+
+
+ALGORITHMS = ("ppo", "appo")
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of an Args dataclass (and its bases), CleanRL-style."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for node, after in itertools.pairwise(body):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+            ):
+                docs[node.target.id] = str(after.value.value)
+    return docs
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    docs = _field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
+        if hint is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
+            continue
+        base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+        parser.add_argument(flag, type=base, default=f.default, help=help_text)
+
+
+def _algorithm(name: str):
+    from nostall.algos import appo, ppo
+
+    return {"ppo": ppo, "appo": appo}[name]
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nostall", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train a policy on a native environment")
+    algos = train.add_subparsers(dest="algorithm", required=True, metavar="{ppo,appo}")
+    for name in ALGORITHMS:
+        sub = algos.add_parser(name, help=_algorithm(name).__doc__.splitlines()[0])
+        _add_dataclass_flags(sub, _algorithm(name).Args)
+        sub.add_argument("--env", dest="env_id", help="alias of --env-id")
+        sub.add_argument("--out", default=None, help="output folder (default: runs/ALGO-ENV-SEED)")
+        sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    commands.add_parser("bench", help="run every benchmark (installs the peers they measure)")
 
     profile = commands.add_parser(
         "profile", help="run a script under SyncWatch and report its host-device syncs"
@@ -99,6 +162,55 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from nostall.envs import ENVS
+    from nostall.training_output import Progress, write_outputs
+
+    module = _algorithm(args.algorithm)
+    names = {f.name for f in dataclasses.fields(module.Args)}
+    train_args = module.Args(**{k: v for k, v in vars(args).items() if k in names})
+    if train_args.env_id not in ENVS:
+        print(
+            f"nostall train: unknown environment {train_args.env_id!r}; known: {', '.join(ENVS)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        train_args.check()
+        if train_args.resume:
+            from nostall.algos.ppo import load_checkpoint
+
+            load_checkpoint(train_args.resume)  # unreadable: a clear error now, not mid-run
+    except ValueError as e:
+        print(f"nostall train: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    out_dir = Path(args.out or f"runs/{args.algorithm}-{train_args.env_id}-{train_args.seed}")
+    progress = None if args.no_progress else Progress(train_args.total_timesteps, out_dir)
+    try:
+        result = module.train(train_args, log=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    print(write_outputs(result, args.algorithm, out_dir))
+    print(f"  outputs in {out_dir}/ (report, learning_curve.png, timeline.png, tensorboard/)")
+    return 0
+
+
+def _bench() -> int:
+    root = Path(__file__).resolve().parent.parent
+    scripts = sorted((root / "benchmarks").glob("*/bench_*.py"))
+    if not scripts:
+        print(
+            "nostall bench: the benchmarks live in the source checkout; none found", file=sys.stderr
+        )
+        return EXIT_USAGE
+    failed = 0
+    for script in scripts:
+        print(f"== {script.relative_to(root)}", flush=True)
+        failed |= subprocess.run([sys.executable, str(script)], check=False).returncode
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Everything after "--" belongs to the profiled script.
@@ -107,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
+    if args.command == "train":
+        return _train(args)
+    if args.command == "bench":
+        return _bench()
     if args.command == "profile":
         return _profile(args, script_args)
     return _trace(args)

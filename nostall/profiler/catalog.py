@@ -132,6 +132,5 @@ def _device_to_host(func: Any, args: tuple, kwargs: dict) -> str | None:
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 PROFILER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 INTERNAL_DIRS = (TORCH_DIR, PROFILER_DIR)
-MODULE_FILE_SUFFIX = os.path.join("torch", "nn", "modules", "module.py")
 # A sync raised while torch.distributions validates its arguments gets its own kind.
 DISTRIBUTIONS_DIR = os.path.join(TORCH_DIR, "distributions") + os.sep

@@ -67,17 +67,14 @@ def _user_frame() -> _Source:
     return _Source("<unknown>", 0, "<unknown>", in_distributions)
 
 
-def _moving_a_module() -> bool:
-    """True inside nn.Module.to/cuda/cpu: moving parameters is set-up, not a host read (and
-    on a CPU-only machine `module.to(device)` cannot tell a real device from the host)."""
+def _called_from_torch() -> bool:
+    """True when the tensor call was made by torch's own code. `t.to(device)` there is
+    device-generic plumbing (moving a module, clip_grad_norm_'s scale factor): on a GPU it
+    targets the GPU, and on a CPU-only machine it cannot be told from a copy to the host."""
     frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.endswith(catalog.MODULE_FILE_SUFFIX):
-            return True
+    while frame is not None and frame.f_code.co_filename.startswith(catalog.PROFILER_DIR):
         frame = frame.f_back
-    return False
+    return frame is not None and frame.f_code.co_filename.startswith(catalog.TORCH_DIR)
 
 
 class _FunctionLayer(TorchFunctionMode):
@@ -90,7 +87,7 @@ class _FunctionLayer(TorchFunctionMode):
         kind = catalog.FUNCTION_KINDS.get(func)
         if kind is None and func in catalog.CONDITIONAL_FUNCTION_KINDS:
             candidate, applies = catalog.CONDITIONAL_FUNCTION_KINDS[func]
-            kind = candidate if applies(args, kwargs) and not _moving_a_module() else None
+            kind = candidate if applies(args, kwargs) and not _called_from_torch() else None
         if kind is None or not self.watch._touches_device(args, kwargs):
             return func(*args, **kwargs)
         self.watch._record(kind)

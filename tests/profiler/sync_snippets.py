@@ -88,6 +88,10 @@ CLEAN = [
     ("cholesky_ex", "torch.linalg.cholesky_ex(A)"),
     ("module_to_device", "torch.nn.Linear(8, 2).to(torch.device('cpu'))"),
     (
+        "clip_grad_norm",
+        "(w * w).sum().backward()\ntorch.nn.utils.clip_grad_norm_([w], 0.5)",
+    ),
+    (
         "adam_step_counter",
         "opt = torch.optim.Adam([w], lr=0.1)\n(w * w).sum().backward()\nopt.step()",
     ),

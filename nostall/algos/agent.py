@@ -1,0 +1,88 @@
+"""The actor-critic network shared by the trainers, and its sync-free action sampling.
+
+Discrete actions are drawn by Gumbel-max on the device (`Categorical.sample()` takes a
+multinomial fast path that reads scalars back: two syncs per sample on CUDA); continuous ones
+from a diagonal Gaussian with log-probabilities written out (no distribution validation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _layer(n_in: int, n_out: int, gain: float = math.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: int = 64):
+        super().__init__()
+        self.discrete = discrete
+        self.critic = nn.Sequential(
+            _layer(obs_dim, hidden),
+            nn.Tanh(),
+            _layer(hidden, hidden),
+            nn.Tanh(),
+            _layer(hidden, 1, gain=1.0),
+        )
+        self.actor = nn.Sequential(
+            _layer(obs_dim, hidden),
+            nn.Tanh(),
+            _layer(hidden, hidden),
+            nn.Tanh(),
+            _layer(hidden, action_dim, gain=0.01),
+        )
+        self.log_std = nn.Parameter(torch.zeros(action_dim)) if not discrete else None
+
+    @classmethod
+    def for_env(cls, env, hidden: int = 64) -> ActorCritic:
+        space = env.single_action_space
+        discrete = env.info.discrete
+        action_dim = int(space.n) if discrete else int(np.prod(space.shape))
+        return cls(env.single_observation_space.shape[0], action_dim, discrete, hidden)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)  # (...,)
+
+    def log_prob_entropy(
+        self, obs: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability of `action` and the policy's entropy at `obs`."""
+        out = self.actor(obs)
+        if self.discrete:
+            log_p = out.log_softmax(-1)
+            chosen = log_p.gather(-1, action[..., None]).squeeze(-1)
+            return chosen, -(log_p.exp() * log_p).sum(-1)
+        log_std = self.log_std.expand_as(out)
+        z = (action - out) / log_std.exp()
+        log_prob = (-0.5 * z.pow(2) - log_std - _LOG_SQRT_2PI).sum(-1)
+        entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
+        return log_prob, entropy
+
+
+@torch.no_grad()
+def act(
+    agent: ActorCritic, obs: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(env_action, action, log_prob, value) for a batch of observations, with no sync."""
+    out = agent.actor(obs)
+    value = agent.value(obs)
+    if agent.discrete:
+        u = torch.rand(out.shape, generator=generator).clamp_(min=1e-20)
+        action = (out - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
+        log_prob = out.log_softmax(-1).gather(-1, action[:, None]).squeeze(-1)
+        return action, action, log_prob, value
+    std = agent.log_std.exp()
+    action = out + std * torch.randn(out.shape, generator=generator)
+    z = (action - out) / std
+    log_prob = (-0.5 * z.pow(2) - agent.log_std - _LOG_SQRT_2PI).sum(-1)
+    return action, action, log_prob, value

@@ -1,0 +1,70 @@
+"""Asynchronous PPO (IMPALA-style): the rollout side runs up to `staleness` policy versions
+ahead of the trainer, so collecting and learning overlap, and V-trace corrects for the lag.
+
+The update is ppo.py's clipped surrogate; only the targets differ. For a chunk collected by
+behaviour policy mu (version v) and trained on by pi (version v + lag):
+- the critic's targets are V-trace's v_s, with importance weights min(rho_bar, pi / mu) and
+  traces min(c_bar, pi / mu) (Espeholt et al. 2018, arXiv:1802.01561);
+- the advantages are V-trace's policy-gradient advantages, already weighted by the truncated
+  importance ratio;
+- the PPO ratio is taken against pi at the start of the update (the "old" policy), whose
+  log-probabilities replace the chunk's behaviour ones.
+With staleness 0 every chunk is on-policy and V-trace reduces to lambda = 1 returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import nostall
+from nostall.algos import ppo
+from nostall.algos.agent import ActorCritic
+from nostall.runtime import Chunk
+
+
+@dataclass
+class Args(ppo.Args):
+    staleness: int = 1
+    """how many policy versions the rollout side may run ahead of the trainer"""
+    rho_bar: float = 1.0
+    """V-trace: clip of the importance weight in the TD error and the policy gradient"""
+    c_bar: float = 1.0
+    """V-trace: clip of the trace-cutting weight"""
+
+
+@torch.no_grad()
+def vtrace_advantages(agent: ActorCritic, chunk: Chunk, args: Args):
+    """(advantages, value targets) by V-trace, from the current (target) policy and critic."""
+    obs = chunk.obs[:-1]
+    target_log_prob, _ = agent.log_prob_entropy(obs, chunk.actions)  # (T, N)
+    value = agent.value(obs)  # (T, N): the current critic, not the stale behaviour one
+    done, next_value = ppo.bootstrap_values(agent, chunk)
+    value_target, pg_advantage = nostall.vtrace(
+        chunk.log_probs,
+        target_log_prob,
+        chunk.rewards.float() * args.reward_scale,
+        value,
+        next_value,
+        done,
+        chunk.terminated,
+        args.gamma,
+        args.rho_bar,
+        args.c_bar,
+    )
+    # The PPO ratio and the clipped value loss are relative to the policy and critic at the
+    # start of this update.
+    chunk.log_probs.copy_(target_log_prob)
+    chunk.values.copy_(value)
+    return pg_advantage, value_target
+
+
+def train(args: Args, log=None) -> ppo.TrainResult:
+    return ppo.train(args, advantage_fn=vtrace_advantages, log=log)
+
+
+if __name__ == "__main__":
+    from nostall.cli import main
+
+    raise SystemExit(main(["train", "appo"]))

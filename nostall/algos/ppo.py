@@ -1,0 +1,360 @@
+"""PPO with GAE on nostall's native environments, its rollout overlapped with training.
+
+In the spirit of CleanRL's ppo.py (Schulman et al. 2017, arXiv:1707.06347; the 37
+implementation details, Huang et al. 2022), with the waits taken out:
+- the environments are native and step through custom operators, writing into preallocated
+  time-major chunks (no per-step allocation, no NumPy);
+- actions are sampled on the device without a sync (Gumbel-max);
+- GAE is the native `nostall.gae` operator, truncation-correct;
+- the learning rate is a tensor, and metrics are read only every `log_interval` iterations, so
+  the steady-state iteration has no host-device sync;
+- a rollout thread collects the next chunk while the trainer updates on this one; with
+  `staleness = 0` (the default here) the two strictly alternate: exactly synchronous PPO.
+The asynchronous variant, with V-trace correction for stale chunks, is appo.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import nostall
+import nostall.envs
+from nostall.algos.agent import ActorCritic, act
+from nostall.profiler import SyncWatch, allow
+from nostall.runtime import Chunk, Runtime
+
+# Iterations whose trainer side runs under SyncWatch, after warm-up (the optimizer's state
+# exists from the first update on), to report syncs per iteration.
+WATCHED_ITERATIONS = (3, 4)
+
+
+@dataclass
+class Args:
+    env_id: str = "CartPole-v1"
+    """the native environment to train on"""
+    total_timesteps: int = 200_000
+    """environment steps to train for"""
+    num_envs: int = 8
+    """parallel environments"""
+    num_steps: int = 128
+    """steps per environment per rollout chunk"""
+    learning_rate: float = 2.5e-3
+    """Adam's learning rate (annealed linearly to 0 when anneal_lr)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0"""
+    gamma: float = 0.99
+    """discount"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    reward_scale: float = 1.0
+    """rewards are multiplied by this before GAE (keeps value targets near unit scale)"""
+    num_minibatches: int = 4
+    """minibatches per epoch"""
+    update_epochs: int = 4
+    """passes over each chunk"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss as PPO's reference implementation does"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """gradient clipping norm"""
+    hidden: int = 64
+    """hidden units per layer of the actor and the critic"""
+    staleness: int = 0
+    """how many policy versions the rollout side may run ahead (0: synchronous PPO)"""
+    seed: int = 0
+    """seeds the network, the environments and both sides' generators"""
+    torch_threads: int = 1
+    """intra-op threads for torch (the two sides share the process's pool)"""
+    log_interval: int = 10
+    """read metrics (a host sync) every this many iterations"""
+    solved_return: float | None = None
+    """mean return over the last 20 episodes that counts as solved (default: the env's)"""
+    stop_when_solved: bool = False
+    """stop as soon as the solved return is reached"""
+    checkpoint: str | None = None
+    """save a checkpoint here every checkpoint_every iterations and at the end ("{iteration}"
+    in the path keeps one per save)"""
+    checkpoint_every: int = 50
+    """iterations between checkpoints"""
+    resume: str | None = None
+    """resume from this checkpoint"""
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        return max(1, self.total_timesteps // self.batch_size)
+
+    def check(self) -> None:
+        positive = (
+            "total_timesteps",
+            "num_envs",
+            "num_steps",
+            "num_minibatches",
+            "update_epochs",
+            "log_interval",
+            "torch_threads",
+            "checkpoint_every",
+            "hidden",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be at least 0, got {self.staleness}")
+        if self.batch_size % self.num_minibatches:
+            raise ValueError("num_envs * num_steps must be divisible by num_minibatches")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+
+
+@dataclass
+class TrainResult:
+    args: dict
+    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, time, return)
+    steps: int = 0
+    seconds: float = 0.0
+    solved_at: tuple[int, float] | None = None  # (env steps, seconds) when first solved
+    syncs_per_iteration: float | None = None  # unintended, trainer side, WATCHED_ITERATIONS
+    sync_sites: list[str] = field(default_factory=list)
+    timeline: list[tuple[str, float, float]] = field(default_factory=list)
+    final_return: float | None = None
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+
+def bootstrap_values(agent: ActorCritic, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    """(done, next_value): V of the observation after each step, the finished episode's last
+    observation where an episode ended (same-step autoreset puts the next episode's first
+    observation in obs[t + 1] there)."""
+    done = chunk.terminated | chunk.truncated  # (T, N)
+    next_obs = torch.where(done[..., None], chunk.final_obs, chunk.obs[1:])  # (T, N, obs_dim)
+    return done, agent.value(next_obs)
+
+
+@torch.no_grad()
+def gae_advantages(agent: ActorCritic, chunk: Chunk, args: Args):
+    """(advantages, value targets) by GAE, for chunks from the current policy."""
+    done, next_value = bootstrap_values(agent, chunk)
+    return nostall.gae(
+        chunk.rewards.float() * args.reward_scale,
+        chunk.values,
+        next_value,
+        done,
+        chunk.terminated,
+        args.gamma,
+        args.gae_lambda,
+    )
+
+
+AdvantageFn = Callable[[ActorCritic, Chunk, Any], tuple[torch.Tensor, torch.Tensor]]
+
+
+def ppo_update(
+    agent: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    chunk: Chunk,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    args: Args,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """Clipped-surrogate epochs over one chunk. Returns metrics as tensors (not read here)."""
+    T, N = chunk.num_steps, chunk.log_probs.shape[1]
+    b_obs = chunk.obs[:-1].reshape(T * N, -1)
+    b_actions = chunk.actions.reshape(T * N, *chunk.actions.shape[2:])
+    b_log_probs, b_values = chunk.log_probs.reshape(-1), chunk.values.reshape(-1)
+    b_adv, b_returns = advantages.reshape(-1), returns.reshape(-1)
+    minibatch = T * N // args.num_minibatches
+    totals = {k: torch.zeros(()) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")}
+    for _ in range(args.update_epochs):
+        order = torch.randperm(T * N, generator=generator)
+        for start in range(0, T * N, minibatch):
+            idx = order[start : start + minibatch]
+            new_log_prob, entropy = agent.log_prob_entropy(b_obs[idx], b_actions[idx])
+            new_value = agent.value(b_obs[idx])
+            log_ratio = new_log_prob - b_log_probs[idx]
+            ratio = log_ratio.exp()
+            adv = b_adv[idx]
+            if args.norm_adv:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_loss = torch.max(
+                -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+            ).mean()
+            if args.clip_vloss:
+                clipped = b_values[idx] + (new_value - b_values[idx]).clamp(
+                    -args.clip_coef, args.clip_coef
+                )
+                v_loss = (
+                    0.5
+                    * torch.max(
+                        (new_value - b_returns[idx]) ** 2, (clipped - b_returns[idx]) ** 2
+                    ).mean()
+                )
+            else:
+                v_loss = 0.5 * ((new_value - b_returns[idx]) ** 2).mean()
+            loss = pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            with torch.no_grad():
+                totals["pg_loss"] += pg_loss
+                totals["v_loss"] += v_loss
+                totals["entropy"] += entropy.mean()
+                totals["approx_kl"] += ((ratio - 1) - log_ratio).mean()
+                totals["clipfrac"] += ((ratio - 1).abs() > args.clip_coef).float().mean()
+    updates = args.update_epochs * args.num_minibatches
+    return {k: v / updates for k, v in totals.items()}
+
+
+def _checkpoint_state(agent, optimizer, lr, runtime, env, generator, iteration, result) -> dict:
+    return {
+        "agent": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "lr": lr.clone(),
+        "env": env.state_dict(),
+        "rollout_generator": runtime.generator.get_state(),
+        "trainer_generator": generator.get_state(),
+        "next_obs": runtime._next_obs.clone(),
+        "episodes": runtime.episodes.state_dict(),
+        "iteration": iteration,
+        "curve": list(result.curve),
+    }
+
+
+def train(
+    args: Args,
+    advantage_fn: AdvantageFn = gae_advantages,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+) -> TrainResult:
+    """Trains, calling log(env_steps, metrics) every log_interval iterations."""
+    args.check()
+    torch.set_num_threads(args.torch_threads)
+    torch.manual_seed(args.seed)
+    env = nostall.envs.make(args.env_id, args.num_envs, seed=args.seed, autoreset_mode="SameStep")
+    solved_return = args.solved_return or env.info.reward_threshold
+    agent = ActorCritic.for_env(env, args.hidden)
+    lr = torch.tensor(args.learning_rate)  # a tensor: annealing it needs no host value
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    runtime = Runtime(
+        env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed
+    )
+    result = TrainResult(args=asdict(args))
+    first_iteration = 1
+    if args.resume:
+        state = load_checkpoint(args.resume)
+        agent.load_state_dict(state["agent"])
+        runtime.rollout_agent.load_state_dict(state["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+        lr.copy_(state["lr"])
+        for group in optimizer.param_groups:  # loading replaced it with a copy: annealing
+            group["lr"] = lr  # must keep acting on the optimizer's learning rate
+        env.load_state_dict(state["env"])
+        runtime.generator.set_state(state["rollout_generator"])
+        generator.set_state(state["trainer_generator"])
+        runtime._next_obs = state["next_obs"].clone()
+        runtime.episodes.load_state_dict(state["episodes"])
+        result.curve = list(state["curve"])
+        first_iteration = state["iteration"] + 1
+    syncs: list[int] = []
+    start = time.perf_counter()
+    with runtime:
+        for iteration in range(first_iteration, args.num_iterations + 1):
+            if args.anneal_lr:
+                lr.fill_(args.learning_rate * (1.0 - (iteration - 1) / args.num_iterations))
+            watched = iteration in WATCHED_ITERATIONS
+            watch = SyncWatch(agent) if watched else contextlib.nullcontext()
+            with watch:
+                slot, chunk = runtime.next_chunk()
+                began = time.perf_counter()
+                advantages, returns = advantage_fn(agent, chunk, args)
+                metrics = ppo_update(agent, optimizer, chunk, advantages, returns, args, generator)
+                lag = runtime.lag(chunk)
+                runtime.release(slot)
+            if watched:
+                report = watch.report()
+                syncs.append(report.unintended_count)
+                result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
+            if args.checkpoint and (
+                iteration % args.checkpoint_every == 0 or iteration == args.num_iterations
+            ):
+                # The rollout side waits for the next version (staleness 0): a quiet moment.
+                save_checkpoint(
+                    args.checkpoint.format(iteration=iteration),
+                    _checkpoint_state(
+                        agent, optimizer, lr, runtime, env, generator, iteration, result
+                    ),
+                )
+            runtime.publish(agent)
+            runtime.timeline.record("train", began, time.perf_counter())
+            steps = iteration * args.batch_size
+            if iteration % args.log_interval == 0 or iteration == args.num_iterations:
+                with allow("metrics every log_interval iterations"):
+                    finished, mean_return, mean_length = runtime.episodes.recent(20)
+                    values = {k: float(v) for k, v in metrics.items()}  # sync: logging
+                    values.update(lr=float(lr), version_lag=float(lag), episodes=finished)
+                seconds = time.perf_counter() - start
+                if mean_return is not None:
+                    values.update(episode_return=mean_return, episode_length=mean_length)
+                    result.curve.append((steps, seconds, mean_return))
+                    if (
+                        solved_return is not None
+                        and result.solved_at is None
+                        and mean_return >= solved_return
+                    ):
+                        result.solved_at = (steps, seconds)
+                values["steps_per_second"] = steps / seconds
+                if log is not None:
+                    log(steps, values)
+                if args.stop_when_solved and result.solved_at is not None:
+                    break
+    result.syncs_per_iteration = sum(syncs) / len(syncs) if syncs else None
+    result.steps = steps
+    result.seconds = time.perf_counter() - start
+    result.timeline = list(runtime.timeline.spans)
+    result.final_return = result.curve[-1][2] if result.curve else None
+    env.close()
+    return result
+
+
+def save_checkpoint(path: str | Path, state: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # never a half-written checkpoint
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    try:
+        return torch.load(path, weights_only=False)
+    except Exception as e:  # torch.load fails in many ways on a bad file; all mean "unreadable"
+        raise ValueError(f"cannot read checkpoint {path}: {e}") from None
+
+
+if __name__ == "__main__":
+    from nostall.cli import main
+
+    raise SystemExit(main(["train", "ppo"]))

@@ -1,0 +1,54 @@
+"""Episode returns and lengths, tracked on the rollout side without a host sync: finished
+episodes are scattered into a ring of the most recent ones, and only logging reads it."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class EpisodeTracker:
+    def __init__(self, num_envs: int, capacity: int = 100):
+        self.capacity = capacity
+        self._return = torch.zeros(num_envs, dtype=torch.float64)
+        self._length = torch.zeros(num_envs, dtype=torch.int64)
+        # One extra cell: unfinished envs write there, so every step is one scatter.
+        self._returns = torch.zeros(capacity + 1, dtype=torch.float64)
+        self._lengths = torch.zeros(capacity + 1, dtype=torch.int64)
+        self.finished = torch.zeros((), dtype=torch.int64)  # episodes finished so far
+        self._lock = threading.Lock()
+
+    def update(self, reward: torch.Tensor, done: torch.Tensor) -> None:
+        """One step: reward float64 (N,), done bool (N,)."""
+        with self._lock:
+            self._return += reward
+            self._length += 1
+            order = torch.cumsum(done.long(), 0) - 1  # (N,) rank among the finished
+            slot = torch.where(done, (self.finished + order) % self.capacity, self.capacity)
+            self._returns.scatter_(0, slot, self._return)
+            self._lengths.scatter_(0, slot, self._length)
+            self.finished += done.sum()
+            self._return.masked_fill_(done, 0.0)
+            self._length.masked_fill_(done, 0)
+
+    def recent(self, n: int) -> tuple[int, float | None, float | None]:
+        """(episodes finished, mean return and length of the last n) -- reads: a sync."""
+        with self._lock:
+            finished = int(self.finished)  # sync: logging only
+            count = min(n, finished, self.capacity)
+            if count == 0:
+                return finished, None, None
+            last = (finished - 1 - torch.arange(count)) % self.capacity
+            mean_return = float(self._returns[last].mean())  # sync: logging only
+            mean_length = float(self._lengths[last].double().mean())  # sync: logging only
+        return finished, mean_return, mean_length
+
+    def state_dict(self) -> dict:
+        with self._lock:
+            return {k: v.clone() for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self._lock:
+            for k, v in state.items():
+                getattr(self, k).copy_(v)

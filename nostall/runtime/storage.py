@@ -1,0 +1,50 @@
+"""Preallocated time-major rollout storage: the slots the rollout side fills and the trainer
+side reads. Each step writes straight into a slot's rows (env.torch.step(..., out=rows)), so
+collecting a rollout allocates nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class Chunk:
+    """One rollout of T steps from N environments. obs[t] is what the policy saw at step t;
+    obs[T] is the observation to continue from. With same-step autoreset, obs[t + 1] after a
+    finished episode is the next episode's first observation, and final_obs[t] holds the
+    finished episode's last one (for bootstrapping a truncation)."""
+
+    obs: torch.Tensor  # (T + 1, N, obs_dim) float32
+    actions: torch.Tensor  # (T, N) int64, or (T, N, action_dim) float32
+    log_probs: torch.Tensor  # (T, N) behaviour policy log-probabilities
+    values: torch.Tensor  # (T, N) behaviour critic values
+    rewards: torch.Tensor  # (T, N) float64, as the environments return them
+    terminated: torch.Tensor  # (T, N) bool
+    truncated: torch.Tensor  # (T, N) bool
+    final_obs: torch.Tensor  # (T, N, obs_dim) float32, valid where terminated | truncated
+    version: int = -1  # the policy version that collected it
+
+    @classmethod
+    def empty(
+        cls, T: int, N: int, obs_dim: int, action_shape: tuple[int, ...], discrete: bool
+    ) -> Chunk:
+        action_dtype = torch.int64 if discrete else torch.float32
+        return cls(
+            obs=torch.zeros(T + 1, N, obs_dim),
+            actions=torch.zeros(T, N, *action_shape, dtype=action_dtype),
+            log_probs=torch.zeros(T, N),
+            values=torch.zeros(T, N),
+            rewards=torch.zeros(T, N, dtype=torch.float64),
+            terminated=torch.zeros(T, N, dtype=torch.bool),
+            truncated=torch.zeros(T, N, dtype=torch.bool),
+            final_obs=torch.zeros(T, N, obs_dim),
+        )
+
+    @property
+    def num_steps(self) -> int:
+        return self.actions.shape[0]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "version"}

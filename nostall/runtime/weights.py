@@ -1,0 +1,55 @@
+"""Weight sync without stopping the world: the trainer publishes its weights into one half of a
+double buffer; the rollout side copies the newest half into its own policy copy at a chunk
+boundary. Neither side waits for the other's compute, only for a short copy under a lock."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class WeightBuffer:
+    def __init__(self, module: torch.nn.Module):
+        self._buffers = [
+            {k: v.detach().clone() for k, v in module.state_dict().items()} for _ in range(2)
+        ]
+        self._versions = [0, -1]
+        self._newest = 0
+        self._lock = threading.Lock()
+        self._published = threading.Condition(self._lock)
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._versions[self._newest]
+
+    def publish(self, module: torch.nn.Module, version: int) -> None:
+        """Copies `module`'s weights in as `version` (the trainer side)."""
+        spare = 1 - self._newest
+        with torch.no_grad():
+            for name, value in module.state_dict().items():
+                self._buffers[spare][name].copy_(value)
+        with self._lock:
+            self._versions[spare] = version
+            self._newest = spare
+            self._published.notify_all()
+
+    def pull(self, module: torch.nn.Module, have: int) -> int:
+        """Loads the newest weights into `module` if newer than version `have`; returns the
+        version `module` now holds (the rollout side)."""
+        with self._lock:
+            newest = self._newest
+            version = self._versions[newest]
+            if version <= have:
+                return have
+            with torch.no_grad():
+                for name, value in module.state_dict().items():
+                    value.copy_(self._buffers[newest][name])
+        return version
+
+    def wait_for(self, version: int, stop: threading.Event, poll_s: float = 0.05) -> None:
+        """Blocks until `version` (or newer) is published, or `stop` is set."""
+        with self._lock:
+            while self._versions[self._newest] < version and not stop.is_set():
+                self._published.wait(timeout=poll_s)
