@@ -47,9 +47,7 @@ $(BENCH_INSTALLED): $(INSTALLED) benchmarks/requirements.txt
 	touch $@
 
 bench: build $(BENCH_INSTALLED)
-	$(PY) benchmarks/ops/bench_advantages.py
-	$(PY) benchmarks/envs/bench_sps.py
-	$(PY) benchmarks/profiler/bench_overhead.py
+	$(PY) -m nostall.cli bench
 
 # Compiles every CUDA source with nvcc (no GPU or CUDA torch needed): catches CUDA build errors
 # on a CPU-only machine.

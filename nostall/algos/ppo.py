@@ -81,6 +81,8 @@ class Args:
     """intra-op threads for torch (the two sides share the process's pool)"""
     log_interval: int = 10
     """read metrics (a host sync) every this many iterations"""
+    watch_syncs: bool = True
+    """run two early iterations under SyncWatch and report their host syncs (costs ~0.5 s)"""
     solved_return: float | None = None
     """mean return over the last 20 episodes that counts as solved (default: the env's)"""
     stop_when_solved: bool = False
@@ -284,7 +286,7 @@ def train(
         for iteration in range(first_iteration, args.num_iterations + 1):
             if args.anneal_lr:
                 lr.fill_(args.learning_rate * (1.0 - (iteration - 1) / args.num_iterations))
-            watched = iteration in WATCHED_ITERATIONS
+            watched = args.watch_syncs and iteration in WATCHED_ITERATIONS
             watch = SyncWatch(agent) if watched else contextlib.nullcontext()
             with watch:
                 slot, chunk = runtime.next_chunk()

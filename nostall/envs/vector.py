@@ -59,6 +59,10 @@ def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
     return mode
 
 
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.numpy()  # sync: none; the env ops return host tensors, this is a zero-copy view
+
+
 def _close_handle(handle: int) -> None:
     _ops.OPEN.pop(handle, None)
     ops.env_close(handle)
@@ -137,7 +141,7 @@ class VectorEnv(gym.vector.VectorEnv):
         if options:
             raise ValueError("nostall environments take no reset options")
         obs = ops.env_reset(self.handle, -1 if seed is None else seed)
-        return obs.numpy(), {}
+        return _host(obs), {}
 
     def _action_tensor(self, actions) -> torch.Tensor:
         a = np.asarray(actions)
@@ -157,24 +161,24 @@ class VectorEnv(gym.vector.VectorEnv):
         self._require_open()
         out = EnvStep(*ops.env_step(self.handle, self._action_tensor(actions)))
         return (
-            out.obs.numpy(),
-            out.reward.numpy(),
-            out.terminated.numpy(),
-            out.truncated.numpy(),
+            _host(out.obs),
+            _host(out.reward),
+            _host(out.terminated),
+            _host(out.truncated),
             self._infos(out.terminated, out.truncated, out.final_obs),
         )
 
     def _infos(self, terminated, truncated, final_obs) -> dict[str, Any]:
         if final_obs.shape[0] == 0:
             return {}
-        done = (terminated | truncated).numpy()
+        done = _host(terminated | truncated)
         if not done.any():
             return {}
         # Gymnasium's same-step layout: an object array with the final observation of each env
         # that finished (None elsewhere), and a mask.
         finals = np.full(len(done), None, dtype=object)
         for i in np.flatnonzero(done):
-            finals[i] = final_obs[i].numpy()
+            finals[i] = _host(final_obs[i])
         return {"final_obs": finals, "_final_obs": done, "final_info": {}, "_final_info": done}
 
     def send(self, actions, env_ids=None) -> None:
@@ -189,13 +193,13 @@ class VectorEnv(gym.vector.VectorEnv):
         self._require_open()
         b = EnvBatch(*ops.env_recv(self.handle))
         infos = self._infos(b.terminated, b.truncated, b.final_obs)
-        infos["env_id"] = b.env_ids.numpy()
-        return b.obs.numpy(), b.reward.numpy(), b.terminated.numpy(), b.truncated.numpy(), infos
+        infos["env_id"] = _host(b.env_ids)
+        return _host(b.obs), _host(b.reward), _host(b.terminated), _host(b.truncated), infos
 
     def get_state(self) -> np.ndarray:
         """Exact simulator state, float64 [num_envs, state_dim] (for tests and checkpoints)."""
         self._require_open()
-        return ops.env_get_state(self.handle).numpy()
+        return _host(ops.env_get_state(self.handle))
 
     def set_state(self, state: np.ndarray) -> None:
         self._require_open()

@@ -8,7 +8,7 @@ a host-device sync, with the user's file:line, its kind, and counts per step.
             watch.step()
             with watch.allow("log every 100 steps"):
                 if step % 100 == 0:
-                    print(loss.item())
+                    print(loss.item())  # sync: intended, for the log
     print(watch.report().table())
 
 It tracks which tensors would live on the device: CUDA tensors, every nn.Parameter, tensors the
