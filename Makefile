@@ -24,7 +24,9 @@ $(INSTALLED): pyproject.toml setup.py
 	touch $@
 
 # Incremental rebuild of the native library (pip's editable install always rebuilds from scratch).
-$(NATIVE_LIB): $(INSTALLED) $(NATIVE_SOURCES)
+# The install is an order-only prerequisite: it builds the library itself, so a fresh install
+# must not trigger a second build.
+$(NATIVE_LIB): $(NATIVE_SOURCES) | $(INSTALLED)
 	CFLAGS=-g0 $(PY) setup.py -q build_ext --inplace
 	touch $@
 
