@@ -24,8 +24,9 @@ $(INSTALLED): pyproject.toml setup.py
 	touch $@
 
 # Incremental rebuild of the native library (pip's editable install always rebuilds from scratch).
-# The install is an order-only prerequisite: it builds the library itself, so a fresh install
-# must not trigger a second build.
+# The install is an order-only prerequisite: reinstalling (after a pyproject.toml change) does
+# not by itself rebuild the library. (pip's editable install builds out of tree, so a fresh
+# checkout still builds once more here, in place.)
 $(NATIVE_LIB): $(NATIVE_SOURCES) | $(INSTALLED)
 	CFLAGS=-g0 $(PY) setup.py -q build_ext --inplace
 	touch $@
