@@ -28,6 +28,9 @@ from nostall.runtime import Chunk
 class Args(ppo.Args):
     staleness: int = 1
     """how many policy versions the rollout side may run ahead of the trainer"""
+    backend: str = "process"
+    """where the rollout side runs: "process" (no GIL shared with the trainer, so the two
+    really overlap) or "thread" (needed for checkpoints)"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance weight in the TD error and the policy gradient"""
     c_bar: float = 1.0

@@ -16,6 +16,7 @@ The asynchronous variant, with V-trace correction for stale chunks, is appo.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ import nostall.envs
 from nostall.algos.agent import ActorCritic, act
 from nostall.profiler import SyncWatch, allow
 from nostall.runtime import Chunk, Runtime
+from nostall.runtime.process import ProcessRuntime
 
 # Iterations whose trainer side runs under SyncWatch, after warm-up (the optimizer's state
 # exists from the first update on), to report syncs per iteration.
@@ -75,6 +77,8 @@ class Args:
     """hidden units per layer of the actor and the critic"""
     staleness: int = 0
     """how many policy versions the rollout side may run ahead (0: synchronous PPO)"""
+    backend: str = "thread"
+    """where the rollout side runs: "thread" (checkpoints work) or "process" (no shared GIL)"""
     seed: int = 0
     """seeds the network, the environments and both sides' generators"""
     torch_threads: int = 1
@@ -124,6 +128,10 @@ class Args:
             raise ValueError("num_envs * num_steps must be divisible by num_minibatches")
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+        if self.backend not in ("thread", "process"):
+            raise ValueError(f"backend must be 'thread' or 'process', got {self.backend!r}")
+        if self.backend == "process" and (self.checkpoint or self.resume):
+            raise ValueError("checkpoints need backend 'thread' (the envs live in this process)")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
 
@@ -245,6 +253,30 @@ def _checkpoint_state(agent, optimizer, lr, runtime, env, generator, iteration, 
     }
 
 
+def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRuntime:
+    if args.backend == "thread":
+        return Runtime(
+            env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed
+        )
+    space = env.single_action_space
+    return ProcessRuntime(
+        functools.partial(
+            nostall.envs.make, args.env_id, args.num_envs, seed=args.seed,
+            autoreset_mode="SameStep",
+        ),
+        functools.partial(ActorCritic.for_env, hidden=args.hidden),
+        agent,
+        act,
+        num_envs=args.num_envs,
+        obs_dim=env.single_observation_space.shape[0],
+        action_shape=() if env.info.discrete else space.shape,
+        discrete=env.info.discrete,
+        num_steps=args.num_steps,
+        staleness=args.staleness,
+        seed=args.seed,
+    )  # fmt: skip
+
+
 def train(
     args: Args,
     advantage_fn: AdvantageFn = gae_advantages,
@@ -260,9 +292,7 @@ def train(
     lr = torch.tensor(args.learning_rate)  # a tensor: annealing it needs no host value
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
     generator = torch.Generator().manual_seed(args.seed + 1)
-    runtime = Runtime(
-        env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed
-    )
+    runtime = _make_runtime(args, env, agent)
     result = TrainResult(args=asdict(args))
     first_iteration = 1
     if args.resume:

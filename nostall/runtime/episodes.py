@@ -44,6 +44,22 @@ class EpisodeTracker:
             mean_length = float(self._lengths[last].double().mean())  # sync: logging only
         return finished, mean_return, mean_length
 
+    def share_memory(self) -> EpisodeTracker:
+        """Moves the counters to shared memory, for a rollout side in another process."""
+        for value in self.__dict__.values():
+            if isinstance(value, torch.Tensor):
+                value.share_memory_()
+        return self
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_lock"]  # a lock does not cross processes; each side gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def state_dict(self) -> dict:
         with self._lock:
             return {k: v.clone() for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}

@@ -1,0 +1,169 @@
+"""The rollout side in its own process: the same trainer-facing interface as Runtime, but no
+GIL shared between the two sides, so collecting and learning really overlap on two cores.
+
+Chunks, weights and episode counters live in shared memory; slot indices, failures and timing
+travel through multiprocessing queues. The rollout process builds its own environments and
+policy copy from picklable recipes. A failure there reaches the trainer within a poll interval
+with the child's traceback; leaving the context stops and joins the process. Checkpoints are
+not supported with this backend (the environments live in the other process).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.multiprocessing as mp
+
+from nostall.runtime.episodes import EpisodeTracker
+from nostall.runtime.queue import RuntimeStopped
+from nostall.runtime.rollout import ActFn, Timeline, collect
+from nostall.runtime.storage import Chunk
+
+_POLL_S = 0.05
+
+
+def _rollout_main(
+    make_env: Callable,
+    make_agent: Callable,
+    act: ActFn,
+    slots: list[Chunk],
+    weights: dict[str, torch.Tensor],
+    version,
+    lock,
+    free,
+    filled,
+    errors,
+    stop,
+    episodes: EpisodeTracker,
+    staleness: int,
+    seed: int,
+) -> None:
+    try:
+        torch.set_num_threads(1)
+        env = make_env()
+        agent = make_agent(env)
+        generator = torch.Generator().manual_seed(seed)
+        next_obs = env.torch.reset(seed=seed)
+        have, collected = -1, 0
+        while not stop.is_set():
+            while version.value < collected - staleness and not stop.is_set():
+                time.sleep(0.0005)
+            if stop.is_set():
+                break
+            with lock:
+                if version.value > have:
+                    agent.load_state_dict(weights)
+                    have = version.value
+            try:
+                slot = free.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            chunk = slots[slot]
+            start = time.perf_counter()
+            collect(env, lambda obs, g: act(agent, obs, g), chunk, next_obs, generator, episodes)
+            next_obs = chunk.obs[-1].clone()
+            collected += 1
+            filled.put((slot, have, start, time.perf_counter()))
+        env.close()
+    except BaseException as e:
+        errors.put(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        stop.set()
+
+
+class ProcessRuntime:
+    def __init__(
+        self,
+        make_env: Callable,
+        make_agent: Callable,
+        agent: torch.nn.Module,
+        act: ActFn,
+        *,
+        num_envs: int,
+        obs_dim: int,
+        action_shape: tuple[int, ...],
+        discrete: bool,
+        num_steps: int,
+        staleness: int = 0,
+        seed: int = 0,
+        join_timeout_s: float = 10.0,
+    ):
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        ctx = mp.get_context("spawn")
+        self.staleness, self.version = staleness, 0
+        self.slots = [
+            Chunk.empty(num_steps, num_envs, obs_dim, action_shape, discrete)
+            for _ in range(staleness + 2)
+        ]
+        for chunk in self.slots:
+            for tensor in chunk.tensors().values():
+                tensor.share_memory_()
+        self._weights = {
+            k: v.detach().clone().share_memory_() for k, v in agent.state_dict().items()
+        }
+        self._version = ctx.Value("q", 0)
+        self._lock = ctx.Lock()
+        self._free, self._filled, self._errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        for i in range(len(self.slots)):
+            self._free.put(i)
+        self._stop = ctx.Event()
+        self.episodes = EpisodeTracker(num_envs).share_memory()
+        self.timeline = Timeline()
+        self._process = ctx.Process(
+            target=_rollout_main,
+            args=(make_env, make_agent, act, self.slots, self._weights, self._version,
+                  self._lock, self._free, self._filled, self._errors, self._stop,
+                  self.episodes, staleness, seed),
+            name="nostall-rollout",
+            daemon=True,
+        )  # fmt: skip
+        self._join_timeout_s = join_timeout_s
+
+    def _raise_if_failed(self) -> None:
+        try:
+            message = self._errors.get_nowait()
+        except queue.Empty:
+            if not self._process.is_alive():
+                raise RuntimeStopped("the rollout process exited unexpectedly") from None
+            return
+        raise RuntimeStopped(f"the rollout process failed: {message}")
+
+    def next_chunk(self) -> tuple[int, Chunk]:
+        while True:
+            try:
+                slot, version, start, end = self._filled.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._raise_if_failed()
+                continue
+            self.timeline.record("rollout", start, end)
+            self.slots[slot].version = version
+            return slot, self.slots[slot]
+
+    def release(self, slot: int) -> None:
+        self._free.put(slot)
+
+    def publish(self, agent: torch.nn.Module) -> int:
+        self.version += 1
+        with self._lock, torch.no_grad():
+            for name, value in agent.state_dict().items():
+                self._weights[name].copy_(value)
+            self._version.value = self.version
+        return self.version
+
+    def lag(self, chunk: Chunk) -> int:
+        return self.version - chunk.version
+
+    def __enter__(self) -> ProcessRuntime:
+        self._process.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        self._process.join(timeout=self._join_timeout_s)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join()

@@ -1,0 +1,59 @@
+"""The rollout side in its own process: same results as the thread at staleness 0, learning
+when asynchronous, failures surfaced with the child's traceback, no process left behind."""
+
+import functools
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import nostall.envs
+from nostall.algos import appo, ppo
+from nostall.algos.agent import ActorCritic, act
+from nostall.runtime import RuntimeStopped
+from nostall.runtime.process import ProcessRuntime
+
+
+def test_process_backend_reproduces_the_thread_backend_at_staleness_0():
+    common = dict(total_timesteps=8 * 1024, log_interval=2, watch_syncs=False)
+    thread = ppo.train(ppo.Args(**common))
+    process = ppo.train(ppo.Args(**common, backend="process"))
+    assert thread.curve and [c[2] for c in thread.curve] == [c[2] for c in process.curve]
+
+
+def test_asynchronous_ppo_learns_cartpole_with_a_rollout_process():
+    args = appo.Args(total_timesteps=300_000, stop_when_solved=True, log_interval=5,
+                     backend="process")  # fmt: skip
+    result = appo.train(args)
+    assert result.solved_at is not None, result.curve[-5:]
+
+
+def _exploding_agent(env):
+    raise ValueError("cannot build the policy")
+
+
+def test_a_failure_in_the_rollout_process_reaches_the_trainer():
+    env = nostall.envs.make("CartPole-v1", 4)
+    agent = ActorCritic.for_env(env)
+    runtime = ProcessRuntime(
+        functools.partial(nostall.envs.make, "CartPole-v1", 4, autoreset_mode="SameStep"),
+        _exploding_agent,
+        agent,
+        act,
+        num_envs=4,
+        obs_dim=4,
+        action_shape=(),
+        discrete=True,
+        num_steps=8,
+    )
+    with pytest.raises(RuntimeStopped, match="cannot build the policy"), runtime:
+        runtime.next_chunk()
+    assert mp.active_children() == []
+
+
+def test_checkpoints_need_the_thread_backend(tmp_path):
+    with pytest.raises(ValueError, match="checkpoints need backend 'thread'"):
+        ppo.train(ppo.Args(backend="process", checkpoint=str(tmp_path / "c.pt")))
+    with pytest.raises(ValueError, match="backend must be 'thread' or 'process'"):
+        ppo.train(ppo.Args(backend="gpu"))
+    assert torch.multiprocessing.active_children() == []
