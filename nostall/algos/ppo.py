@@ -31,6 +31,7 @@ from nostall.algos.agent import ActorCritic, act
 from nostall.profiler import SyncWatch, allow
 from nostall.runtime import Chunk, Runtime
 from nostall.runtime.process import ProcessRuntime
+from nostall.runtime.storage import slot_layout
 
 # Iterations whose trainer side runs under SyncWatch, after warm-up (the optimizer's state
 # exists from the first update on), to report syncs per iteration.
@@ -244,10 +245,8 @@ def _checkpoint_state(agent, optimizer, lr, runtime, env, generator, iteration, 
         "optimizer": optimizer.state_dict(),
         "lr": lr.clone(),
         "env": env.state_dict(),
-        "rollout_generator": runtime.generator.get_state(),
+        "runtime": runtime.state_dict(),
         "trainer_generator": generator.get_state(),
-        "next_obs": runtime._next_obs.clone(),
-        "episodes": runtime.episodes.state_dict(),
         "iteration": iteration,
         "curve": list(result.curve),
     }
@@ -258,7 +257,6 @@ def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRunti
         return Runtime(
             env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed
         )
-    space = env.single_action_space
     return ProcessRuntime(
         functools.partial(
             nostall.envs.make, args.env_id, args.num_envs, seed=args.seed,
@@ -267,13 +265,10 @@ def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRunti
         functools.partial(ActorCritic.for_env, hidden=args.hidden),
         agent,
         act,
-        num_envs=args.num_envs,
-        obs_dim=env.single_observation_space.shape[0],
-        action_shape=() if env.info.discrete else space.shape,
-        discrete=env.info.discrete,
         num_steps=args.num_steps,
         staleness=args.staleness,
         seed=args.seed,
+        **slot_layout(env),
     )  # fmt: skip
 
 
@@ -298,16 +293,13 @@ def train(
     if args.resume:
         state = load_checkpoint(args.resume)
         agent.load_state_dict(state["agent"])
-        runtime.rollout_agent.load_state_dict(state["agent"])
         optimizer.load_state_dict(state["optimizer"])
         lr.copy_(state["lr"])
         for group in optimizer.param_groups:  # loading replaced it with a copy: annealing
             group["lr"] = lr  # must keep acting on the optimizer's learning rate
         env.load_state_dict(state["env"])
-        runtime.generator.set_state(state["rollout_generator"])
         generator.set_state(state["trainer_generator"])
-        runtime._next_obs = state["next_obs"].clone()
-        runtime.episodes.load_state_dict(state["episodes"])
+        runtime.load_state_dict(state["runtime"], agent)
         result.curve = list(state["curve"])
         first_iteration = state["iteration"] + 1
     syncs: list[int] = []

@@ -247,7 +247,7 @@ class SyncWatch:
     @contextlib.contextmanager
     def _cuda_debug_mode(self) -> Iterator[None]:
         # CUDA's own detector, as a cross-check: it is process-wide and warns on the syncs it
-        # sees (not torch.cuda.synchronize, events, or pageable non_blocking copies).
+        # sees (not explicit synchronize calls, events, or pageable non_blocking copies).
         previous = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode("warn")
         with warnings.catch_warnings(record=True) as caught:

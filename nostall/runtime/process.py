@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.rollout import ActFn, Timeline, collect
-from nostall.runtime.storage import Chunk
+from nostall.runtime.storage import Chunk, rollout_slots
 
 _POLL_S = 0.05
 
@@ -91,14 +91,12 @@ class ProcessRuntime:
         seed: int = 0,
         join_timeout_s: float = 10.0,
     ):
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        self.slots = rollout_slots(
+            staleness, num_steps, num_envs=num_envs, obs_dim=obs_dim,
+            action_shape=action_shape, discrete=discrete,
+        )  # fmt: skip
         ctx = mp.get_context("spawn")
         self.staleness, self.version = staleness, 0
-        self.slots = [
-            Chunk.empty(num_steps, num_envs, obs_dim, action_shape, discrete)
-            for _ in range(staleness + 2)
-        ]
         for chunk in self.slots:
             for tensor in chunk.tensors().values():
                 tensor.share_memory_()

@@ -28,7 +28,7 @@ from nostall.envs import VectorEnv
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
 from nostall.runtime.rollout import ActFn, Timeline, collect
-from nostall.runtime.storage import Chunk
+from nostall.runtime.storage import Chunk, rollout_slots, slot_layout
 from nostall.runtime.weights import WeightBuffer
 
 
@@ -44,10 +44,7 @@ class Runtime:
         seed: int = 0,
         join_timeout_s: float = 10.0,
     ):
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        self.slots = rollout_slots(staleness, num_steps, **slot_layout(env))
         self.env = env
         self.staleness = staleness
         self.rollout_agent = copy.deepcopy(agent)  # the rollout side's own copy
@@ -60,19 +57,7 @@ class Runtime:
         self.timeline = Timeline()
         self.channel = SideChannel()
         self.generator = torch.Generator().manual_seed(seed)
-        space = env.single_action_space
-        discrete = env.info.discrete
-        slots = staleness + 2  # S + 1 collected ahead, one being trained on
-        self.slots = [
-            Chunk.empty(
-                num_steps,
-                env.num_envs,
-                env.single_observation_space.shape[0],
-                () if discrete else space.shape,
-                discrete,
-            )
-            for _ in range(slots)
-        ]
+        slots = len(self.slots)
         self._free = BoundedQueue(slots, self.channel)
         self._filled = BoundedQueue(slots, self.channel)
         for i in range(slots):
@@ -127,6 +112,23 @@ class Runtime:
     def lag(self, chunk: Chunk) -> int:
         """How many versions behind the trainer the chunk's policy is."""
         return self.version - chunk.version
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The rollout side's resumable state. Exact only while that side waits for the next
+        version: with staleness 0, between a release and the next publish."""
+        return {
+            "generator": self.generator.get_state(),
+            "next_obs": self._next_obs.clone(),
+            "episodes": self.episodes.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict, agent: torch.nn.Module) -> None:
+        """Restores a state_dict, with the rollout policy copy set to `agent`'s weights."""
+        self.rollout_agent.load_state_dict(agent.state_dict())
+        self.generator.set_state(state["generator"])
+        self._next_obs = state["next_obs"].clone()
+        self.episodes.load_state_dict(state["episodes"])
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> Runtime:

@@ -48,3 +48,34 @@ class Chunk:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "version"}
+
+
+def slot_layout(env) -> dict:
+    """The chunk sizes a vector env's rollouts need (keyword arguments of rollout_slots)."""
+    discrete = env.info.discrete
+    return {
+        "num_envs": env.num_envs,
+        "obs_dim": env.single_observation_space.shape[0],
+        "action_shape": () if discrete else tuple(env.single_action_space.shape),
+        "discrete": discrete,
+    }
+
+
+def rollout_slots(
+    staleness: int,
+    num_steps: int,
+    *,
+    num_envs: int,
+    obs_dim: int,
+    action_shape: tuple[int, ...],
+    discrete: bool,
+) -> list[Chunk]:
+    """The chunks a runtime cycles through: S + 1 collected ahead, one being trained on."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    return [
+        Chunk.empty(num_steps, num_envs, obs_dim, action_shape, discrete)
+        for _ in range(staleness + 2)
+    ]
