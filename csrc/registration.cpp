@@ -6,6 +6,9 @@
 #include "envs/env_ops.h"
 #include "ops/discounted_returns.h"
 #include "ops/gae.h"
+#include "ops/group_advantages.h"
+#include "ops/policy_loss.h"
+#include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
 
 STABLE_TORCH_LIBRARY(nostall, m) {
@@ -31,6 +34,41 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "vtrace(Tensor behavior_log_prob, Tensor target_log_prob, Tensor reward, Tensor value, "
       "Tensor next_value, Tensor done, Tensor terminated, float gamma, float rho_bar, "
       "float c_bar) -> (Tensor value_target, Tensor pg_advantage)");
+
+  // GRPO group-relative advantages over [N] rewards in num_groups groups (group_index int64 [N]);
+  // scale: 'group' (divide by the group's std + eps), 'batch' (the batch's) or 'none' (Dr. GRPO).
+  m.def(
+      "group_advantages(Tensor reward, Tensor group_index, int num_groups, str scale, float eps) "
+      "-> Tensor");
+  m.def(
+      "group_advantages_backward(Tensor grad_advantage, Tensor reward, Tensor group_index, "
+      "int num_groups, str scale, float eps) -> Tensor");
+  // log_softmax(logits [B, T, V]) gathered at tokens [B, T], without the [B, T, V] log-softmax;
+  // logsumexp [B, T] is kept for the backward.
+  m.def("token_log_prob(Tensor logits, Tensor tokens) -> (Tensor log_prob, Tensor logsumexp)");
+  m.def(
+      "token_log_prob_backward(Tensor grad_log_prob, Tensor logits, Tensor tokens, "
+      "Tensor logsumexp) -> Tensor");
+  // The same from hidden [B, T, H] and the output weight [V, H], chunk_size rows of logits at a
+  // time.
+  m.def(
+      "token_log_prob_linear(Tensor hidden, Tensor weight, Tensor tokens, int chunk_size) "
+      "-> (Tensor log_prob, Tensor logsumexp)");
+  m.def(
+      "token_log_prob_linear_backward(Tensor grad_log_prob, Tensor hidden, Tensor weight, "
+      "Tensor tokens, Tensor logsumexp, int chunk_size) -> (Tensor grad_hidden, "
+      "Tensor grad_weight)");
+  // The PPO / GRPO clipped surrogate over [B, T] tokens, aggregated to a scalar, with the clip
+  // fraction and approximate KL; optional dual clip and truncated importance weight.
+  m.def(
+      "clipped_policy_loss(Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, "
+      "float clip_low, float clip_high, str aggregation, int max_tokens, float? dual_clip, "
+      "Tensor? behavior_log_prob, float is_cap) "
+      "-> (Tensor loss, Tensor clip_fraction, Tensor approx_kl)");
+  m.def(
+      "clipped_policy_loss_backward(Tensor grad_loss, Tensor log_prob, Tensor old_log_prob, "
+      "Tensor advantage, Tensor mask, float clip_low, float clip_high, str aggregation, "
+      "int max_tokens, float? dual_clip, Tensor? behavior_log_prob, float is_cap) -> Tensor");
 
   // Environments. Each op that touches one is an ORDERED effect (registered from Python), so
   // torch.compile keeps every call, in order.
@@ -75,6 +113,14 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("discounted_returns", TORCH_BOX(&nostall::discounted_returns_cpu));
   m.impl("discounted_returns_backward", TORCH_BOX(&nostall::discounted_returns_backward_cpu));
   m.impl("vtrace", TORCH_BOX(&nostall::vtrace_cpu));
+  m.impl("group_advantages", TORCH_BOX(&nostall::group_advantages_cpu));
+  m.impl("group_advantages_backward", TORCH_BOX(&nostall::group_advantages_backward_cpu));
+  m.impl("token_log_prob", TORCH_BOX(&nostall::token_log_prob_cpu));
+  m.impl("token_log_prob_backward", TORCH_BOX(&nostall::token_log_prob_backward_cpu));
+  m.impl("token_log_prob_linear", TORCH_BOX(&nostall::token_log_prob_linear_cpu));
+  m.impl("token_log_prob_linear_backward", TORCH_BOX(&nostall::token_log_prob_linear_backward_cpu));
+  m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cpu));
+  m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));
   m.impl("env_send", TORCH_BOX(&nostall::envs::env_send_cpu));

@@ -14,6 +14,11 @@ _LAZY = {
     "gae": "nostall.ops",
     "discounted_returns": "nostall.ops",
     "vtrace": "nostall.ops",
+    "group_advantages": "nostall.ops",
+    "token_log_prob": "nostall.ops",
+    "token_log_prob_linear": "nostall.ops",
+    "clipped_policy_loss": "nostall.ops",
+    "PolicyLoss": "nostall.ops",
     "HAS_CUDA_KERNELS": "nostall._native",
 }
 
@@ -25,4 +30,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'nostall' has no attribute {name!r}")
 
 
-__all__ = ["HAS_CUDA_KERNELS", "__version__", "discounted_returns", "gae", "vtrace"]
+__all__ = [
+    "HAS_CUDA_KERNELS",
+    "PolicyLoss",
+    "__version__",
+    "clipped_policy_loss",
+    "discounted_returns",
+    "gae",
+    "group_advantages",
+    "token_log_prob",
+    "token_log_prob_linear",
+    "vtrace",
+]

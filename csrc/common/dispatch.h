@@ -2,6 +2,7 @@
 #pragma once
 
 #include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
 
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,16 @@ void dispatch_floating(torch::headeronly::ScalarType dtype, F&& f) {
     f(double{});
   } else {
     f(float{});
+  }
+}
+
+// Calls f(S{}) with S = float, double or c10::BFloat16: the dtypes of logits (checked before).
+template <typename F>
+void dispatch_logits(torch::headeronly::ScalarType dtype, F&& f) {
+  if (dtype == torch::headeronly::ScalarType::BFloat16) {
+    f(c10::BFloat16{});
+  } else {
+    dispatch_floating(dtype, f);
   }
 }
 

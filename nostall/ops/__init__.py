@@ -2,7 +2,23 @@
 of the native ops (their autograd kernels are native, in nostall._C_autograd)."""
 
 from nostall import _native  # noqa: F401  (loads the native library first)
-from nostall.ops import _fake, _vmap  # noqa: F401  (registrations)
+from nostall.ops import _fake, _fake_losses, _vmap  # noqa: F401  (registrations)
 from nostall.ops.advantages import discounted_returns, gae, vtrace
+from nostall.ops.losses import (
+    PolicyLoss,
+    clipped_policy_loss,
+    group_advantages,
+    token_log_prob,
+    token_log_prob_linear,
+)
 
-__all__ = ["discounted_returns", "gae", "vtrace"]
+__all__ = [
+    "PolicyLoss",
+    "clipped_policy_loss",
+    "discounted_returns",
+    "gae",
+    "group_advantages",
+    "token_log_prob",
+    "token_log_prob_linear",
+    "vtrace",
+]

@@ -64,3 +64,76 @@ def vtrace(
     next_vs = torch.where(done | is_last, next_value, following)
     pg_advantage = rho * (reward + gamma * not_terminated * next_vs - value)
     return value_target, pg_advantage
+
+
+def group_advantages(reward, group_index, num_groups, scale="group", eps=1e-4) -> Tensor:
+    """GRPO / Dr. GRPO group advantages with index_add: unbiased std, 0 for a group of one."""
+    zeros = reward.new_zeros(num_groups)
+    count = zeros.index_add(0, group_index, torch.ones_like(reward))
+    mean = zeros.index_add(0, group_index, reward) / count.clamp(min=1)
+    centred = reward - mean[group_index]
+    if scale == "none":
+        return centred
+    if scale == "group":
+        sq = zeros.index_add(0, group_index, centred**2)
+        var = torch.where(count > 1, sq / (count - 1).clamp(min=1), torch.zeros_like(sq))
+        std = var.sqrt()[group_index]
+    else:
+        std = reward.std() if reward.numel() > 1 else reward.new_zeros(())
+        std = std.expand_as(reward)
+    divisor = std + eps
+    return torch.where(divisor > 0, centred / divisor, torch.zeros_like(centred))
+
+
+def token_log_prob(logits, tokens) -> Tensor:
+    """log_softmax over the full `[B, T, V]` logits (float32 accumulation), then gather."""
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    log_probs = torch.log_softmax(logits.to(acc), dim=-1)
+    return log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def token_log_prob_linear(hidden, weight, tokens) -> Tensor:
+    return token_log_prob(hidden @ weight.T, tokens)
+
+
+def clipped_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantage,
+    mask,
+    clip_low,
+    clip_high,
+    aggregation,
+    max_tokens,
+    dual_clip=None,
+    behavior_log_prob=None,
+    is_cap=2.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The clipped surrogate written out token by token, masked with where (so masked NaN stays
+    out), and aggregated as nostall.clipped_policy_loss documents."""
+    adv = advantage if advantage.dim() == 2 else advantage.unsqueeze(1).expand_as(log_prob)
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)
+    per_token = -torch.min(ratio * adv, clipped_ratio * adv)
+    clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
+    if dual_clip is not None:
+        cap = -adv * dual_clip
+        dual = (adv < 0) & (per_token > cap)
+        per_token = torch.where(dual, cap, per_token)
+        clipped = clipped | dual
+    if behavior_log_prob is not None:
+        weight = (old_log_prob - behavior_log_prob).exp().clamp(max=is_cap)
+        per_token = per_token * weight.detach()
+    zero = torch.zeros_like(per_token)
+    per_token = torch.where(mask, per_token, zero)
+    tokens = mask.sum().clamp(min=1).to(log_prob.dtype)
+    if aggregation == "token_mean":
+        loss = per_token.sum() / tokens
+    elif aggregation == "seq_mean_token_mean":
+        loss = (per_token.sum(1) / mask.sum(1).clamp(min=1).to(log_prob.dtype)).mean()
+    else:
+        loss = per_token.sum() / (log_prob.shape[0] * max_tokens)
+    clip_fraction = torch.where(mask, clipped.to(log_prob.dtype), zero).sum() / tokens
+    kl = torch.where(mask, (ratio - 1) - log_ratio, zero).sum() / tokens
+    return loss, clip_fraction.detach(), kl.detach()

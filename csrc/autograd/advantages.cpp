@@ -1,34 +1,10 @@
-// Autograd kernels of the nostall operators, in C++.
-//
-// This file uses the regular (version-bound) LibTorch ABI, in a library of its own
-// (nostall._C_autograd), because the stable ABI has no autograd: a Python register_autograd
-// kernel would do the same job but costs about 13 us on every eager call, more than the GAE
-// kernel itself at rollout sizes. Each backward calls a native backward op through the
-// dispatcher, and each backward op's own backward is the forward op (the recurrences are
-// linear), so gradients of any order stay native. vtrace's outputs are targets: marked
-// non-differentiable, never silently zero-gradient.
-#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <Python.h>
-#include <torch/csrc/autograd/custom_function.h>
-#include <torch/library.h>
+// Autograd kernels of the advantage ops. Each backward op's own backward is the forward op (the
+// recurrences are linear), so gradients of any order stay native. vtrace's outputs are targets:
+// marked non-differentiable, never silently zero-gradient.
+#include "autograd/native.h"
 
-#include <tuple>
-
-namespace nostall {
+namespace nostall::autograd {
 namespace {
-
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using Pair = std::tuple<Tensor, Tensor>;
-using Triple = std::tuple<Tensor, Tensor, Tensor>;
-
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> native(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
-}
 
 using GaeSig = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                     double, double);
@@ -198,19 +174,12 @@ Pair vtrace_autograd(const Tensor& blp, const Tensor& tlp, const Tensor& r, cons
 }
 
 }  // namespace
-}  // namespace nostall
+}  // namespace nostall::autograd
 
 TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
-  m.impl("gae", &nostall::gae_autograd);
-  m.impl("gae_backward", &nostall::gae_backward_autograd);
-  m.impl("discounted_returns", &nostall::returns_autograd);
-  m.impl("discounted_returns_backward", &nostall::returns_backward_autograd);
-  m.impl("vtrace", &nostall::vtrace_autograd);
-}
-
-extern "C" PyObject* PyInit__C_autograd(void) {
-  static struct PyModuleDef module_def = {
-      PyModuleDef_HEAD_INIT, "_C_autograd", "nostall autograd kernels", -1, nullptr,
-  };
-  return PyModule_Create(&module_def);
+  m.impl("gae", &nostall::autograd::gae_autograd);
+  m.impl("gae_backward", &nostall::autograd::gae_backward_autograd);
+  m.impl("discounted_returns", &nostall::autograd::returns_autograd);
+  m.impl("discounted_returns_backward", &nostall::autograd::returns_backward_autograd);
+  m.impl("vtrace", &nostall::autograd::vtrace_autograd);
 }

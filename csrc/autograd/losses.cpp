@@ -1,0 +1,173 @@
+// Autograd kernels of the policy-gradient ops. Each backward is a native backward op; outputs
+// that are statistics (logsumexp, clip fraction, approximate KL) are marked non-differentiable,
+// and gradients flow only to the arguments the formulas differentiate (reward; logits or hidden
+// and weight; log_prob), the rest being targets.
+#include <optional>
+#include <string>
+
+#include "autograd/native.h"
+
+namespace nostall::autograd {
+namespace {
+
+using OptTensor = std::optional<Tensor>;
+using OptDouble = std::optional<double>;
+
+// group_advantages(reward, group_index, num_groups, scale, eps)
+struct GroupAdvantagesFunction : torch::autograd::Function<GroupAdvantagesFunction> {
+  using Sig = Tensor(const Tensor&, const Tensor&, int64_t, c10::string_view, double);
+  using BackwardSig = Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t, c10::string_view,
+                             double);
+
+  static Tensor forward(AutogradContext* ctx, const Tensor& reward, const Tensor& group_index,
+                        int64_t num_groups, const std::string& scale, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = native<Sig>("nostall::group_advantages");
+    ctx->save_for_backward({reward, group_index});
+    ctx->saved_data["num_groups"] = num_groups;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["eps"] = eps;
+    return op.call(reward, group_index, num_groups, scale, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = native<BackwardSig>("nostall::group_advantages_backward");
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor grad =
+        op.call(grads[0], saved[0], saved[1], ctx->saved_data["num_groups"].toInt(),
+                ctx->saved_data["scale"].toStringRef(), ctx->saved_data["eps"].toDouble());
+    return {grad, Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// token_log_prob(logits, tokens) -> (log_prob, logsumexp)
+struct TokenLogProbFunction : torch::autograd::Function<TokenLogProbFunction> {
+  using Sig = Pair(const Tensor&, const Tensor&);
+  using BackwardSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&);
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& logits, const Tensor& tokens) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = native<Sig>("nostall::token_log_prob");
+    auto [log_prob, logsumexp] = op.call(logits, tokens);
+    ctx->save_for_backward({logits, tokens, logsumexp});
+    ctx->mark_non_differentiable({logsumexp});
+    return {log_prob, logsumexp};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = native<BackwardSig>("nostall::token_log_prob_backward");
+    const variable_list s = ctx->get_saved_variables();
+    return {op.call(grads[0], s[0], s[1], s[2]), Tensor()};
+  }
+};
+
+// token_log_prob_linear(hidden, weight, tokens, chunk_size) -> (log_prob, logsumexp)
+struct TokenLogProbLinearFunction : torch::autograd::Function<TokenLogProbLinearFunction> {
+  using Sig = Pair(const Tensor&, const Tensor&, const Tensor&, int64_t);
+  using BackwardSig = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, int64_t);
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& hidden, const Tensor& weight,
+                               const Tensor& tokens, int64_t chunk_size) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = native<Sig>("nostall::token_log_prob_linear");
+    auto [log_prob, logsumexp] = op.call(hidden, weight, tokens, chunk_size);
+    ctx->save_for_backward({hidden, weight, tokens, logsumexp});
+    ctx->saved_data["chunk_size"] = chunk_size;
+    ctx->mark_non_differentiable({logsumexp});
+    return {log_prob, logsumexp};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = native<BackwardSig>("nostall::token_log_prob_linear_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [grad_hidden, grad_weight] =
+        op.call(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["chunk_size"].toInt());
+    return {grad_hidden, grad_weight, Tensor(), Tensor()};
+  }
+};
+
+// clipped_policy_loss(log_prob, old_log_prob, advantage, mask, clip_low, clip_high, aggregation,
+// max_tokens, dual_clip, behavior_log_prob, is_cap) -> (loss, clip_fraction, approx_kl)
+struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
+  using Sig = Triple(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, double,
+                     c10::string_view, int64_t, OptDouble, const OptTensor&, double);
+  using BackwardSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, double, double, c10::string_view, int64_t, OptDouble,
+                             const OptTensor&, double);
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& log_prob,
+                               const Tensor& old_log_prob, const Tensor& advantage,
+                               const Tensor& mask, double clip_low, double clip_high,
+                               const std::string& aggregation, int64_t max_tokens,
+                               OptDouble dual_clip, const OptTensor& behavior_log_prob,
+                               double is_cap) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = native<Sig>("nostall::clipped_policy_loss");
+    auto [loss, clip_fraction, approx_kl] =
+        op.call(log_prob, old_log_prob, advantage, mask, clip_low, clip_high, aggregation,
+                max_tokens, dual_clip, behavior_log_prob, is_cap);
+    ctx->save_for_backward(
+        {log_prob, old_log_prob, advantage, mask, behavior_log_prob.value_or(Tensor())});
+    ctx->saved_data["clip_low"] = clip_low;
+    ctx->saved_data["clip_high"] = clip_high;
+    ctx->saved_data["aggregation"] = aggregation;
+    ctx->saved_data["max_tokens"] = max_tokens;
+    ctx->saved_data["dual_clip"] = dual_clip.has_value() ? c10::IValue(*dual_clip) : c10::IValue();
+    ctx->saved_data["is_cap"] = is_cap;
+    ctx->mark_non_differentiable({clip_fraction, approx_kl});
+    return {loss, clip_fraction, approx_kl};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = native<BackwardSig>("nostall::clipped_policy_loss_backward");
+    const variable_list s = ctx->get_saved_variables();
+    const c10::IValue& dual = ctx->saved_data["dual_clip"];
+    const Tensor grad = op.call(
+        grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["clip_low"].toDouble(),
+        ctx->saved_data["clip_high"].toDouble(), ctx->saved_data["aggregation"].toStringRef(),
+        ctx->saved_data["max_tokens"].toInt(),
+        dual.isNone() ? OptDouble() : OptDouble(dual.toDouble()),
+        s[4].defined() ? OptTensor(s[4]) : OptTensor(), ctx->saved_data["is_cap"].toDouble());
+    variable_list out(11);
+    out[0] = grad;
+    return out;
+  }
+};
+
+Tensor group_advantages_autograd(const Tensor& reward, const Tensor& group_index,
+                                 int64_t num_groups, c10::string_view scale, double eps) {
+  return GroupAdvantagesFunction::apply(reward, group_index, num_groups, std::string(scale), eps);
+}
+
+Pair token_log_prob_autograd(const Tensor& logits, const Tensor& tokens) {
+  const variable_list out = TokenLogProbFunction::apply(logits, tokens);
+  return {out[0], out[1]};
+}
+
+Pair token_log_prob_linear_autograd(const Tensor& hidden, const Tensor& weight,
+                                    const Tensor& tokens, int64_t chunk_size) {
+  const variable_list out = TokenLogProbLinearFunction::apply(hidden, weight, tokens, chunk_size);
+  return {out[0], out[1]};
+}
+
+Triple clipped_policy_loss_autograd(const Tensor& log_prob, const Tensor& old_log_prob,
+                                    const Tensor& advantage, const Tensor& mask, double clip_low,
+                                    double clip_high, c10::string_view aggregation,
+                                    int64_t max_tokens, OptDouble dual_clip,
+                                    const OptTensor& behavior_log_prob, double is_cap) {
+  const variable_list out = PolicyLossFunction::apply(
+      log_prob, old_log_prob, advantage, mask, clip_low, clip_high, std::string(aggregation),
+      max_tokens, dual_clip, behavior_log_prob, is_cap);
+  return {out[0], out[1], out[2]};
+}
+
+}  // namespace
+}  // namespace nostall::autograd
+
+TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
+  m.impl("group_advantages", &nostall::autograd::group_advantages_autograd);
+  m.impl("token_log_prob", &nostall::autograd::token_log_prob_autograd);
+  m.impl("token_log_prob_linear", &nostall::autograd::token_log_prob_linear_autograd);
+  m.impl("clipped_policy_loss", &nostall::autograd::clipped_policy_loss_autograd);
+}

@@ -1,0 +1,48 @@
+// Scalar conversions between a logits type and its accumulation type (float64 stays float64;
+// float32 and bfloat16 accumulate in float32).
+#pragma once
+
+#include <torch/headeronly/util/BFloat16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace nostall {
+
+template <typename S>
+struct Accumulate {
+  using type = float;
+};
+template <>
+struct Accumulate<double> {
+  using type = double;
+};
+template <typename S>
+using acc_t = typename Accumulate<S>::type;
+
+inline float to_acc(float x) { return x; }
+inline double to_acc(double x) { return x; }
+// bfloat16 is the high half of a float32: widening is a shift.
+inline float to_acc(c10::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <typename S>
+inline S from_acc(acc_t<S> x) {
+  return x;
+}
+// Round to nearest even, as torch does; NaN stays NaN.
+template <>
+inline c10::BFloat16 from_acc<c10::BFloat16>(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  c10::BFloat16 out;
+  out.x = static_cast<uint16_t>(x != x ? 0x7FC0u : rounded);
+  return out;
+}
+
+}  // namespace nostall

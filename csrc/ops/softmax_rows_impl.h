@@ -1,0 +1,168 @@
+// The row kernels of softmax_rows.h for a vector width W, in GCC / Clang vector extensions.
+// Included by one translation unit per instruction set, so it must not pull in headers whose
+// inline functions the linker could share across them (an AVX2 copy chosen for a baseline
+// caller would crash a CPU without AVX2): everything here has internal linkage and uses
+// builtins only.
+//
+// exp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, then a degree-7 Taylor polynomial
+// (truncation below 6e-9 relative); within 2 ulp of expf on [-87.3, 88], exactly 0 below -87.3
+// (so masked -inf logits contribute nothing), NaN for NaN.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/softmax_rows.h"
+
+namespace nostall::rows {
+namespace {
+
+// Vector types of W lanes (spelled out per width: GCC drops vector_size on dependent sizes).
+template <int W>
+struct Lanes;
+template <>
+struct Lanes<4> {
+  typedef float f32 __attribute__((vector_size(16)));
+  typedef int32_t i32 __attribute__((vector_size(16)));
+  typedef uint32_t u32 __attribute__((vector_size(16)));
+  typedef uint16_t u16 __attribute__((vector_size(8)));
+};
+template <>
+struct Lanes<8> {
+  typedef float f32 __attribute__((vector_size(32)));
+  typedef int32_t i32 __attribute__((vector_size(32)));
+  typedef uint32_t u32 __attribute__((vector_size(32)));
+  typedef uint16_t u16 __attribute__((vector_size(16)));
+};
+
+template <int W>
+struct Vec {
+  using f32 = typename Lanes<W>::f32;
+  using i32 = typename Lanes<W>::i32;
+  using u32 = typename Lanes<W>::u32;
+  using u16 = typename Lanes<W>::u16;
+
+  static f32 splat(float x) { return f32{} + x; }
+
+  static f32 load(const float* p) {
+    f32 v;
+    __builtin_memcpy(&v, p, sizeof(v));
+    return v;
+  }
+
+  // bfloat16 is the high half of a float32: widening is a shift.
+  static f32 load(const uint16_t* p) {
+    u16 half;
+    __builtin_memcpy(&half, p, sizeof(half));
+    const u32 bits = __builtin_convertvector(half, u32) << 16;
+    f32 v;
+    __builtin_memcpy(&v, &bits, sizeof(v));
+    return v;
+  }
+
+  static void store(float* p, f32 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+
+  // Round to nearest even, as torch does; NaN stays NaN.
+  static void store(uint16_t* p, f32 v) {
+    u32 bits;
+    __builtin_memcpy(&bits, &v, sizeof(bits));
+    u32 rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    rounded = (v != v) ? u32{} + 0x7FC0u : rounded;
+    const u16 half = __builtin_convertvector(rounded, u16);
+    __builtin_memcpy(p, &half, sizeof(half));
+  }
+
+  static f32 exp(f32 x) {
+    const i32 underflow = x < -87.3f;
+    f32 y = x < -87.3f ? splat(-87.3f) : x;
+    y = y > 88.0f ? splat(88.0f) : y;
+    const f32 n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const f32 r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
+    f32 p = splat(1.0f / 5040.0f);
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const i32 bits = (__builtin_convertvector(n, i32) + 127) << 23;
+    f32 scale;
+    __builtin_memcpy(&scale, &bits, sizeof(scale));
+    const f32 out = p * scale;
+    return underflow ? splat(0.0f) : out;
+  }
+
+  static f32 max(f32 a, f32 b) { return b > a ? b : a; }
+};
+
+// The last V % W elements go through the same vector code, via a W-lane buffer padded with
+// -inf (which changes neither the max nor the sum: exp(-inf) is 0).
+template <int W, typename T>
+struct Tail {
+  T buf[W];
+  Tail(const T* x, int64_t n) {
+    for (int64_t i = 0; i < W; ++i) buf[i] = i < n ? x[i] : minus_inf();
+  }
+  static T minus_inf() {
+    if constexpr (sizeof(T) == 2) {
+      return 0xFF80u;  // bfloat16 -inf
+    } else {
+      return -__builtin_inff();
+    }
+  }
+};
+
+template <int W, typename T>
+float logsumexp_row(const T* __restrict__ x, int64_t V) {
+  using V_ = Vec<W>;
+  using f32 = typename V_::f32;
+  const int64_t full = V - V % W;
+  const Tail<W, T> tail(x + full, V - full);
+  int64_t v = 0;
+  f32 m0 = V_::splat(-__builtin_inff()), m1 = m0, m2 = m0, m3 = V_::load(tail.buf);
+  for (; v + 3 * W <= full; v += 3 * W) {  // independent accumulators hide each op's latency
+    m0 = V_::max(m0, V_::load(x + v));
+    m1 = V_::max(m1, V_::load(x + v + W));
+    m2 = V_::max(m2, V_::load(x + v + 2 * W));
+  }
+  for (; v < full; v += W) m0 = V_::max(m0, V_::load(x + v));
+  // NaN is skipped by the max but reaches the sum: a row with NaN has a NaN result.
+  const f32 mv = V_::max(V_::max(m0, m1), V_::max(m2, m3));
+  float m = mv[0];
+  for (int i = 1; i < W; ++i) m = mv[i] > m ? mv[i] : m;
+
+  const f32 ms = V_::splat(m);
+  f32 s0 = V_::splat(0.0f), s1 = s0, s2 = s0, s3 = V_::exp(V_::load(tail.buf) - ms);
+  for (v = 0; v + 3 * W <= full; v += 3 * W) {
+    s0 += V_::exp(V_::load(x + v) - ms);
+    s1 += V_::exp(V_::load(x + v + W) - ms);
+    s2 += V_::exp(V_::load(x + v + 2 * W) - ms);
+  }
+  for (; v < full; v += W) s0 += V_::exp(V_::load(x + v) - ms);
+  const f32 sv = (s0 + s1) + (s2 + s3);
+  float sum = 0;
+  for (int i = 0; i < W; ++i) sum += sv[i];
+  return m + __builtin_logf(sum);
+}
+
+template <int W, typename T>
+void softmax_grad_row(const T* x, T* out, int64_t V, float g, float lse) {
+  using V_ = Vec<W>;
+  const typename V_::f32 lv = V_::splat(lse), ng = V_::splat(-g);
+  const int64_t full = V - V % W;
+  for (int64_t v = 0; v < full; v += W) V_::store(out + v, ng * V_::exp(V_::load(x + v) - lv));
+  if (full < V) {
+    Tail<W, T> tail(x + full, V - full);
+    V_::store(tail.buf, ng * V_::exp(V_::load(tail.buf) - lv));
+    for (int64_t v = full; v < V; ++v) out[v] = tail.buf[v - full];
+  }
+}
+
+template <int W>
+Kernels make_kernels() {
+  return {&logsumexp_row<W, float>, &logsumexp_row<W, uint16_t>, &softmax_grad_row<W, float>,
+          &softmax_grad_row<W, uint16_t>};
+}
+
+}  // namespace
+}  // namespace nostall::rows

@@ -1,0 +1,179 @@
+// CPU kernels for token_log_prob, its adjoint and the chunked linear variant. Rows are
+// independent: bands of rows run in parallel, and each row is two vectorised passes over its V
+// logits (max, then sum of exponentials) forward, and one pass backward (softmax_rows.h).
+#include "ops/token_log_prob.h"
+
+#include <torch/csrc/stable/ops.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/cpu_math.h"
+#include "common/tensor_utils.h"
+#include "ops/softmax_rows.h"
+#include "ops/token_log_prob_linear.h"
+
+namespace nostall {
+
+namespace {
+
+using torch::stable::empty_like;
+
+// logsumexp of one row: the vectorised kernels for float32 and bfloat16, a plain loop for
+// float64 (used for gradient checks, where exactness matters more than speed).
+float row_logsumexp(const float* x, int64_t V) { return rows::kernels().logsumexp_f32(x, V); }
+
+float row_logsumexp(const c10::BFloat16* x, int64_t V) {
+  return rows::kernels().logsumexp_bf16(reinterpret_cast<const uint16_t*>(x), V);
+}
+
+double row_logsumexp(const double* x, int64_t V) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - m);
+  return m + std::log(sum);
+}
+
+// out[v] = -g * softmax(x)[v] over one row; out may alias x.
+void row_softmax_grad(const float* x, float* out, int64_t V, float g, float lse) {
+  rows::kernels().softmax_grad_f32(x, out, V, g, lse);
+}
+
+void row_softmax_grad(const c10::BFloat16* x, c10::BFloat16* out, int64_t V, float g, float lse) {
+  rows::kernels().softmax_grad_bf16(reinterpret_cast<const uint16_t*>(x),
+                                    reinterpret_cast<uint16_t*>(out), V, g, lse);
+}
+
+void row_softmax_grad(const double* x, double* out, int64_t V, double g, double lse) {
+  for (int64_t v = 0; v < V; ++v) out[v] = -g * std::exp(x[v] - lse);
+}
+
+// Rows per parallel task: about 32k logits each.
+int64_t row_grain(int64_t V) { return std::max<int64_t>(1, (int64_t{1} << 15) / V); }
+
+void check_token_range(const Tensor& tokens, int64_t V) {
+  const int64_t* tok = tokens.const_data_ptr<int64_t>();
+  const int64_t n = tokens.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    STD_TORCH_CHECK(tok[i] >= 0 && tok[i] < V, "tokens must lie in [0, V = ", V,
+                    "), got tokens[flat index ", i, "] = ", tok[i]);
+  }
+}
+
+// The CPU row kernels for the shared drivers (see token_log_prob_linear.h).
+struct CpuRows {
+  static void forward(const Tensor& logits, const Tensor& tokens, Tensor& log_prob,
+                      Tensor& logsumexp) {
+    const int64_t M = logits.size(0);
+    const int64_t V = logits.size(1);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = acc_t<S>;
+      const S* x = logits.const_data_ptr<S>();
+      const int64_t* tok = tokens.const_data_ptr<int64_t>();
+      A* lp = log_prob.mutable_data_ptr<A>();
+      A* lse = logsumexp.mutable_data_ptr<A>();
+      torch::stable::parallel_for(0, M, row_grain(V), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const S* row = x + r * V;
+          lse[r] = row_logsumexp(row, V);
+          lp[r] = to_acc(row[tok[r]]) - lse[r];
+        }
+      });
+    });
+  }
+
+  static void backward(const Tensor& grad_log_prob, const Tensor& logits, const Tensor& tokens,
+                       const Tensor& logsumexp, Tensor& grad_logits) {
+    const int64_t M = logits.size(0);
+    const int64_t V = logits.size(1);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = acc_t<S>;
+      const S* x = logits.const_data_ptr<S>();
+      const int64_t* tok = tokens.const_data_ptr<int64_t>();
+      const A* g = grad_log_prob.const_data_ptr<A>();
+      const A* lse = logsumexp.const_data_ptr<A>();
+      S* out = grad_logits.mutable_data_ptr<S>();  // may be x itself: read before written
+      torch::stable::parallel_for(0, M, row_grain(V), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const S* row = x + r * V;
+          S* out_row = out + r * V;
+          const A gr = g[r];
+          const A l = lse[r];
+          // Read before the row is overwritten: out may alias x.
+          const A chosen = std::exp(to_acc(row[tok[r]]) - l);
+          row_softmax_grad(row, out_row, V, gr, l);
+          out_row[tok[r]] = from_acc<S>(gr * (A(1) - chosen));
+        }
+      });
+    });
+  }
+
+  static void accumulate(Tensor& acc, const Tensor& x) {
+    const int64_t n = x.numel();
+    dispatch_logits(x.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = acc_t<S>;
+      A* a = acc.mutable_data_ptr<A>();
+      const S* src = x.const_data_ptr<S>();
+      torch::stable::parallel_for(0, n, int64_t{1} << 15, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) a[i] += to_acc(src[i]);
+      });
+    });
+  }
+};
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> token_log_prob_cpu(Tensor logits, Tensor tokens) {
+  check_token_log_prob_args(logits, tokens);
+  logits = as_contiguous(logits);
+  tokens = as_contiguous(tokens);
+  const int64_t V = logits.size(2);
+  check_token_range(tokens, V);
+  Tensor log_prob = new_row_values(logits);
+  Tensor logsumexp = new_row_values(logits);
+  const int64_t M = logits.size(0) * logits.size(1);
+  Tensor lp = torch::stable::reshape(log_prob, {M});
+  Tensor lse = torch::stable::reshape(logsumexp, {M});
+  CpuRows::forward(torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}), lp,
+                   lse);
+  return {log_prob, logsumexp};
+}
+
+Tensor token_log_prob_backward_cpu(Tensor grad_log_prob, Tensor logits, Tensor tokens,
+                                   Tensor logsumexp) {
+  check_token_log_prob_backward_args(grad_log_prob, logits, tokens, logsumexp);
+  logits = as_contiguous(logits);
+  tokens = as_contiguous(tokens);
+  const int64_t V = logits.size(2);
+  check_token_range(tokens, V);
+  Tensor grad_logits = empty_like(logits);
+  const int64_t M = logits.size(0) * logits.size(1);
+  Tensor flat_grad = torch::stable::reshape(grad_logits, {M, V});
+  CpuRows::backward(torch::stable::reshape(as_contiguous(grad_log_prob), {M}),
+                    torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}),
+                    torch::stable::reshape(as_contiguous(logsumexp), {M}), flat_grad);
+  return grad_logits;
+}
+
+std::tuple<Tensor, Tensor> token_log_prob_linear_cpu(Tensor hidden, Tensor weight, Tensor tokens,
+                                                     int64_t chunk_size) {
+  check_linear_args(hidden, weight, tokens, chunk_size);
+  check_token_range(as_contiguous(tokens), weight.size(0));
+  return linear_log_prob_forward<CpuRows>(hidden, weight, tokens, chunk_size);
+}
+
+std::tuple<Tensor, Tensor> token_log_prob_linear_backward_cpu(Tensor grad_log_prob, Tensor hidden,
+                                                              Tensor weight, Tensor tokens,
+                                                              Tensor logsumexp,
+                                                              int64_t chunk_size) {
+  check_linear_backward_args(grad_log_prob, hidden, weight, tokens, logsumexp, chunk_size);
+  check_token_range(as_contiguous(tokens), weight.size(0));
+  return linear_log_prob_backward<CpuRows>(grad_log_prob, hidden, weight, tokens, logsumexp,
+                                           chunk_size);
+}
+
+}  // namespace nostall

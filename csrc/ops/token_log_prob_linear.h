@@ -1,0 +1,78 @@
+// The chunked linear + log-prob driver, shared by the CPU and CUDA kernels: the matrix products
+// go through torch (BLAS / cuBLAS) and the row kernels are the backend's own (`Rows`).
+//
+// `Rows` provides, over flat contiguous rows (logits [M, V]; tokens, log_prob, logsumexp,
+// grad_log_prob [M]):
+//   forward(logits, tokens, log_prob, logsumexp)
+//   backward(grad_log_prob, logits, tokens, logsumexp, grad_logits)  (grad_logits may be logits)
+//   accumulate(acc, x)                                               (acc += x, acc float32/64)
+#pragma once
+
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/tensor_utils.h"
+#include "ops/token_log_prob.h"
+
+namespace nostall {
+
+template <typename Rows>
+std::tuple<Tensor, Tensor> linear_log_prob_forward(Tensor hidden, Tensor weight, Tensor tokens,
+                                                   int64_t chunk_size) {
+  using namespace torch::stable;
+  const int64_t H = hidden.size(2);
+  const int64_t M = hidden.size(0) * hidden.size(1);
+  Tensor log_prob = new_row_values(hidden);
+  Tensor logsumexp = new_row_values(hidden);
+  Tensor h = reshape(as_contiguous(hidden), {M, H});
+  Tensor tok = reshape(as_contiguous(tokens), {M});
+  Tensor lp = reshape(log_prob, {M});
+  Tensor lse = reshape(logsumexp, {M});
+  const Tensor weight_t = transpose(weight, 0, 1);
+  for (int64_t m0 = 0; m0 < M; m0 += chunk_size) {
+    const int64_t rows = std::min(chunk_size, M - m0);
+    // The only [rows, V] buffer: dropped before the next chunk's is made.
+    const Tensor logits = matmul(narrow(h, 0, m0, rows), weight_t);
+    Tensor lp_rows = narrow(lp, 0, m0, rows);
+    Tensor lse_rows = narrow(lse, 0, m0, rows);
+    Rows::forward(logits, narrow(tok, 0, m0, rows), lp_rows, lse_rows);
+  }
+  return {log_prob, logsumexp};
+}
+
+template <typename Rows>
+std::tuple<Tensor, Tensor> linear_log_prob_backward(Tensor grad_log_prob, Tensor hidden,
+                                                    Tensor weight, Tensor tokens, Tensor logsumexp,
+                                                    int64_t chunk_size) {
+  using namespace torch::stable;
+  const int64_t H = hidden.size(2);
+  const int64_t M = hidden.size(0) * hidden.size(1);
+  Tensor h = reshape(as_contiguous(hidden), {M, H});
+  Tensor tok = reshape(as_contiguous(tokens), {M});
+  Tensor g = reshape(as_contiguous(grad_log_prob), {M});
+  Tensor lse = reshape(as_contiguous(logsumexp), {M});
+  Tensor grad_hidden = new_empty(hidden, {M, H});
+  // grad_weight sums one product per chunk: accumulate in float32 (float64 for float64).
+  Tensor grad_weight_acc =
+      new_zeros(weight, {weight.size(0), H}, accumulation_dtype(weight.scalar_type()));
+  const Tensor weight_t = transpose(weight, 0, 1);
+  for (int64_t m0 = 0; m0 < M; m0 += chunk_size) {
+    const int64_t rows = std::min(chunk_size, M - m0);
+    Tensor h_rows = narrow(h, 0, m0, rows);
+    Tensor logits = matmul(h_rows, weight_t);
+    // The gradient overwrites the recomputed logits in place: still one [rows, V] buffer.
+    Rows::backward(narrow(g, 0, m0, rows), logits, narrow(tok, 0, m0, rows),
+                   narrow(lse, 0, m0, rows), logits);
+    Tensor grad_hidden_rows = narrow(grad_hidden, 0, m0, rows);
+    copy_(grad_hidden_rows, matmul(logits, weight));
+    Rows::accumulate(grad_weight_acc, matmul(transpose(logits, 0, 1), h_rows));
+  }
+  Tensor grad_weight = grad_weight_acc.scalar_type() == weight.scalar_type()
+                           ? grad_weight_acc
+                           : to(grad_weight_acc, weight.scalar_type());
+  return {reshape(grad_hidden, {hidden.size(0), hidden.size(1), H}), grad_weight};
+}
+
+}  // namespace nostall
