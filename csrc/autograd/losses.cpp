@@ -1,7 +1,8 @@
 // Autograd kernels of the policy-gradient ops. Each backward is a native backward op; outputs
 // that are statistics (logsumexp, clip fraction, approximate KL) are marked non-differentiable,
 // and gradients flow only to the arguments the formulas differentiate (reward; logits or hidden
-// and weight; log_prob), the rest being targets.
+// and weight; log_prob), the rest being targets. Grads are not materialised: an output nobody
+// differentiates costs no zero tensor, and a backward with no incoming gradient does nothing.
 #include <optional>
 #include <string>
 
@@ -22,6 +23,7 @@ struct GroupAdvantagesFunction : torch::autograd::Function<GroupAdvantagesFuncti
   static Tensor forward(AutogradContext* ctx, const Tensor& reward, const Tensor& group_index,
                         int64_t num_groups, const std::string& scale, double eps) {
     at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);  // no zero tensors made for unused outputs
     static const auto op = native<Sig>("nostall::group_advantages");
     ctx->save_for_backward({reward, group_index});
     ctx->saved_data["num_groups"] = num_groups;
@@ -31,6 +33,7 @@ struct GroupAdvantagesFunction : torch::autograd::Function<GroupAdvantagesFuncti
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(5);
     static const auto op = native<BackwardSig>("nostall::group_advantages_backward");
     const variable_list saved = ctx->get_saved_variables();
     const Tensor grad =
@@ -47,6 +50,7 @@ struct TokenLogProbFunction : torch::autograd::Function<TokenLogProbFunction> {
 
   static variable_list forward(AutogradContext* ctx, const Tensor& logits, const Tensor& tokens) {
     at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);  // no zero tensors made for unused outputs
     static const auto op = native<Sig>("nostall::token_log_prob");
     auto [log_prob, logsumexp] = op.call(logits, tokens);
     ctx->save_for_backward({logits, tokens, logsumexp});
@@ -55,6 +59,7 @@ struct TokenLogProbFunction : torch::autograd::Function<TokenLogProbFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(2);
     static const auto op = native<BackwardSig>("nostall::token_log_prob_backward");
     const variable_list s = ctx->get_saved_variables();
     return {op.call(grads[0], s[0], s[1], s[2]), Tensor()};
@@ -70,6 +75,7 @@ struct TokenLogProbLinearFunction : torch::autograd::Function<TokenLogProbLinear
   static variable_list forward(AutogradContext* ctx, const Tensor& hidden, const Tensor& weight,
                                const Tensor& tokens, int64_t chunk_size) {
     at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);  // no zero tensors made for unused outputs
     static const auto op = native<Sig>("nostall::token_log_prob_linear");
     auto [log_prob, logsumexp] = op.call(hidden, weight, tokens, chunk_size);
     ctx->save_for_backward({hidden, weight, tokens, logsumexp});
@@ -79,6 +85,7 @@ struct TokenLogProbLinearFunction : torch::autograd::Function<TokenLogProbLinear
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(4);
     static const auto op = native<BackwardSig>("nostall::token_log_prob_linear_backward");
     const variable_list s = ctx->get_saved_variables();
     auto [grad_hidden, grad_weight] =
@@ -103,6 +110,7 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
                                OptDouble dual_clip, const OptTensor& behavior_log_prob,
                                double is_cap) {
     at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);  // no zero tensors made for unused outputs
     static const auto op = native<Sig>("nostall::clipped_policy_loss");
     auto [loss, clip_fraction, approx_kl] =
         op.call(log_prob, old_log_prob, advantage, mask, clip_low, clip_high, aggregation,
@@ -120,6 +128,7 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(11);
     static const auto op = native<BackwardSig>("nostall::clipped_policy_loss_backward");
     const variable_list s = ctx->get_saved_variables();
     const c10::IValue& dual = ctx->saved_data["dual_clip"];

@@ -107,7 +107,8 @@ def token_log_prob_linear(
         `chunk_size * V` instead of `B * T * V`.
     """
     if chunk_size is None:
-        chunk_size = max(1, DEFAULT_CHUNK_LOGITS // max(1, weight.shape[0]))
+        vocab = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() >= 1 else 1
+        chunk_size = max(1, DEFAULT_CHUNK_LOGITS // max(1, vocab))
     return torch.ops.nostall.token_log_prob_linear.default(
         hidden, weight, tokens, _int(chunk_size, "chunk_size")
     )[0]
@@ -156,7 +157,8 @@ def clipped_policy_loss(
     if clip_high is None:
         clip_high = clip_low
     if max_tokens is None:
-        max_tokens = log_prob.shape[-1] if log_prob.dim() >= 1 else 1
+        is_tensor = isinstance(log_prob, torch.Tensor)
+        max_tokens = log_prob.shape[-1] if is_tensor and log_prob.dim() >= 1 else 1
     loss, clip_fraction, approx_kl = torch.ops.nostall.clipped_policy_loss.default(
         log_prob,
         old_log_prob,
