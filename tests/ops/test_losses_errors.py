@@ -155,7 +155,7 @@ def test_token_log_prob_linear_rejects(case, override, message, compiled):
 
 
 def loss_args(**override):
-    lp, old, beh, adv, mask = token_batch(3, 4, dtype=torch.float32, seed=6)
+    lp, old, _beh, adv, mask = token_batch(3, 4, dtype=torch.float32, seed=6)
     args = dict(
         log_prob=lp,
         old_log_prob=old,

@@ -254,7 +254,7 @@ def test_policy_loss_matches_reference(aggregation, dual_clip, behavior, per_tok
 
 
 def test_policy_loss_float32_matches_reference():
-    lp, old, beh, adv, mask = token_batch(16, 128, dtype=torch.float32, seed=12)
+    lp, old, _beh, adv, mask = token_batch(16, 128, dtype=torch.float32, seed=12)
     got = nostall.clipped_policy_loss(lp, old, adv, mask, 0.2, 0.2, "seq_mean_token_mean", 128)
     want = reference.clipped_policy_loss(lp, old, adv, mask, 0.2, 0.2, "seq_mean_token_mean", 128)
     for a, b in zip(got, want, strict=True):
@@ -276,7 +276,7 @@ def test_policy_loss_gradcheck(aggregation):
 
 
 def test_masked_tokens_may_hold_nan():
-    lp, old, beh, adv, mask = token_batch(3, 7, seed=14)
+    lp, old, _beh, adv, mask = token_batch(3, 7, seed=14)
     mask[0, -1] = False
     dirty = lp.clone()
     dirty[0, -1] = float("nan")
@@ -289,13 +289,13 @@ def test_masked_tokens_may_hold_nan():
 
 
 def test_unmasked_nan_reaches_the_loss():
-    lp, old, beh, adv, mask = token_batch(3, 7, seed=15)
+    lp, old, _beh, adv, mask = token_batch(3, 7, seed=15)
     lp[1, 0] = float("nan")
     assert nostall.clipped_policy_loss(lp, old, adv, mask).loss.isnan()
 
 
 def test_fully_masked_batch_gives_zero_not_nan():
-    lp, old, beh, adv, mask = token_batch(2, 3, seed=16)
+    lp, old, _beh, adv, mask = token_batch(2, 3, seed=16)
     for aggregation in AGGREGATIONS:
         out = nostall.clipped_policy_loss(
             lp, old, adv, torch.zeros_like(mask), 0.2, 0.2, aggregation
@@ -340,7 +340,7 @@ def trl_grpo_loss(
     ],
 )
 def test_policy_loss_matches_trl(loss_type, aggregation):
-    lp, old, beh, adv, mask = token_batch(8, 20, seed=17)
+    lp, old, _beh, adv, mask = token_batch(8, 20, seed=17)
     max_len = 32
     ours_x, trl_x = lp.clone().requires_grad_(), lp.clone().requires_grad_()
     ours = nostall.clipped_policy_loss(ours_x, old, adv, mask, 0.2, 0.28, aggregation, max_len)
@@ -354,7 +354,7 @@ def test_policy_loss_matches_trl(loss_type, aggregation):
 def test_trl_clip_ratio_matches_clip_fraction():
     # TRL logs is_region_clipped = (coef_1 < 1 - eps_low & A < 0) | (coef_1 > 1 + eps_high & A > 0)
     # as a masked mean: the same quantity as clip_fraction without a dual clip.
-    lp, old, beh, adv, mask = token_batch(8, 20, seed=18)
+    lp, old, _beh, adv, mask = token_batch(8, 20, seed=18)
     coef = (lp - old).exp()
     a = adv.unsqueeze(1)
     region = ((coef < 0.8) & (a < 0)) | ((coef > 1.28) & (a > 0))
