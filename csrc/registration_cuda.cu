@@ -6,6 +6,9 @@
 #include "envs/env_ops.h"
 #include "ops/discounted_returns.h"
 #include "ops/gae.h"
+#include "ops/group_advantages.h"
+#include "ops/policy_loss.h"
+#include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
 
 STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
@@ -14,6 +17,15 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
   m.impl("discounted_returns", TORCH_BOX(&nostall::discounted_returns_cuda));
   m.impl("discounted_returns_backward", TORCH_BOX(&nostall::discounted_returns_backward_cuda));
   m.impl("vtrace", TORCH_BOX(&nostall::vtrace_cuda));
+  m.impl("group_advantages", TORCH_BOX(&nostall::group_advantages_cuda));
+  m.impl("group_advantages_backward", TORCH_BOX(&nostall::group_advantages_backward_cuda));
+  m.impl("token_log_prob", TORCH_BOX(&nostall::token_log_prob_cuda));
+  m.impl("token_log_prob_backward", TORCH_BOX(&nostall::token_log_prob_backward_cuda));
+  m.impl("token_log_prob_linear", TORCH_BOX(&nostall::token_log_prob_linear_cuda));
+  m.impl("token_log_prob_linear_backward",
+         TORCH_BOX(&nostall::token_log_prob_linear_backward_cuda));
+  m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cuda));
+  m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cuda));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cuda));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cuda));
 }

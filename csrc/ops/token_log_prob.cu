@@ -1,0 +1,191 @@
+// CUDA kernels for token_log_prob, its adjoint and the chunked linear variant: one block per
+// row of V logits (max, sum of exponentials, then the chosen token), on the current stream.
+// A token out of [0, V) gives NaN for its row instead of an error: checking would need a host
+// sync (the CPU kernels raise).
+#include <torch/csrc/stable/ops.h>
+
+#include <cmath>
+
+#include "common/cuda_launch.cuh"
+#include "common/cuda_reduce.cuh"
+#include "common/tensor_utils.h"
+#include "ops/token_log_prob.h"
+#include "ops/token_log_prob_linear.h"
+
+namespace nostall {
+
+namespace {
+
+template <typename S>
+struct CudaAcc {
+  using type = float;
+};
+template <>
+struct CudaAcc<double> {
+  using type = double;
+};
+
+__device__ inline float load_acc(float x) { return x; }
+__device__ inline double load_acc(double x) { return x; }
+__device__ inline float load_acc(c10::BFloat16 x) {
+  return __uint_as_float(static_cast<uint32_t>(x.x) << 16);
+}
+
+template <typename S, typename A>
+__device__ inline S store_as(A x) {
+  return static_cast<S>(x);
+}
+template <>
+__device__ inline c10::BFloat16 store_as<c10::BFloat16, float>(float x) {
+  return c10::BFloat16(x);  // round to nearest even
+}
+
+__device__ inline float exp_acc(float x) { return expf(x); }
+__device__ inline double exp_acc(double x) { return exp(x); }
+__device__ inline float log_acc(float x) { return logf(x); }
+__device__ inline double log_acc(double x) { return log(x); }
+
+template <typename S, typename A>
+__global__ void log_prob_rows_kernel(const S* __restrict__ x, const int64_t* __restrict__ tok,
+                                     A* __restrict__ lp, A* __restrict__ lse, int64_t V) {
+  const int64_t r = blockIdx.x;
+  const S* row = x + r * V;
+  A m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = MaxOp{}(m, load_acc(row[v]));
+  m = block_all_reduce(m, MaxOp{});
+  A s = 0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += exp_acc(load_acc(row[v]) - m);
+  s = block_all_reduce(s, SumOp{});
+  if (threadIdx.x == 0) {
+    const int64_t t = tok[r];
+    const A l = m + log_acc(s);
+    lse[r] = l;
+    lp[r] = (t >= 0 && t < V) ? load_acc(row[t]) - l : A(NAN);
+  }
+}
+
+// out may alias x: each element is read and then written by the same thread.
+template <typename S, typename A>
+__global__ void log_prob_grad_kernel(const A* __restrict__ g, const S* x,
+                                     const int64_t* __restrict__ tok, const A* __restrict__ lse,
+                                     S* out, int64_t V) {
+  const int64_t r = blockIdx.x;
+  const A gr = g[r];
+  const A l = lse[r];
+  const int64_t t = tok[r];
+  const bool valid = t >= 0 && t < V;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const int64_t i = r * V + v;
+    const A grad = (v == t ? gr : A(0)) - gr * exp_acc(load_acc(x[i]) - l);
+    out[i] = store_as<S>(valid ? grad : A(NAN));
+  }
+}
+
+template <typename S, typename A>
+__global__ void accumulate_kernel(A* __restrict__ acc, const S* __restrict__ x, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    acc[i] += load_acc(x[i]);
+  }
+}
+
+// The CUDA row kernels for the shared drivers (see token_log_prob_linear.h).
+struct CudaRows {
+  static void forward(const Tensor& logits, const Tensor& tokens, Tensor& log_prob,
+                      Tensor& logsumexp) {
+    const int64_t M = logits.size(0);
+    if (M == 0) return;
+    const cudaStream_t stream = current_stream(logits);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = typename CudaAcc<S>::type;
+      log_prob_rows_kernel<S, A><<<static_cast<unsigned>(M), kRowThreads, 0, stream>>>(
+          logits.const_data_ptr<S>(), tokens.const_data_ptr<int64_t>(),
+          log_prob.mutable_data_ptr<A>(), logsumexp.mutable_data_ptr<A>(), logits.size(1));
+    });
+    check_launch("log_prob_rows_kernel");
+  }
+
+  static void backward(const Tensor& grad_log_prob, const Tensor& logits, const Tensor& tokens,
+                       const Tensor& logsumexp, Tensor& grad_logits) {
+    const int64_t M = logits.size(0);
+    if (M == 0) return;
+    const cudaStream_t stream = current_stream(logits);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = typename CudaAcc<S>::type;
+      log_prob_grad_kernel<S, A><<<static_cast<unsigned>(M), kRowThreads, 0, stream>>>(
+          grad_log_prob.const_data_ptr<A>(), logits.const_data_ptr<S>(),
+          tokens.const_data_ptr<int64_t>(), logsumexp.const_data_ptr<A>(),
+          grad_logits.mutable_data_ptr<S>(), logits.size(1));
+    });
+    check_launch("log_prob_grad_kernel");
+  }
+
+  static void accumulate(Tensor& acc, const Tensor& x) {
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    const cudaStream_t stream = current_stream(x);
+    const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+    dispatch_logits(x.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = typename CudaAcc<S>::type;
+      accumulate_kernel<S, A><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+          acc.mutable_data_ptr<A>(), x.const_data_ptr<S>(), n);
+    });
+    check_launch("accumulate_kernel");
+  }
+};
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> token_log_prob_cuda(Tensor logits, Tensor tokens) {
+  check_token_log_prob_args(logits, tokens);
+  torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
+  logits = as_contiguous(logits);
+  tokens = as_contiguous(tokens);
+  Tensor log_prob = new_row_values(logits);
+  Tensor logsumexp = new_row_values(logits);
+  const int64_t M = logits.size(0) * logits.size(1);
+  const int64_t V = logits.size(2);
+  Tensor lp = torch::stable::reshape(log_prob, {M});
+  Tensor lse = torch::stable::reshape(logsumexp, {M});
+  CudaRows::forward(torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}), lp,
+                    lse);
+  return {log_prob, logsumexp};
+}
+
+Tensor token_log_prob_backward_cuda(Tensor grad_log_prob, Tensor logits, Tensor tokens,
+                                    Tensor logsumexp) {
+  check_token_log_prob_backward_args(grad_log_prob, logits, tokens, logsumexp);
+  torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
+  logits = as_contiguous(logits);
+  tokens = as_contiguous(tokens);
+  Tensor grad_logits = torch::stable::empty_like(logits);
+  const int64_t M = logits.size(0) * logits.size(1);
+  const int64_t V = logits.size(2);
+  Tensor flat_grad = torch::stable::reshape(grad_logits, {M, V});
+  CudaRows::backward(torch::stable::reshape(as_contiguous(grad_log_prob), {M}),
+                     torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}),
+                     torch::stable::reshape(as_contiguous(logsumexp), {M}), flat_grad);
+  return grad_logits;
+}
+
+std::tuple<Tensor, Tensor> token_log_prob_linear_cuda(Tensor hidden, Tensor weight, Tensor tokens,
+                                                      int64_t chunk_size) {
+  check_linear_args(hidden, weight, tokens, chunk_size);
+  torch::stable::accelerator::DeviceGuard guard(hidden.get_device_index());
+  return linear_log_prob_forward<CudaRows>(hidden, weight, tokens, chunk_size);
+}
+
+std::tuple<Tensor, Tensor> token_log_prob_linear_backward_cuda(Tensor grad_log_prob, Tensor hidden,
+                                                               Tensor weight, Tensor tokens,
+                                                               Tensor logsumexp,
+                                                               int64_t chunk_size) {
+  check_linear_backward_args(grad_log_prob, hidden, weight, tokens, logsumexp, chunk_size);
+  torch::stable::accelerator::DeviceGuard guard(hidden.get_device_index());
+  return linear_log_prob_backward<CudaRows>(grad_log_prob, hidden, weight, tokens, logsumexp,
+                                            chunk_size);
+}
+
+}  // namespace nostall
