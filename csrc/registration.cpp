@@ -59,16 +59,17 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "Tensor tokens, Tensor logsumexp, int chunk_size) -> (Tensor grad_hidden, "
       "Tensor grad_weight)");
   // The PPO / GRPO clipped surrogate over [B, T] tokens, aggregated to a scalar, with the clip
-  // fraction and approximate KL; optional dual clip and truncated importance weight.
+  // fraction and approximate KL; optional dual clip and truncated importance weight. token_grad
+  // is each token's d loss_t / d log_prob_t (0 where masked), saved for the backward.
   m.def(
       "clipped_policy_loss(Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, "
       "float clip_low, float clip_high, str aggregation, int max_tokens, float? dual_clip, "
       "Tensor? behavior_log_prob, float is_cap) "
-      "-> (Tensor loss, Tensor clip_fraction, Tensor approx_kl)");
+      "-> (Tensor loss, Tensor clip_fraction, Tensor approx_kl, Tensor token_grad)");
+  // Adjoint: grad_loss times token_grad times each sequence's aggregation weight.
   m.def(
-      "clipped_policy_loss_backward(Tensor grad_loss, Tensor log_prob, Tensor old_log_prob, "
-      "Tensor advantage, Tensor mask, float clip_low, float clip_high, str aggregation, "
-      "int max_tokens, float? dual_clip, Tensor? behavior_log_prob, float is_cap) -> Tensor");
+      "clipped_policy_loss_backward(Tensor grad_loss, Tensor token_grad, Tensor mask, "
+      "str aggregation, int max_tokens) -> Tensor");
 
   // Environments. Each op that touches one is an ORDERED effect (registered from Python), so
   // torch.compile keeps every call, in order.

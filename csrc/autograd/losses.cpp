@@ -95,13 +95,15 @@ struct TokenLogProbLinearFunction : torch::autograd::Function<TokenLogProbLinear
 };
 
 // clipped_policy_loss(log_prob, old_log_prob, advantage, mask, clip_low, clip_high, aggregation,
-// max_tokens, dual_clip, behavior_log_prob, is_cap) -> (loss, clip_fraction, approx_kl)
+// max_tokens, dual_clip, behavior_log_prob, is_cap) -> (loss, clip_fraction, approx_kl,
+// token_grad). The forward computes each token's derivative anyway: the backward only scales it.
 struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
-  using Sig = Triple(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, double,
-                     c10::string_view, int64_t, OptDouble, const OptTensor&, double);
-  using BackwardSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, double, double, c10::string_view, int64_t, OptDouble,
-                             const OptTensor&, double);
+  using Sig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&,
+                                                         const Tensor&, const Tensor&, double,
+                                                         double, c10::string_view, int64_t,
+                                                         OptDouble, const OptTensor&, double);
+  using BackwardSig = Tensor(const Tensor&, const Tensor&, const Tensor&, c10::string_view,
+                             int64_t);
 
   static variable_list forward(AutogradContext* ctx, const Tensor& log_prob,
                                const Tensor& old_log_prob, const Tensor& advantage,
@@ -112,34 +114,23 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
     at::AutoDispatchBelowADInplaceOrView below;
     ctx->set_materialize_grads(false);  // no zero tensors made for unused outputs
     static const auto op = native<Sig>("nostall::clipped_policy_loss");
-    auto [loss, clip_fraction, approx_kl] =
+    auto [loss, clip_fraction, approx_kl, token_grad] =
         op.call(log_prob, old_log_prob, advantage, mask, clip_low, clip_high, aggregation,
                 max_tokens, dual_clip, behavior_log_prob, is_cap);
-    ctx->save_for_backward(
-        {log_prob, old_log_prob, advantage, mask, behavior_log_prob.value_or(Tensor())});
-    ctx->saved_data["clip_low"] = clip_low;
-    ctx->saved_data["clip_high"] = clip_high;
+    ctx->save_for_backward({token_grad, mask});
     ctx->saved_data["aggregation"] = aggregation;
     ctx->saved_data["max_tokens"] = max_tokens;
-    ctx->saved_data["dual_clip"] = dual_clip.has_value() ? c10::IValue(*dual_clip) : c10::IValue();
-    ctx->saved_data["is_cap"] = is_cap;
-    ctx->mark_non_differentiable({clip_fraction, approx_kl});
-    return {loss, clip_fraction, approx_kl};
+    ctx->mark_non_differentiable({clip_fraction, approx_kl, token_grad});
+    return {loss, clip_fraction, approx_kl, token_grad};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return variable_list(11);
     static const auto op = native<BackwardSig>("nostall::clipped_policy_loss_backward");
     const variable_list s = ctx->get_saved_variables();
-    const c10::IValue& dual = ctx->saved_data["dual_clip"];
-    const Tensor grad = op.call(
-        grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["clip_low"].toDouble(),
-        ctx->saved_data["clip_high"].toDouble(), ctx->saved_data["aggregation"].toStringRef(),
-        ctx->saved_data["max_tokens"].toInt(),
-        dual.isNone() ? OptDouble() : OptDouble(dual.toDouble()),
-        s[4].defined() ? OptTensor(s[4]) : OptTensor(), ctx->saved_data["is_cap"].toDouble());
     variable_list out(11);
-    out[0] = grad;
+    out[0] = op.call(grads[0], s[0], s[1], ctx->saved_data["aggregation"].toStringRef(),
+                     ctx->saved_data["max_tokens"].toInt());
     return out;
   }
 };
@@ -160,15 +151,14 @@ Pair token_log_prob_linear_autograd(const Tensor& hidden, const Tensor& weight,
   return {out[0], out[1]};
 }
 
-Triple clipped_policy_loss_autograd(const Tensor& log_prob, const Tensor& old_log_prob,
-                                    const Tensor& advantage, const Tensor& mask, double clip_low,
-                                    double clip_high, c10::string_view aggregation,
-                                    int64_t max_tokens, OptDouble dual_clip,
-                                    const OptTensor& behavior_log_prob, double is_cap) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_autograd(
+    const Tensor& log_prob, const Tensor& old_log_prob, const Tensor& advantage, const Tensor& mask,
+    double clip_low, double clip_high, c10::string_view aggregation, int64_t max_tokens,
+    OptDouble dual_clip, const OptTensor& behavior_log_prob, double is_cap) {
   const variable_list out = PolicyLossFunction::apply(
       log_prob, old_log_prob, advantage, mask, clip_low, clip_high, std::string(aggregation),
       max_tokens, dual_clip, behavior_log_prob, is_cap);
-  return {out[0], out[1], out[2]};
+  return {out[0], out[1], out[2], out[3]};
 }
 
 }  // namespace

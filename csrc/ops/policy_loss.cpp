@@ -5,9 +5,11 @@
 
 #include <torch/csrc/stable/ops.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "common/tensor_utils.h"
+#include "ops/cpu_rows.h"
 
 namespace nostall {
 
@@ -33,37 +35,73 @@ struct LossInputs {
     if (beh.has_value()) behavior = as_contiguous(*beh);
   }
 
-  // Calls f(b, t, terms) for every unmasked token of rows [b0, b1).
-  template <typename S, typename F>
-  void for_tokens(const ClipConfig& cfg, int64_t b0, int64_t b1, const F& f) const {
-    const S* lp = log_prob.const_data_ptr<S>();
-    const S* old = old_log_prob.const_data_ptr<S>();
-    const S* adv = advantage.const_data_ptr<S>();
+  // Calls f(i, unmasked, terms) for every token i of row b, masked ones included (their terms
+  // may be NaN: callers select them away, never multiply). The float64 path; float32 rows run
+  // through the vectorised row kernel instead (cpu_rows.h).
+  template <typename F>
+  void visit_row(const ClipConfig& cfg, int64_t b, const F& f) const {
+    const double* lp = log_prob.const_data_ptr<double>();
+    const double* old = old_log_prob.const_data_ptr<double>();
+    const double* adv = advantage.const_data_ptr<double>();
     const bool* m = mask.const_data_ptr<bool>();
-    const S* beh = behavior.has_value() ? behavior->const_data_ptr<S>() : nullptr;
-    for (int64_t b = b0; b < b1; ++b) {
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t i = b * T + t;
-        if (!m[i]) continue;
-        const S w = beh ? truncated_is_weight(old[i], beh[i], cfg) : S(1);
-        const S a = adv[adv_stride ? i : b];
-        f(b, i, clipped_token(lp[i], old[i], a, w, cfg));
-      }
+    const double* beh = behavior.has_value() ? behavior->const_data_ptr<double>() : nullptr;
+    for (int64_t i = b * T; i < (b + 1) * T; ++i) {
+      const double w = beh ? truncated_is_weight(old[i], beh[i], cfg) : 1.0;
+      f(i, m[i], clipped_token(lp[i], old[i], adv[adv_stride ? i : b], w, cfg));
     }
   }
 
-  // The [B, kRowSums] table of per-sequence sums.
+  rows::PolicyRow float_row(const ClipConfig& cfg, int64_t b) const {
+    const int64_t i = b * T;
+    const float* adv = advantage.const_data_ptr<float>();
+    return {log_prob.const_data_ptr<float>() + i,
+            old_log_prob.const_data_ptr<float>() + i,
+            behavior.has_value() ? behavior->const_data_ptr<float>() + i : nullptr,
+            adv_stride ? adv + i : nullptr,
+            adv_stride ? 0.0f : adv[b],
+            reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>()) + i,
+            T,
+            static_cast<float>(cfg.lo),
+            static_cast<float>(cfg.hi),
+            cfg.dual ? static_cast<float>(cfg.dual_clip) : 0.0f,
+            static_cast<float>(cfg.is_cap)};
+  }
+
+  // Row b's sums {loss, tokens, clipped, kl}; with `grad`, also its gradient row.
   template <typename S>
-  std::vector<double> row_sums(const ClipConfig& cfg) const {
-    std::vector<double> sums(B * kRowSums, 0.0);
-    torch::stable::parallel_for(0, B, std::max<int64_t>(1, 4096 / T), [&](int64_t b0, int64_t b1) {
-      for_tokens<S>(cfg, b0, b1, [&](int64_t b, int64_t, const TokenTerms<S>& k) {
-        double* row = sums.data() + b * kRowSums;
-        row[0] += k.loss;
-        row[1] += 1;
-        row[2] += k.clipped;
-        row[3] += k.kl;
+  void row(const ClipConfig& cfg, int64_t b, double* sums, S* grad, S grad_scale) const {
+    if constexpr (std::is_same_v<S, float>) {
+      float s[kRowSums];
+      rows::kernels().policy_row_f32(float_row(cfg, b), s, grad ? grad + b * T : nullptr,
+                                     grad_scale);
+      for (int k = 0; k < kRowSums; ++k) sums[k] = s[k];
+    } else {
+      double loss = 0, tokens = 0, clipped = 0, kl = 0;
+      visit_row(cfg, b, [&](int64_t i, bool on, const TokenTerms<double>& k) {
+        loss += on ? k.loss : 0.0;
+        tokens += on ? 1.0 : 0.0;
+        clipped += (on && k.clipped) ? 1.0 : 0.0;
+        kl += on ? k.kl : 0.0;
+        if (grad) grad[i] = on ? grad_scale * k.dloss : 0.0;
       });
+      sums[0] = loss;
+      sums[1] = tokens;
+      sums[2] = clipped;
+      sums[3] = kl;
+    }
+  }
+
+  // Rows per parallel task: about 8k tokens each.
+  int64_t row_grain() const { return std::max<int64_t>(1, 8192 / T); }
+
+  // The [B, kRowSums] table of per-sequence sums (rows combine in float64), and every token's
+  // derivative into token_grad.
+  template <typename S>
+  std::vector<double> row_sums(const ClipConfig& cfg, S* token_grad) const {
+    std::vector<double> sums(B * kRowSums, 0.0);
+    torch::stable::parallel_for(0, B, row_grain(), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b)
+        row<S>(cfg, b, sums.data() + b * kRowSums, token_grad, S(1));
     });
     return sums;
   }
@@ -77,7 +115,7 @@ struct LossInputs {
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
+std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
     Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, double clip_low,
     double clip_high, std::string aggregation, int64_t max_tokens, std::optional<double> dual_clip,
     std::optional<Tensor> behavior_log_prob, double is_cap) {
@@ -88,9 +126,10 @@ std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
   Tensor loss = torch::stable::new_empty(log_prob, {});
   Tensor clip_fraction = torch::stable::new_empty(log_prob, {});
   Tensor approx_kl = torch::stable::new_empty(log_prob, {});
+  Tensor token_grad = torch::stable::new_empty(log_prob, {in.B, in.T});
   dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    const std::vector<double> sums = in.row_sums<S>(cfg);
+    const std::vector<double> sums = in.row_sums<S>(cfg, out_ptr<S>(token_grad));
     const double total = in.total_tokens(sums);
     double l = 0, clipped = 0, kl = 0;
     for (int64_t b = 0; b < in.B; ++b) {
@@ -104,41 +143,39 @@ std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
     *out_ptr<S>(clip_fraction) = static_cast<S>(clipped * per_token);
     *out_ptr<S>(approx_kl) = static_cast<S>(kl * per_token);
   });
-  return {loss, clip_fraction, approx_kl};
+  return {loss, clip_fraction, approx_kl, token_grad};
 }
 
-Tensor clipped_policy_loss_backward_cpu(Tensor grad_loss, Tensor log_prob, Tensor old_log_prob,
-                                        Tensor advantage, Tensor mask, double clip_low,
-                                        double clip_high, std::string aggregation,
-                                        int64_t max_tokens, std::optional<double> dual_clip,
-                                        std::optional<Tensor> behavior_log_prob, double is_cap) {
-  check_policy_loss_args(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
-  STD_TORCH_CHECK(grad_loss.dim() == 0 && grad_loss.scalar_type() == log_prob.scalar_type(),
-                  "grad_loss must be a scalar tensor with the dtype of log_prob");
-  STD_TORCH_CHECK(grad_loss.device() == log_prob.device(),
-                  "grad_loss must be on the device of log_prob");
-  const ClipConfig cfg = clip_config(clip_low, clip_high, dual_clip, behavior_log_prob.has_value(),
-                                     is_cap, aggregation, max_tokens);
-  const LossInputs in(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
-  Tensor grad_log_prob = torch::stable::new_zeros(log_prob, {in.B, in.T});
-  dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
+Tensor clipped_policy_loss_backward_cpu(Tensor grad_loss, Tensor token_grad, Tensor mask,
+                                        std::string aggregation, int64_t max_tokens) {
+  check_policy_loss_backward_args(grad_loss, token_grad, mask, aggregation, max_tokens);
+  const ClipConfig cfg = aggregation_config(aggregation, max_tokens);
+  token_grad = as_contiguous(token_grad);
+  mask = as_contiguous(mask);
+  const int64_t B = token_grad.size(0);
+  const int64_t T = token_grad.size(1);
+  Tensor grad_log_prob = torch::stable::empty_like(token_grad);
+  // Token counts per row, for the normalisers (a byte sum per row: vectorised).
+  std::vector<double> tokens(B, 0.0);
+  const uint8_t* m = reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>());
+  double total = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t count = 0;
+    for (int64_t t = 0; t < T; ++t) count += m[b * T + t];
+    tokens[b] = static_cast<double>(count);
+    total += tokens[b];
+  }
+  dispatch_floating(token_grad.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    // Token counts per row, for the normalisers.
-    std::vector<double> tokens(in.B, 0.0);
-    const bool* m = in.mask.const_data_ptr<bool>();
-    double total = 0;
-    for (int64_t b = 0; b < in.B; ++b) {
-      for (int64_t t = 0; t < in.T; ++t) tokens[b] += m[b * in.T + t];
-      total += tokens[b];
-    }
     const S g = *grad_loss.const_data_ptr<S>();
+    const S* in = token_grad.const_data_ptr<S>();
     S* out = out_ptr<S>(grad_log_prob);
-    torch::stable::parallel_for(
-        0, in.B, std::max<int64_t>(1, 4096 / in.T), [&](int64_t b0, int64_t b1) {
-          in.for_tokens<S>(cfg, b0, b1, [&](int64_t b, int64_t i, const TokenTerms<S>& k) {
-            out[i] = g * k.dloss * static_cast<S>(sequence_weight(cfg, in.B, tokens[b], total));
-          });
-        });
+    torch::stable::parallel_for(0, B, std::max<int64_t>(1, 32768 / T), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const S scale = g * static_cast<S>(sequence_weight(cfg, B, tokens[b], total));
+        for (int64_t i = b * T; i < (b + 1) * T; ++i) out[i] = scale * in[i];
+      }
+    });
   });
   return grad_log_prob;
 }

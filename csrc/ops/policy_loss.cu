@@ -1,6 +1,7 @@
 // CUDA kernels for clipped_policy_loss and its adjoint. One block per sequence writes that
-// sequence's sums to a [B, kRowSums] table; one block then combines the table in a fixed order,
-// so results are deterministic. Normalisers are read on the device: no host sync.
+// sequence's sums to a [B, kRowSums] table, and each token's derivative; one block then
+// combines the table in a fixed order, so results are deterministic. The adjoint scales the
+// saved derivatives by each sequence's weight. Normalisers are read on the device: no sync.
 #include <torch/csrc/stable/ops.h>
 
 #include "common/cuda_launch.cuh"
@@ -28,14 +29,19 @@ struct LossPtrs {
   }
 };
 
+// Also writes every token's derivative (0 where masked) to token_grad, for the backward.
 template <typename S>
-__global__ void row_sums_kernel(LossPtrs<S> in, ClipConfig cfg, double* sums) {
+__global__ void row_sums_kernel(LossPtrs<S> in, ClipConfig cfg, double* sums, S* token_grad) {
   const int64_t b = blockIdx.x;
   double loss = 0, tokens = 0, clipped = 0, kl = 0;
   for (int64_t t = threadIdx.x; t < in.T; t += blockDim.x) {
     const int64_t i = b * in.T + t;
-    if (!in.mask[i]) continue;
+    if (!in.mask[i]) {
+      token_grad[i] = S(0);
+      continue;
+    }
     const TokenTerms<S> k = in.terms(b, i, cfg);
+    token_grad[i] = k.dloss;
     loss += k.loss;
     tokens += 1;
     clipped += k.clipped;
@@ -97,17 +103,13 @@ __global__ void token_total_kernel(double* counts, int64_t B) {
 }
 
 template <typename S>
-__global__ void log_prob_grad_kernel(LossPtrs<S> in, ClipConfig cfg, const S* grad_loss,
-                                     const double* counts, S* out) {
+__global__ void scale_grad_kernel(const S* token_grad, const S* grad_loss, const double* counts,
+                                  ClipConfig cfg, int64_t B, int64_t T, S* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= in.B * in.T) return;
-  const int64_t b = i / in.T;
-  if (!in.mask[i]) {
-    out[i] = S(0);
-    return;
-  }
-  const S weight = static_cast<S>(sequence_weight(cfg, in.B, counts[b], counts[in.B]));
-  out[i] = *grad_loss * in.terms(b, i, cfg).dloss * weight;
+  if (i >= B * T) return;
+  const int64_t b = i / T;
+  out[i] =
+      *grad_loss * token_grad[i] * static_cast<S>(sequence_weight(cfg, B, counts[b], counts[B]));
 }
 
 template <typename S>
@@ -125,7 +127,7 @@ LossPtrs<S> loss_ptrs(const Tensor& lp, const Tensor& old, const Tensor& adv, co
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
+std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
     Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, double clip_low,
     double clip_high, std::string aggregation, int64_t max_tokens, std::optional<double> dual_clip,
     std::optional<Tensor> behavior_log_prob, double is_cap) {
@@ -142,6 +144,7 @@ std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
   Tensor loss = torch::stable::new_empty(log_prob, {});
   Tensor clip_fraction = torch::stable::new_empty(log_prob, {});
   Tensor approx_kl = torch::stable::new_empty(log_prob, {});
+  Tensor token_grad = torch::stable::empty_like(log_prob);
   Tensor sums =
       torch::stable::new_empty(log_prob, {B * kRowSums}, torch::headeronly::ScalarType::Double);
   const cudaStream_t stream = current_stream(log_prob);
@@ -149,48 +152,36 @@ std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
     using S = decltype(tag);
     const LossPtrs<S> in = loss_ptrs<S>(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
     row_sums_kernel<S><<<static_cast<unsigned>(B), kRowThreads, 0, stream>>>(
-        in, cfg, sums.mutable_data_ptr<double>());
+        in, cfg, sums.mutable_data_ptr<double>(), out_ptr<S>(token_grad));
     combine_kernel<S><<<1, kRowThreads, 0, stream>>>(sums.const_data_ptr<double>(), B, cfg,
                                                      out_ptr<S>(loss), out_ptr<S>(clip_fraction),
                                                      out_ptr<S>(approx_kl));
   });
   check_launch("clipped_policy_loss kernels");
-  return {loss, clip_fraction, approx_kl};
+  return {loss, clip_fraction, approx_kl, token_grad};
 }
 
-Tensor clipped_policy_loss_backward_cuda(Tensor grad_loss, Tensor log_prob, Tensor old_log_prob,
-                                         Tensor advantage, Tensor mask, double clip_low,
-                                         double clip_high, std::string aggregation,
-                                         int64_t max_tokens, std::optional<double> dual_clip,
-                                         std::optional<Tensor> behavior_log_prob, double is_cap) {
-  check_policy_loss_args(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
-  STD_TORCH_CHECK(grad_loss.dim() == 0 && grad_loss.scalar_type() == log_prob.scalar_type(),
-                  "grad_loss must be a scalar tensor with the dtype of log_prob");
-  STD_TORCH_CHECK(grad_loss.device() == log_prob.device(),
-                  "grad_loss must be on the device of log_prob");
-  const ClipConfig cfg = clip_config(clip_low, clip_high, dual_clip, behavior_log_prob.has_value(),
-                                     is_cap, aggregation, max_tokens);
-  torch::stable::accelerator::DeviceGuard guard(log_prob.get_device_index());
-  log_prob = as_contiguous(log_prob);
-  old_log_prob = as_contiguous(old_log_prob);
-  advantage = as_contiguous(advantage);
+Tensor clipped_policy_loss_backward_cuda(Tensor grad_loss, Tensor token_grad, Tensor mask,
+                                         std::string aggregation, int64_t max_tokens) {
+  check_policy_loss_backward_args(grad_loss, token_grad, mask, aggregation, max_tokens);
+  const ClipConfig cfg = aggregation_config(aggregation, max_tokens);
+  torch::stable::accelerator::DeviceGuard guard(token_grad.get_device_index());
+  token_grad = as_contiguous(token_grad);
   mask = as_contiguous(mask);
-  if (behavior_log_prob.has_value()) behavior_log_prob = as_contiguous(*behavior_log_prob);
-  const int64_t B = log_prob.size(0);
-  const int64_t n = B * log_prob.size(1);
-  Tensor grad_log_prob = torch::stable::empty_like(log_prob);
+  const int64_t B = token_grad.size(0);
+  const int64_t T = token_grad.size(1);
+  Tensor grad_log_prob = torch::stable::empty_like(token_grad);
   Tensor counts =
-      torch::stable::new_empty(log_prob, {B + 1}, torch::headeronly::ScalarType::Double);
-  const cudaStream_t stream = current_stream(log_prob);
+      torch::stable::new_empty(token_grad, {B + 1}, torch::headeronly::ScalarType::Double);
+  const cudaStream_t stream = current_stream(token_grad);
   row_counts_kernel<<<static_cast<unsigned>(B), kRowThreads, 0, stream>>>(
-      mask.const_data_ptr<bool>(), log_prob.size(1), counts.mutable_data_ptr<double>());
+      mask.const_data_ptr<bool>(), T, counts.mutable_data_ptr<double>());
   token_total_kernel<<<1, kRowThreads, 0, stream>>>(counts.mutable_data_ptr<double>(), B);
-  dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
+  dispatch_floating(token_grad.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    const LossPtrs<S> in = loss_ptrs<S>(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
-    log_prob_grad_kernel<S><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-        in, cfg, grad_loss.const_data_ptr<S>(), counts.const_data_ptr<double>(),
-        out_ptr<S>(grad_log_prob));
+    scale_grad_kernel<S><<<static_cast<unsigned>((B * T + 255) / 256), 256, 0, stream>>>(
+        token_grad.const_data_ptr<S>(), grad_loss.const_data_ptr<S>(),
+        counts.const_data_ptr<double>(), cfg, B, T, out_ptr<S>(grad_log_prob));
   });
   check_launch("clipped_policy_loss_backward kernels");
   return grad_log_prob;

@@ -129,13 +129,12 @@ struct TokenTerms {
   S kl;  // (ratio - 1) - log(ratio)
 };
 
-// One token's terms; the caller has already excluded masked tokens. `is_weight` is 1 without a
-// behaviour policy. NaN in log_prob reaches the loss (no clip selects it away).
+// One token's terms from its log-ratio and ratio = exp(log_ratio); the caller has already
+// excluded masked tokens. `is_weight` is 1 without a behaviour policy. NaN in log_prob reaches
+// the loss (no clip selects it away).
 template <typename S>
-NOSTALL_HD inline TokenTerms<S> clipped_token(S log_prob, S old_log_prob, S adv, S is_weight,
-                                              const ClipConfig& cfg) {
-  const S log_ratio = log_prob - old_log_prob;
-  const S ratio = exp_of(log_ratio);
+NOSTALL_HD inline TokenTerms<S> clipped_token_from_ratio(S log_ratio, S ratio, S adv, S is_weight,
+                                                         const ClipConfig& cfg) {
   const S lo = static_cast<S>(cfg.lo);
   const S hi = static_cast<S>(cfg.hi);
   const S clipped_ratio = ratio < lo ? lo : (ratio > hi ? hi : ratio);
@@ -156,12 +155,24 @@ NOSTALL_HD inline TokenTerms<S> clipped_token(S log_prob, S old_log_prob, S adv,
   return {loss * is_weight, dloss * is_weight, clipped, (ratio - S(1)) - log_ratio};
 }
 
+template <typename S>
+NOSTALL_HD inline TokenTerms<S> clipped_token(S log_prob, S old_log_prob, S adv, S is_weight,
+                                              const ClipConfig& cfg) {
+  const S log_ratio = log_prob - old_log_prob;
+  return clipped_token_from_ratio(log_ratio, exp_of(log_ratio), adv, is_weight, cfg);
+}
+
+// The truncated importance weight from w = exp(old_log_prob - behavior_log_prob).
+template <typename S>
+NOSTALL_HD inline S truncate_is_weight(S w, const ClipConfig& c) {
+  const S cap = static_cast<S>(c.is_cap);
+  return w < cap ? w : cap;
+}
+
 // min(exp(old_log_prob - behavior_log_prob), is_cap): treated as a constant.
 template <typename S>
 NOSTALL_HD inline S truncated_is_weight(S old_log_prob, S behavior_log_prob, const ClipConfig& c) {
-  const S w = exp_of(old_log_prob - behavior_log_prob);
-  const S cap = static_cast<S>(c.is_cap);
-  return w < cap ? w : cap;
+  return truncate_is_weight(exp_of(old_log_prob - behavior_log_prob), c);
 }
 
 // Per-sequence sums the aggregation needs; row b of a [B, kRowSums] float64 table.
@@ -180,23 +191,41 @@ NOSTALL_HD inline double sequence_weight(const ClipConfig& c, int64_t B, double 
   }
 }
 
-std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
+inline void check_policy_loss_backward_args(const Tensor& grad_loss, const Tensor& token_grad,
+                                            const Tensor& mask, const std::string& aggregation,
+                                            int64_t max_tokens) {
+  STD_TORCH_CHECK(token_grad.dim() == 2 && is_floating(token_grad),
+                  "token_grad must be a float32 or float64 [B, T] tensor");
+  STD_TORCH_CHECK(grad_loss.dim() == 0 && grad_loss.scalar_type() == token_grad.scalar_type(),
+                  "grad_loss must be a scalar tensor with the dtype of token_grad");
+  STD_TORCH_CHECK(grad_loss.device() == token_grad.device(),
+                  "grad_loss must be on the device of token_grad");
+  STD_TORCH_CHECK(mask.scalar_type() == ScalarType::Bool, "mask must be bool, got ",
+                  torch::headeronly::toString(mask.scalar_type()));
+  STD_TORCH_CHECK(
+      mask.dim() == 2 && mask.size(0) == token_grad.size(0) && mask.size(1) == token_grad.size(1),
+      "mask must have the shape of token_grad");
+  STD_TORCH_CHECK(mask.device() == token_grad.device(), "mask must be on the device of token_grad");
+  parse_aggregation(aggregation);
+  STD_TORCH_CHECK(max_tokens >= 1, "max_tokens must be >= 1, got ", max_tokens);
+}
+
+// The aggregation alone, for the backward (the clip settings are already in token_grad).
+inline ClipConfig aggregation_config(const std::string& aggregation, int64_t max_tokens) {
+  return {0.0, 0.0, false, 0.0, false, 1.0, parse_aggregation(aggregation), max_tokens};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
     Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, double clip_low,
     double clip_high, std::string aggregation, int64_t max_tokens, std::optional<double> dual_clip,
     std::optional<Tensor> behavior_log_prob, double is_cap);
-Tensor clipped_policy_loss_backward_cpu(Tensor grad_loss, Tensor log_prob, Tensor old_log_prob,
-                                        Tensor advantage, Tensor mask, double clip_low,
-                                        double clip_high, std::string aggregation,
-                                        int64_t max_tokens, std::optional<double> dual_clip,
-                                        std::optional<Tensor> behavior_log_prob, double is_cap);
-std::tuple<Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
+Tensor clipped_policy_loss_backward_cpu(Tensor grad_loss, Tensor token_grad, Tensor mask,
+                                        std::string aggregation, int64_t max_tokens);
+std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
     Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, double clip_low,
     double clip_high, std::string aggregation, int64_t max_tokens, std::optional<double> dual_clip,
     std::optional<Tensor> behavior_log_prob, double is_cap);
-Tensor clipped_policy_loss_backward_cuda(Tensor grad_loss, Tensor log_prob, Tensor old_log_prob,
-                                         Tensor advantage, Tensor mask, double clip_low,
-                                         double clip_high, std::string aggregation,
-                                         int64_t max_tokens, std::optional<double> dual_clip,
-                                         std::optional<Tensor> behavior_log_prob, double is_cap);
+Tensor clipped_policy_loss_backward_cuda(Tensor grad_loss, Tensor token_grad, Tensor mask,
+                                         std::string aggregation, int64_t max_tokens);
 
 }  // namespace nostall

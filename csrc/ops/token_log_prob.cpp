@@ -1,6 +1,6 @@
 // CPU kernels for token_log_prob, its adjoint and the chunked linear variant. Rows are
 // independent: bands of rows run in parallel, and each row is two vectorised passes over its V
-// logits (max, then sum of exponentials) forward, and one pass backward (softmax_rows.h).
+// logits (max, then sum of exponentials) forward, and one pass backward (cpu_rows.h).
 #include "ops/token_log_prob.h"
 
 #include <torch/csrc/stable/ops.h>
@@ -10,7 +10,7 @@
 
 #include "common/cpu_math.h"
 #include "common/tensor_utils.h"
-#include "ops/softmax_rows.h"
+#include "ops/cpu_rows.h"
 #include "ops/token_log_prob_linear.h"
 
 namespace nostall {

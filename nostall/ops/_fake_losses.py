@@ -232,16 +232,29 @@ def _check_loss_args(
 def _clipped_policy_loss_fake(*args):
     _check_loss_args(*args)
     lp = args[0]
-    return lp.new_empty(()), lp.new_empty(()), lp.new_empty(())
+    return lp.new_empty(()), lp.new_empty(()), lp.new_empty(()), lp.new_empty(lp.shape)
 
 
 @torch.library.register_fake("nostall::clipped_policy_loss_backward")
-def _clipped_policy_loss_backward_fake(grad_loss, *args):
-    _check_loss_args(*args)
-    lp = args[0]
+def _clipped_policy_loss_backward_fake(grad_loss, token_grad, mask, aggregation, max_tokens):
     _check(
-        grad_loss.dim() == 0 and grad_loss.dtype == lp.dtype,
-        "grad_loss must be a scalar tensor with the dtype of log_prob",
+        token_grad.dim() == 2 and token_grad.dtype in FLOAT_DTYPES,
+        "token_grad must be a float32 or float64 [B, T] tensor",
     )
-    _check(grad_loss.device == lp.device, "grad_loss must be on the device of log_prob")
-    return lp.new_empty(lp.shape)
+    _check(
+        grad_loss.dim() == 0 and grad_loss.dtype == token_grad.dtype,
+        "grad_loss must be a scalar tensor with the dtype of token_grad",
+    )
+    _check(grad_loss.device == token_grad.device, "grad_loss must be on the device of token_grad")
+    _check(mask.dtype == torch.bool, f"mask must be bool, got {mask.dtype}")
+    _check(
+        mask.dim() == 2 and mask.shape == token_grad.shape, "mask must have the shape of token_grad"
+    )
+    _check(mask.device == token_grad.device, "mask must be on the device of token_grad")
+    _check(
+        aggregation in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
+        "aggregation must be 'token_mean', 'seq_mean_token_mean' or "
+        f"'seq_mean_token_sum_norm', got '{aggregation}'",
+    )
+    _check(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
+    return token_grad.new_empty(token_grad.shape)

@@ -159,7 +159,7 @@ def clipped_policy_loss(
     if max_tokens is None:
         is_tensor = isinstance(log_prob, torch.Tensor)
         max_tokens = log_prob.shape[-1] if is_tensor and log_prob.dim() >= 1 else 1
-    loss, clip_fraction, approx_kl = torch.ops.nostall.clipped_policy_loss.default(
+    loss, clip_fraction, approx_kl, _ = torch.ops.nostall.clipped_policy_loss.default(
         log_prob,
         old_log_prob,
         advantage,

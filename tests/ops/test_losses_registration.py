@@ -61,7 +61,13 @@ def op_cases(device):
         ),
         "clipped_policy_loss_backward": (
             ops.clipped_policy_loss_backward,
-            (one, lp, old, adv, mask, *loss_tail),
+            (
+                one,
+                ops.clipped_policy_loss(lp, old, adv, mask, *loss_tail)[3],
+                mask,
+                "token_mean",
+                6,
+            ),
         ),
     }
 

@@ -1,17 +1,17 @@
-// The row kernels of softmax_rows.h for a vector width W, in GCC / Clang vector extensions.
+// The row kernels of cpu_rows.h for a vector width W, in GCC / Clang vector extensions.
 // Included by one translation unit per instruction set, so it must not pull in headers whose
 // inline functions the linker could share across them (an AVX2 copy chosen for a baseline
 // caller would crash a CPU without AVX2): everything here has internal linkage and uses
 // builtins only.
 //
 // exp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, then a degree-7 Taylor polynomial
-// (truncation below 6e-9 relative); within 2 ulp of expf on [-87.3, 88], exactly 0 below -87.3
-// (so masked -inf logits contribute nothing), NaN for NaN.
+// (truncation below 6e-9 relative); within 2 ulp of expf down to -87.3, exactly 0 below (so
+// masked -inf logits contribute nothing), +inf past FLT_MAX, NaN for NaN.
 #pragma once
 
 #include <cstdint>
 
-#include "ops/softmax_rows.h"
+#include "ops/cpu_rows.h"
 
 namespace nostall::rows {
 namespace {
@@ -25,6 +25,7 @@ struct Lanes<4> {
   typedef int32_t i32 __attribute__((vector_size(16)));
   typedef uint32_t u32 __attribute__((vector_size(16)));
   typedef uint16_t u16 __attribute__((vector_size(8)));
+  typedef uint8_t u8 __attribute__((vector_size(4)));
 };
 template <>
 struct Lanes<8> {
@@ -32,6 +33,7 @@ struct Lanes<8> {
   typedef int32_t i32 __attribute__((vector_size(32)));
   typedef uint32_t u32 __attribute__((vector_size(32)));
   typedef uint16_t u16 __attribute__((vector_size(16)));
+  typedef uint8_t u8 __attribute__((vector_size(8)));
 };
 
 template <int W>
@@ -40,6 +42,7 @@ struct Vec {
   using i32 = typename Lanes<W>::i32;
   using u32 = typename Lanes<W>::u32;
   using u16 = typename Lanes<W>::u16;
+  using u8 = typename Lanes<W>::u8;
 
   static f32 splat(float x) { return f32{} + x; }
 
@@ -59,6 +62,13 @@ struct Vec {
     return v;
   }
 
+  // A lane mask (all ones where the byte is non-zero) from W bool bytes.
+  static i32 load_mask(const uint8_t* p) {
+    u8 bytes;
+    __builtin_memcpy(&bytes, p, sizeof(bytes));
+    return __builtin_convertvector(bytes, i32) != 0;
+  }
+
   static void store(float* p, f32 v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
   // Round to nearest even, as torch does; NaN stays NaN.
@@ -72,10 +82,13 @@ struct Vec {
   }
 
   static f32 exp(f32 x) {
-    const i32 underflow = x < -87.3f;
-    f32 y = x < -87.3f ? splat(-87.3f) : x;
-    y = y > 88.0f ? splat(88.0f) : y;
-    const f32 n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    constexpr float kMin = -87.3f;        // below: 0 (exp would be subnormal)
+    constexpr float kMax = 88.72283905f;  // above: +inf (exp would pass FLT_MAX)
+    const i32 underflow = x < kMin;
+    const i32 overflow = x > kMax;
+    f32 y = x < kMin ? splat(kMin) : x;
+    y = y > kMax ? splat(kMax) : y;
+    const f32 n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // in [-126, 128]
     const f32 r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
     f32 p = splat(1.0f / 5040.0f);
     p = p * r + 1.0f / 720.0f;
@@ -85,11 +98,14 @@ struct Vec {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    const i32 bits = (__builtin_convertvector(n, i32) + 127) << 23;
+    // 2^n from the exponent bits; 2^128 is not a float, so n = 128 is 2^127 * 2.
+    const i32 top = n > 127.5f;
+    const f32 n_low = top ? splat(127.0f) : n;
+    const i32 bits = (__builtin_convertvector(n_low, i32) + 127) << 23;
     f32 scale;
     __builtin_memcpy(&scale, &bits, sizeof(scale));
-    const f32 out = p * scale;
-    return underflow ? splat(0.0f) : out;
+    const f32 out = p * scale * (top ? splat(2.0f) : splat(1.0f));
+    return underflow ? splat(0.0f) : (overflow ? splat(__builtin_inff()) : out);
   }
 
   static f32 max(f32 a, f32 b) { return b > a ? b : a; }
@@ -158,10 +174,98 @@ void softmax_grad_row(const T* x, T* out, int64_t V, float g, float lse) {
   }
 }
 
+// The policy-loss terms of W tokens (the vector form of clipped_token in policy_loss.h).
+template <int W>
+struct PolicyLanes {
+  using V_ = Vec<W>;
+  using f32 = typename V_::f32;
+  using i32 = typename V_::i32;
+  f32 loss, dloss, kl;
+  i32 clipped;
+
+  PolicyLanes(const PolicyRow& r, f32 lp, f32 old, f32 beh, f32 adv) {
+    const f32 log_ratio = lp - old;
+    const f32 ratio = V_::exp(log_ratio);
+    const f32 lo = V_::splat(r.lo), hi = V_::splat(r.hi), zero = V_::splat(0.0f);
+    const f32 clipped_ratio = ratio < lo ? lo : (ratio > hi ? hi : ratio);
+    const f32 unclipped_term = ratio * adv;
+    const i32 unclipped = unclipped_term <= clipped_ratio * adv;
+    loss = unclipped ? -unclipped_term : -(clipped_ratio * adv);
+    dloss = unclipped ? -unclipped_term : zero;
+    clipped = ((ratio < lo) & (adv < zero)) | ((ratio > hi) & (adv > zero));
+    if (r.dual_clip > 0) {
+      const f32 cap = -adv * r.dual_clip;
+      const i32 capped = (adv < zero) & (loss > cap);
+      loss = capped ? cap : loss;
+      dloss = capped ? zero : dloss;
+      clipped |= capped;
+    }
+    if (r.behavior_log_prob) {
+      const f32 w = V_::exp(old - beh);
+      const f32 cap = V_::splat(r.is_cap);
+      const f32 weight = w < cap ? w : cap;
+      loss *= weight;
+      dloss *= weight;
+    }
+    kl = (ratio - 1.0f) - log_ratio;
+  }
+};
+
+template <int W>
+void policy_row(const PolicyRow& r, float* sums, float* grad, float grad_scale) {
+  using V_ = Vec<W>;
+  using f32 = typename V_::f32;
+  using i32 = typename V_::i32;
+  const f32 zero = V_::splat(0.0f), one = V_::splat(1.0f), scale = V_::splat(grad_scale);
+  f32 loss = zero, tokens = zero, clipped = zero, kl = zero;
+  auto lanes = [&](const float* lp, const float* old, const float* beh, const float* adv,
+                   const uint8_t* mask, float* g) {
+    const f32 a = r.advantage ? V_::load(adv) : V_::splat(r.advantage_value);
+    const PolicyLanes<W> k(r, V_::load(lp), V_::load(old), beh ? V_::load(beh) : zero, a);
+    const i32 on = V_::load_mask(mask);
+    // Selects, never products with the mask: a masked token's terms may be NaN.
+    loss += on ? k.loss : zero;
+    tokens += on ? one : zero;
+    clipped += (on & k.clipped) ? one : zero;
+    kl += on ? k.kl : zero;
+    if (g) V_::store(g, on ? scale * k.dloss : zero);
+  };
+  const int64_t full = r.T - r.T % W;
+  for (int64_t t = 0; t < full; t += W) {
+    lanes(r.log_prob + t, r.old_log_prob + t,
+          r.behavior_log_prob ? r.behavior_log_prob + t : nullptr,
+          r.advantage ? r.advantage + t : nullptr, r.mask + t, grad ? grad + t : nullptr);
+  }
+  if (full < r.T) {  // the tail through W-lane buffers, masked beyond the row's end
+    const int64_t n = r.T - full;
+    float lp[W] = {}, old[W] = {}, beh[W] = {}, adv[W] = {}, g[W] = {};
+    uint8_t mask[W] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      lp[i] = r.log_prob[full + i];
+      old[i] = r.old_log_prob[full + i];
+      if (r.behavior_log_prob) beh[i] = r.behavior_log_prob[full + i];
+      if (r.advantage) adv[i] = r.advantage[full + i];
+      mask[i] = r.mask[full + i];
+    }
+    lanes(lp, old, beh, adv, mask, grad ? g : nullptr);
+    if (grad) {
+      for (int64_t i = 0; i < n; ++i) grad[full + i] = g[i];
+    }
+  }
+  float out[4] = {0, 0, 0, 0};
+  for (int i = 0; i < W; ++i) {
+    out[0] += loss[i];
+    out[1] += tokens[i];
+    out[2] += clipped[i];
+    out[3] += kl[i];
+  }
+  for (int i = 0; i < 4; ++i) sums[i] = out[i];
+}
+
 template <int W>
 Kernels make_kernels() {
   return {&logsumexp_row<W, float>, &logsumexp_row<W, uint16_t>, &softmax_grad_row<W, float>,
-          &softmax_grad_row<W, uint16_t>};
+          &softmax_grad_row<W, uint16_t>, &policy_row<W>};
 }
 
 }  // namespace

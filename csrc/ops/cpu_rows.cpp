@@ -1,8 +1,8 @@
 // The baseline build of the CPU row kernels (SSE2 / NEON: four-lane vectors), and the choice
 // between it and the AVX2 build.
-#include "ops/softmax_rows.h"
+#include "ops/cpu_rows.h"
 
-#include "ops/softmax_rows_impl.h"
+#include "ops/cpu_rows_impl.h"
 
 namespace nostall::rows {
 

@@ -1,12 +1,12 @@
 // The AVX2 build of the CPU row kernels (eight-lane vectors), used when the CPU has AVX2. Only
 // this file is compiled for AVX2, and everything in it has internal linkage (see
-// softmax_rows_impl.h). No FMA, as in the baseline build; only the order of the sums differs.
-#include "ops/softmax_rows.h"
+// cpu_rows_impl.h). No FMA, as in the baseline build; only the order of the sums differs.
+#include "ops/cpu_rows.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC push_options
 #pragma GCC target("avx2")
-#include "ops/softmax_rows_impl.h"
+#include "ops/cpu_rows_impl.h"
 #pragma GCC pop_options
 
 namespace nostall::rows {

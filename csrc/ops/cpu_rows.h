@@ -1,0 +1,43 @@
+// Vectorised CPU row kernels, for float32 and bfloat16 rows (bfloat16 passed as its uint16
+// bits): logsumexp of a row and the softmax part of its gradient (token_log_prob), and
+// the clipped policy loss of one sequence. Each has a
+// baseline build and, on x86-64, an AVX2 build picked at run time (cpu_rows_avx2.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace nostall::rows {
+
+// One sequence of the clipped policy loss (see policy_loss.h for the formulas), float32.
+struct PolicyRow {
+  const float* log_prob;
+  const float* old_log_prob;
+  const float* behavior_log_prob;  // null: no importance weight
+  const float* advantage;          // per token; null: `advantage_value` for the whole row
+  float advantage_value;
+  const uint8_t* mask;  // bool bytes
+  int64_t T;
+  float lo, hi;     // the clip range of the ratio
+  float dual_clip;  // <= 0: off
+  float is_cap;
+};
+
+struct Kernels {
+  float (*logsumexp_f32)(const float* x, int64_t V);
+  float (*logsumexp_bf16)(const uint16_t* x, int64_t V);
+  // out[v] = -g * exp(x[v] - lse); out may alias x.
+  void (*softmax_grad_f32)(const float* x, float* out, int64_t V, float g, float lse);
+  void (*softmax_grad_bf16)(const uint16_t* x, uint16_t* out, int64_t V, float g, float lse);
+  // The row's sums {loss, tokens, clipped tokens, kl} over unmasked tokens, into sums[4]; with
+  // grad non-null, also grad[t] = grad_scale * d loss / d log_prob[t] (0 where masked).
+  void (*policy_row_f32)(const PolicyRow& row, float* sums, float* grad, float grad_scale);
+};
+
+// The best kernels this CPU runs (chosen once).
+const Kernels& kernels();
+
+Kernels baseline_kernels();
+// Null function pointers where the build or the CPU has no AVX2.
+Kernels avx2_kernels();
+
+}  // namespace nostall::rows
