@@ -3,6 +3,8 @@
 // and gradients flow only to the arguments the formulas differentiate (reward; logits or hidden
 // and weight; log_prob), the rest being targets. Grads are not materialised: an output nobody
 // differentiates costs no zero tensor, and a backward with no incoming gradient does nothing.
+#include <ATen/core/grad_mode.h>
+
 #include <optional>
 #include <string>
 
@@ -13,6 +15,22 @@ namespace {
 
 using OptTensor = std::optional<Tensor>;
 using OptDouble = std::optional<double>;
+
+bool any_requires_grad(std::initializer_list<const Tensor*> tensors) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const Tensor* t : tensors) {
+    if (t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+// The backward ops have no derivative of their own: asked for one (double backward), they say
+// so instead of silently giving zero, as an op with no autograd kernel would.
+void reject_double_backward(const char* op, std::initializer_list<const Tensor*> tensors) {
+  TORCH_CHECK(!any_requires_grad(tensors), "nostall::", op,
+              " has no second derivative: nostall::", op,
+              "_backward is not differentiable (an input of it requires grad)");
+}
 
 // group_advantages(reward, group_index, num_groups, scale, eps)
 struct GroupAdvantagesFunction : torch::autograd::Function<GroupAdvantagesFunction> {
@@ -155,10 +173,63 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_autograd(
     const Tensor& log_prob, const Tensor& old_log_prob, const Tensor& advantage, const Tensor& mask,
     double clip_low, double clip_high, c10::string_view aggregation, int64_t max_tokens,
     OptDouble dual_clip, const OptTensor& behavior_log_prob, double is_cap) {
+  // Only log_prob is differentiated: a target that requires grad is refused, not silently
+  // given no gradient.
+  TORCH_CHECK(!any_requires_grad({&old_log_prob}),
+              "old_log_prob must not require grad: clipped_policy_loss treats it as a constant "
+              "(detach it)");
+  TORCH_CHECK(!any_requires_grad({&advantage}),
+              "advantage must not require grad: clipped_policy_loss treats it as a constant "
+              "(detach it)");
+  if (behavior_log_prob.has_value()) {
+    TORCH_CHECK(!any_requires_grad({&*behavior_log_prob}),
+                "behavior_log_prob must not require grad: clipped_policy_loss treats it as a "
+                "constant (detach it)");
+  }
   const variable_list out = PolicyLossFunction::apply(
       log_prob, old_log_prob, advantage, mask, clip_low, clip_high, std::string(aggregation),
       max_tokens, dual_clip, behavior_log_prob, is_cap);
   return {out[0], out[1], out[2], out[3]};
+}
+
+// Autograd kernels of the backward ops: refuse a second derivative, else run below autograd.
+Tensor group_advantages_backward_autograd(const Tensor& grad, const Tensor& reward,
+                                          const Tensor& group_index, int64_t num_groups,
+                                          c10::string_view scale, double eps) {
+  reject_double_backward("group_advantages", {&grad, &reward});
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op =
+      native<GroupAdvantagesFunction::BackwardSig>("nostall::group_advantages_backward");
+  return op.call(grad, reward, group_index, num_groups, scale, eps);
+}
+
+Tensor token_log_prob_backward_autograd(const Tensor& grad, const Tensor& logits,
+                                        const Tensor& tokens, const Tensor& logsumexp) {
+  reject_double_backward("token_log_prob", {&grad, &logits, &logsumexp});
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op =
+      native<TokenLogProbFunction::BackwardSig>("nostall::token_log_prob_backward");
+  return op.call(grad, logits, tokens, logsumexp);
+}
+
+Pair token_log_prob_linear_backward_autograd(const Tensor& grad, const Tensor& hidden,
+                                             const Tensor& weight, const Tensor& tokens,
+                                             const Tensor& logsumexp, int64_t chunk_size) {
+  reject_double_backward("token_log_prob_linear", {&grad, &hidden, &weight, &logsumexp});
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op =
+      native<TokenLogProbLinearFunction::BackwardSig>("nostall::token_log_prob_linear_backward");
+  return op.call(grad, hidden, weight, tokens, logsumexp, chunk_size);
+}
+
+Tensor clipped_policy_loss_backward_autograd(const Tensor& grad, const Tensor& token_grad,
+                                             const Tensor& mask, c10::string_view aggregation,
+                                             int64_t max_tokens) {
+  reject_double_backward("clipped_policy_loss", {&grad, &token_grad});
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op =
+      native<PolicyLossFunction::BackwardSig>("nostall::clipped_policy_loss_backward");
+  return op.call(grad, token_grad, mask, aggregation, max_tokens);
 }
 
 }  // namespace
@@ -169,4 +240,9 @@ TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
   m.impl("token_log_prob", &nostall::autograd::token_log_prob_autograd);
   m.impl("token_log_prob_linear", &nostall::autograd::token_log_prob_linear_autograd);
   m.impl("clipped_policy_loss", &nostall::autograd::clipped_policy_loss_autograd);
+  m.impl("group_advantages_backward", &nostall::autograd::group_advantages_backward_autograd);
+  m.impl("token_log_prob_backward", &nostall::autograd::token_log_prob_backward_autograd);
+  m.impl("token_log_prob_linear_backward",
+         &nostall::autograd::token_log_prob_linear_backward_autograd);
+  m.impl("clipped_policy_loss_backward", &nostall::autograd::clipped_policy_loss_backward_autograd);
 }

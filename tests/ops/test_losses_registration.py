@@ -227,3 +227,34 @@ def test_linear_variant_peak_memory_is_far_below_the_full_logits():
     assert _peak_kib("reference") > logits_kib
     ours = _peak_kib("nostall")
     assert ours < logits_kib // 4, (ours, logits_kib)
+
+
+def test_second_derivatives_are_refused_not_silently_zero():
+    logits, tokens = logits_batch(2, 3, 9, torch.float64, seed=9)
+    x = _grad(logits)
+    with pytest.raises(RuntimeError, match="token_log_prob has no second derivative"):
+        torch.autograd.grad(nostall.token_log_prob(x, tokens).sum(), x, create_graph=True)
+    g = torch.Generator().manual_seed(10)
+    h = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(9, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="token_log_prob_linear has no second derivative"):
+        torch.autograd.grad(nostall.token_log_prob_linear(h, w, tokens).sum(), h, create_graph=True)
+    reward, index = grouped_rewards([3, 2], seed=11)
+    r = _grad(reward)
+    with pytest.raises(RuntimeError, match="group_advantages has no second derivative"):
+        torch.autograd.grad(
+            (nostall.group_advantages(r, index, 2) ** 2).sum(), r, create_graph=True
+        )
+    # A first derivative with create_graph=False is of course fine.
+    torch.autograd.grad(nostall.token_log_prob(x, tokens).sum(), x)
+
+
+@pytest.mark.parametrize("target", ["old_log_prob", "advantage", "behavior_log_prob"])
+def test_targets_that_require_grad_are_refused(target):
+    lp, old, beh, adv, mask = token_batch(2, 4, seed=12)
+    args = dict(old_log_prob=old, advantage=adv, behavior_log_prob=beh)
+    args[target] = _grad(args[target])
+    with pytest.raises(RuntimeError, match=f"{target} must not require grad"):
+        nostall.clipped_policy_loss(_grad(lp), mask=mask, **args)
+    with torch.no_grad():  # without autograd recording, nothing to refuse
+        nostall.clipped_policy_loss(lp, mask=mask, **args)
