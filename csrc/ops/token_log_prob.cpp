@@ -3,6 +3,7 @@
 // logits (max, then sum of exponentials) forward, and one pass backward (cpu_rows.h).
 #include "ops/token_log_prob.h"
 
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -109,6 +110,23 @@ struct CpuRows {
         }
       });
     });
+  }
+
+  static void mm_into(Tensor& out, const Tensor& a, const Tensor& b) {
+    STD_TORCH_CHECK(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()) == AOTI_TORCH_SUCCESS,
+                    "token_log_prob_linear: matrix product failed");
+  }
+
+  // acc += a @ b: in place (addmm) when the product has acc's dtype, else through a product
+  // in the inputs' dtype, widened into acc.
+  static void accumulate_product(Tensor& acc, const Tensor& a, const Tensor& b) {
+    if (a.scalar_type() == acc.scalar_type()) {
+      STD_TORCH_CHECK(aoti_torch_cpu_addmm_out(acc.get(), acc.get(), a.get(), b.get(), 1.0, 1.0) ==
+                          AOTI_TORCH_SUCCESS,
+                      "token_log_prob_linear: matrix product failed");
+    } else {
+      accumulate(acc, torch::stable::matmul(a, b));
+    }
   }
 
   static void accumulate(Tensor& acc, const Tensor& x) {

@@ -2,6 +2,7 @@
 // row of V logits (max, sum of exponentials, then the chosen token), on the current stream.
 // A token out of [0, V) gives NaN for its row instead of an error: checking would need a host
 // sync (the CPU kernels raise).
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
 #include <torch/csrc/stable/ops.h>
 
 #include <cmath>
@@ -120,6 +121,23 @@ struct CudaRows {
           grad_logits.mutable_data_ptr<S>(), logits.size(1));
     });
     check_launch("log_prob_grad_kernel");
+  }
+
+  static void mm_into(Tensor& out, const Tensor& a, const Tensor& b) {
+    STD_TORCH_CHECK(aoti_torch_cuda_mm_out(out.get(), a.get(), b.get()) == AOTI_TORCH_SUCCESS,
+                    "token_log_prob_linear: matrix product failed");
+  }
+
+  // acc += a @ b: in place (addmm) when the product has acc's dtype, else through a product
+  // in the inputs' dtype, widened into acc.
+  static void accumulate_product(Tensor& acc, const Tensor& a, const Tensor& b) {
+    if (a.scalar_type() == acc.scalar_type()) {
+      STD_TORCH_CHECK(aoti_torch_cuda_addmm_out(acc.get(), acc.get(), a.get(), b.get(), 1.0, 1.0) ==
+                          AOTI_TORCH_SUCCESS,
+                      "token_log_prob_linear: matrix product failed");
+    } else {
+      accumulate(acc, torch::stable::matmul(a, b));
+    }
   }
 
   static void accumulate(Tensor& acc, const Tensor& x) {

@@ -5,7 +5,8 @@
 // grad_log_prob [M]):
 //   forward(logits, tokens, log_prob, logsumexp)
 //   backward(grad_log_prob, logits, tokens, logsumexp, grad_logits)  (grad_logits may be logits)
-//   accumulate(acc, x)                                               (acc += x, acc float32/64)
+//   mm_into(out, a, b)                            (out = a @ b, out a view)
+//   accumulate_product(acc, a, b)                 (acc += a @ b, acc float32/64)
 #pragma once
 
 #include <torch/csrc/stable/ops.h>
@@ -66,8 +67,8 @@ std::tuple<Tensor, Tensor> linear_log_prob_backward(Tensor grad_log_prob, Tensor
     Rows::backward(narrow(g, 0, m0, rows), logits, narrow(tok, 0, m0, rows),
                    narrow(lse, 0, m0, rows), logits);
     Tensor grad_hidden_rows = narrow(grad_hidden, 0, m0, rows);
-    copy_(grad_hidden_rows, matmul(logits, weight));
-    Rows::accumulate(grad_weight_acc, matmul(transpose(logits, 0, 1), h_rows));
+    Rows::mm_into(grad_hidden_rows, logits, weight);
+    Rows::accumulate_product(grad_weight_acc, transpose(logits, 0, 1), h_rows);
   }
   Tensor grad_weight = grad_weight_acc.scalar_type() == weight.scalar_type()
                            ? grad_weight_acc
