@@ -197,6 +197,7 @@ def ppo_update(
     b_log_probs, b_values = chunk.log_probs.reshape(-1), chunk.values.reshape(-1)
     b_adv, b_returns = advantages.reshape(-1), returns.reshape(-1)
     minibatch = T * N // args.num_minibatches
+    every_token = torch.ones(1, minibatch, dtype=torch.bool)  # the loss op's mask: no padding
     totals = {k: torch.zeros(()) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")}
     for _ in range(args.update_epochs):
         order = torch.randperm(T * N, generator=generator)
@@ -204,14 +205,20 @@ def ppo_update(
             idx = order[start : start + minibatch]
             new_log_prob, entropy = agent.log_prob_entropy(b_obs[idx], b_actions[idx])
             new_value = agent.value(b_obs[idx])
-            log_ratio = new_log_prob - b_log_probs[idx]
-            ratio = log_ratio.exp()
             adv = b_adv[idx]
             if args.norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            pg_loss = torch.max(
-                -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-            ).mean()
+            # The clipped surrogate, its clip fraction and approximate KL in one native op (a
+            # minibatch is one "sequence" of tokens, all counted).
+            pg = nostall.clipped_policy_loss(
+                new_log_prob.view(1, -1),
+                b_log_probs[idx].view(1, -1),
+                adv.view(1, -1),
+                every_token[:, : len(idx)],
+                args.clip_coef,
+                args.clip_coef,
+            )
+            pg_loss = pg.loss
             if args.clip_vloss:
                 clipped = b_values[idx] + (new_value - b_values[idx]).clamp(
                     -args.clip_coef, args.clip_coef
@@ -233,8 +240,8 @@ def ppo_update(
                 totals["pg_loss"] += pg_loss
                 totals["v_loss"] += v_loss
                 totals["entropy"] += entropy.mean()
-                totals["approx_kl"] += ((ratio - 1) - log_ratio).mean()
-                totals["clipfrac"] += ((ratio - 1).abs() > args.clip_coef).float().mean()
+                totals["approx_kl"] += pg.approx_kl
+                totals["clipfrac"] += pg.clip_fraction
     updates = args.update_epochs * args.num_minibatches
     return {k: v / updates for k, v in totals.items()}
 
