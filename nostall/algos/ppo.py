@@ -79,7 +79,7 @@ class Args:
     staleness: int = 0
     """how many policy versions the rollout side may run ahead (0: synchronous PPO)"""
     backend: str = "thread"
-    """where the rollout side runs: "thread" (checkpoints work) or "process" (no shared GIL)"""
+    """where the rollout side runs: "thread", or "process" (no GIL shared with the trainer)"""
     seed: int = 0
     """seeds the network, the environments and both sides' generators"""
     torch_threads: int = 1
@@ -131,8 +131,6 @@ class Args:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
         if self.backend not in ("thread", "process"):
             raise ValueError(f"backend must be 'thread' or 'process', got {self.backend!r}")
-        if self.backend == "process" and (self.checkpoint or self.resume):
-            raise ValueError("checkpoints need backend 'thread' (the envs live in this process)")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
 

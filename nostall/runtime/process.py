@@ -4,12 +4,14 @@ GIL shared between the two sides, so collecting and learning really overlap on t
 Chunks, weights and episode counters live in shared memory; slot indices, failures and timing
 travel through multiprocessing queues. The rollout process builds its own environments and
 policy copy from picklable recipes. A failure there reaches the trainer within a poll interval
-with the child's traceback; leaving the context stops and joins the process. Checkpoints are
-not supported with this backend (the environments live in the other process).
+with the child's traceback; leaving the context stops and joins the process. Checkpoints ask
+the rollout process for its state (environments, generator, next observation) while it waits
+for the next policy version, and a resumed run hands that state to the new process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 import traceback
@@ -41,6 +43,9 @@ def _rollout_main(
     episodes: EpisodeTracker,
     staleness: int,
     seed: int,
+    requests,
+    responses,
+    initial_state: dict | None,
 ) -> None:
     try:
         torch.set_num_threads(1)
@@ -48,9 +53,24 @@ def _rollout_main(
         agent = make_agent(env)
         generator = torch.Generator().manual_seed(seed)
         next_obs = env.torch.reset(seed=seed)
+        if initial_state is not None:  # a resumed run
+            env.load_state_dict(initial_state["env"])
+            generator.set_state(initial_state["generator"])
+            next_obs = initial_state["next_obs"].clone()
         have, collected = -1, 0
         while not stop.is_set():
             while version.value < collected - staleness and not stop.is_set():
+                # Waiting for the next version is the one point where this side's state is
+                # between chunks: checkpoints are taken here.
+                with contextlib.suppress(queue.Empty):
+                    requests.get_nowait()
+                    responses.put(
+                        {
+                            "env": env.state_dict(),
+                            "generator": generator.get_state(),
+                            "next_obs": next_obs.clone(),
+                        }
+                    )
                 time.sleep(0.0005)
             if stop.is_set():
                 break
@@ -106,22 +126,25 @@ class ProcessRuntime:
         self._version = ctx.Value("q", 0)
         self._lock = ctx.Lock()
         self._free, self._filled, self._errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        self._requests, self._responses = ctx.Queue(), ctx.Queue()
         for i in range(len(self.slots)):
             self._free.put(i)
         self._stop = ctx.Event()
         self.episodes = EpisodeTracker(num_envs).share_memory()
         self.timeline = Timeline()
-        self._process = ctx.Process(
-            target=_rollout_main,
-            args=(make_env, make_agent, act, self.slots, self._weights, self._version,
-                  self._lock, self._free, self._filled, self._errors, self._stop,
-                  self.episodes, staleness, seed),
-            name="nostall-rollout",
-            daemon=True,
+        self._ctx = ctx
+        self._process_args = (
+            make_env, make_agent, act, self.slots, self._weights, self._version, self._lock,
+            self._free, self._filled, self._errors, self._stop, self.episodes, staleness, seed,
+            self._requests, self._responses,
         )  # fmt: skip
+        self._initial_state: dict | None = None
+        self._process = None
         self._join_timeout_s = join_timeout_s
 
     def _raise_if_failed(self) -> None:
+        if self._process is None:
+            raise RuntimeStopped("the rollout process was not started (use `with runtime:`)")
         try:
             message = self._errors.get_nowait()
         except queue.Empty:
@@ -155,12 +178,45 @@ class ProcessRuntime:
     def lag(self, chunk: Chunk) -> int:
         return self.version - chunk.version
 
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The rollout side's resumable state, fetched from its process at the next point where
+        it waits for a policy version. Exact with staleness 0, between a release and the next
+        publish (as for the thread backend)."""
+        self._requests.put("state")
+        while True:
+            try:
+                state = self._responses.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._raise_if_failed()
+                continue
+            return {**state, "episodes": self.episodes.state_dict()}
+
+    def load_state_dict(self, state: dict, agent: torch.nn.Module) -> None:
+        """Restores a state_dict before the rollout process starts; its policy copy starts from
+        `agent`'s weights."""
+        if self._process is not None:
+            raise RuntimeError("load_state_dict must come before the rollout process starts")
+        with torch.no_grad():
+            for name, value in agent.state_dict().items():
+                self._weights[name].copy_(value)
+        self.episodes.load_state_dict(state["episodes"])
+        self._initial_state = {k: state[k] for k in ("env", "generator", "next_obs")}
+
     def __enter__(self) -> ProcessRuntime:
+        self._process = self._ctx.Process(
+            target=_rollout_main,
+            args=(*self._process_args, self._initial_state),
+            name="nostall-rollout",
+            daemon=True,
+        )
         self._process.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
+        if self._process is None:
+            return
         self._process.join(timeout=self._join_timeout_s)
         if self._process.is_alive():
             self._process.terminate()

@@ -44,8 +44,9 @@ def _params(path_or_args) -> list[torch.Tensor]:
     return list(state["agent"].values())
 
 
-def test_resumed_run_continues_exactly_as_an_uninterrupted_one(tmp_path):
-    common = dict(total_timesteps=12 * 1024, log_interval=4, checkpoint_every=6)
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_resumed_run_continues_exactly_as_an_uninterrupted_one(tmp_path, backend):
+    common = dict(total_timesteps=12 * 1024, log_interval=4, checkpoint_every=6, backend=backend)
     ppo.train(ppo.Args(**common, checkpoint=str(tmp_path / "straight-{iteration}.pt")))
     resumed = tmp_path / "resumed.pt"
     ppo.train(ppo.Args(**common, checkpoint=str(resumed), resume=str(tmp_path / "straight-6.pt")))
