@@ -51,9 +51,21 @@ def test_a_failure_in_the_rollout_process_reaches_the_trainer():
     assert mp.active_children() == []
 
 
-def test_checkpoints_need_the_thread_backend(tmp_path):
-    with pytest.raises(ValueError, match="checkpoints need backend 'thread'"):
-        ppo.train(ppo.Args(backend="process", checkpoint=str(tmp_path / "c.pt")))
+def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend must be 'thread' or 'process'"):
         ppo.train(ppo.Args(backend="gpu"))
+    assert torch.multiprocessing.active_children() == []
+
+
+def test_a_checkpoint_loads_only_before_the_process_starts(tmp_path):
+    # (Exact resume with this backend: tests/algos/test_trainers.py.)
+    path = tmp_path / "c-{iteration}.pt"
+    ppo.train(ppo.Args(backend="process", total_timesteps=2048, checkpoint=str(path)))
+    state = ppo.load_checkpoint(tmp_path / "c-2.pt")
+    assert {"env", "generator", "next_obs", "episodes"} <= set(state["runtime"])
+    env = nostall.envs.make("CartPole-v1", 8, seed=0, autoreset_mode="SameStep")
+    agent = ActorCritic.for_env(env, 64)
+    runtime = ppo._make_runtime(ppo.Args(backend="process"), env, agent)
+    with runtime, pytest.raises(RuntimeError, match="must come before the rollout process"):
+        runtime.load_state_dict(state["runtime"], agent)
     assert torch.multiprocessing.active_children() == []
