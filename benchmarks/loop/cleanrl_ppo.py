@@ -64,6 +64,7 @@ def train(envs, args, solved_return: float = 475.0, max_seconds: float = 600.0) 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs, next_done = torch.Tensor(next_obs), torch.zeros(num_envs)
     solved_at = None
+    first_iteration_at = None  # (env steps, seconds) after iteration 1: steady-state from there
     for iteration in range(1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
         optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -133,10 +134,14 @@ def train(envs, args, solved_return: float = 475.0, max_seconds: float = 600.0) 
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+        if first_iteration_at is None:
+            first_iteration_at = (global_step, time.perf_counter() - start)
         recent = returns_seen[-20:]
         if solved_at is None and len(recent) == 20 and np.mean(recent) >= solved_return:
             solved_at = time.perf_counter() - start
         if solved_at is not None or time.perf_counter() - start > max_seconds:
             break
     seconds = time.perf_counter() - start
-    return {"solved_s": solved_at, "steps": global_step, "seconds": seconds}
+    steps_1, seconds_1 = first_iteration_at
+    steady = (global_step - steps_1) / (seconds - seconds_1) if seconds > seconds_1 else 0.0
+    return {"solved_s": solved_at, "steps": global_step, "seconds": seconds, "steady_sps": steady}

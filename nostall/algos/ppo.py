@@ -146,10 +146,21 @@ class TrainResult:
     sync_sites: list[str] = field(default_factory=list)
     timeline: list[tuple[str, float, float]] = field(default_factory=list)
     final_return: float | None = None
+    first_iteration_at: tuple[int, float] | None = None  # (env steps, seconds) after iteration 1
 
     @property
     def steps_per_second(self) -> float:
+        """Over the whole run, start-up included."""
         return self.steps / self.seconds if self.seconds else 0.0
+
+    @property
+    def steady_steps_per_second(self) -> float:
+        """After the first iteration: the throughput without start-up (a rollout process's
+        spawn, first-call warm-up)."""
+        if self.first_iteration_at is None or self.seconds <= self.first_iteration_at[1]:
+            return 0.0
+        steps, seconds = self.first_iteration_at
+        return (self.steps - steps) / (self.seconds - seconds)
 
 
 def bootstrap_values(agent: ActorCritic, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,6 +350,8 @@ def train(
             runtime.publish(agent)
             runtime.timeline.record("train", began, time.perf_counter())
             steps = iteration * args.batch_size
+            if result.first_iteration_at is None:
+                result.first_iteration_at = (steps, time.perf_counter() - start)
             if iteration % args.log_interval == 0 or iteration == args.num_iterations:
                 with allow("metrics every log_interval iterations"):
                     finished, mean_return, mean_length = runtime.episodes.recent(20)

@@ -65,3 +65,10 @@ def test_bad_arguments_and_checkpoints(tmp_path):
     bad.write_text("not a checkpoint")
     with pytest.raises(ValueError, match="cannot read checkpoint"):
         ppo.load_checkpoint(bad)
+
+
+def test_steady_throughput_leaves_out_the_first_iteration():
+    result = ppo.TrainResult(args={}, steps=10 * 1024, seconds=7.0, first_iteration_at=(1024, 2.5))
+    assert result.steps_per_second == 10 * 1024 / 7.0
+    assert result.steady_steps_per_second == 9 * 1024 / 4.5
+    assert ppo.TrainResult(args={}).steady_steps_per_second == 0.0
