@@ -152,7 +152,10 @@ class VectorEnv(gym.vector.VectorEnv):
         else:
             if not np.issubdtype(a.dtype, np.floating):
                 raise TypeError(f"{self.info.id}: actions must be floats, got {a.dtype}")
-            a = a.astype(np.float32, copy=False)
+            # A float64 action past float32's range becomes +-inf, which the environments clip
+            # to their bounds like any out-of-range action: not worth a warning.
+            with np.errstate(over="ignore"):
+                a = a.astype(np.float32, copy=False)
         return torch.as_tensor(np.ascontiguousarray(a))
 
     def step(
