@@ -6,13 +6,11 @@ import math
 
 import torch
 
+from nostall.ops._checks import FLOAT_DTYPES, _fail
+from nostall.ops.losses import AGGREGATIONS, GROUP_SCALES
+
 Tensor = torch.Tensor
-FLOAT_DTYPES = (torch.float32, torch.float64)
 LOGITS_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
-
-
-def _fail(message: str) -> None:
-    raise RuntimeError(message)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -39,10 +37,7 @@ def _check_group_args(reward, group_index, num_groups, scale, eps):
     _check(group_index.device == reward.device, "group_index must be on the device of reward")
     _check(num_groups >= 1, f"num_groups must be >= 1, got {num_groups}")
     _check(eps >= 0.0 and math.isfinite(eps), f"eps must be a finite number >= 0, got {eps}")
-    _check(
-        scale in ("group", "batch", "none"),
-        f"scale must be 'group', 'batch' or 'none', got '{scale}'",
-    )
+    _check(scale in GROUP_SCALES, f"scale must be 'group', 'batch' or 'none', got '{scale}'")
 
 
 @torch.library.register_fake("nostall::group_advantages")
@@ -164,6 +159,15 @@ def _check_token_values(t, name, ref, ref_name):
     _check(t.device == ref.device, f"{name} must be on the device of {ref_name}")
 
 
+def _check_aggregation(aggregation, max_tokens):
+    _check(
+        aggregation in AGGREGATIONS,
+        "aggregation must be 'token_mean', 'seq_mean_token_mean' or "
+        f"'seq_mean_token_sum_norm', got '{aggregation}'",
+    )
+    _check(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
+
+
 def _check_loss_args(
     log_prob,
     old_log_prob,
@@ -220,12 +224,7 @@ def _check_loss_args(
     _check(
         is_cap > 0.0 and math.isfinite(is_cap), f"is_cap must be a finite number > 0, got {is_cap}"
     )
-    _check(
-        aggregation in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
-        "aggregation must be 'token_mean', 'seq_mean_token_mean' or "
-        f"'seq_mean_token_sum_norm', got '{aggregation}'",
-    )
-    _check(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
+    _check_aggregation(aggregation, max_tokens)
 
 
 @torch.library.register_fake("nostall::clipped_policy_loss")
@@ -251,10 +250,5 @@ def _clipped_policy_loss_backward_fake(grad_loss, token_grad, mask, aggregation,
         mask.dim() == 2 and mask.shape == token_grad.shape, "mask must have the shape of token_grad"
     )
     _check(mask.device == token_grad.device, "mask must be on the device of token_grad")
-    _check(
-        aggregation in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
-        "aggregation must be 'token_mean', 'seq_mean_token_mean' or "
-        f"'seq_mean_token_sum_norm', got '{aggregation}'",
-    )
-    _check(max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens}")
+    _check_aggregation(aggregation, max_tokens)
     return token_grad.new_empty(token_grad.shape)

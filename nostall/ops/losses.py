@@ -22,6 +22,7 @@ from nostall.ops.advantages import _scalar
 
 Tensor = torch.Tensor
 
+# The accepted string arguments (the C++ kernels parse the same names; the fakes check them).
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 GROUP_SCALES = ("group", "batch", "none")
 
