@@ -1,5 +1,4 @@
-// Scalar conversions between a logits type and its accumulation type (float64 stays float64;
-// float32 and bfloat16 accumulate in float32).
+// Scalar conversions on the CPU between a logits type and its accumulation type (acc_t).
 #pragma once
 
 #include <torch/headeronly/util/BFloat16.h>
@@ -7,18 +6,9 @@
 #include <cstdint>
 #include <cstring>
 
-namespace nostall {
+#include "common/dispatch.h"
 
-template <typename S>
-struct Accumulate {
-  using type = float;
-};
-template <>
-struct Accumulate<double> {
-  using type = double;
-};
-template <typename S>
-using acc_t = typename Accumulate<S>::type;
+namespace nostall {
 
 inline float to_acc(float x) { return x; }
 inline double to_acc(double x) { return x; }

@@ -37,6 +37,19 @@ void dispatch_logits(torch::headeronly::ScalarType dtype, F&& f) {
   }
 }
 
+// The accumulation type of a logits type: float64 stays float64, float32 and bfloat16
+// accumulate in float32 (as accumulation_dtype in ops/token_log_prob.h says for tensors).
+template <typename S>
+struct Accumulate {
+  using type = float;
+};
+template <>
+struct Accumulate<double> {
+  using type = double;
+};
+template <typename S>
+using acc_t = typename Accumulate<S>::type;
+
 // Branch-free selects with exact semantics (`cond ? 0 : x` never evaluates to NaN from x, unlike
 // `x * !cond`). On the CPU they are written as bit masks, which the compiler vectorises where a
 // ternary on a loaded bool stays a branch; on the GPU a ternary is already a select.

@@ -15,8 +15,6 @@ namespace nostall {
 
 namespace {
 
-using torch::stable::empty_like;
-
 // Contiguous views of the loss inputs; the advantage has one value per row or per token.
 struct LossInputs {
   Tensor log_prob, old_log_prob, advantage, mask;

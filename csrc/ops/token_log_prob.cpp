@@ -12,13 +12,11 @@
 #include "common/cpu_math.h"
 #include "common/tensor_utils.h"
 #include "ops/cpu_rows.h"
-#include "ops/token_log_prob_linear.h"
+#include "ops/token_log_prob_drivers.h"
 
 namespace nostall {
 
 namespace {
-
-using torch::stable::empty_like;
 
 // logsumexp of one row: the vectorised kernels for float32 and bfloat16, a plain loop for
 // float64 (used for gradient checks, where exactness matters more than speed).
@@ -62,7 +60,7 @@ void check_token_range(const Tensor& tokens, int64_t V) {
   }
 }
 
-// The CPU row kernels for the shared drivers (see token_log_prob_linear.h).
+// The CPU row kernels for the shared drivers (see token_log_prob_drivers.h).
 struct CpuRows {
   static void forward(const Tensor& logits, const Tensor& tokens, Tensor& log_prob,
                       Tensor& logsumexp) {
@@ -147,34 +145,15 @@ struct CpuRows {
 
 std::tuple<Tensor, Tensor> token_log_prob_cpu(Tensor logits, Tensor tokens) {
   check_token_log_prob_args(logits, tokens);
-  logits = as_contiguous(logits);
-  tokens = as_contiguous(tokens);
-  const int64_t V = logits.size(2);
-  check_token_range(tokens, V);
-  Tensor log_prob = new_row_values(logits);
-  Tensor logsumexp = new_row_values(logits);
-  const int64_t M = logits.size(0) * logits.size(1);
-  Tensor lp = torch::stable::reshape(log_prob, {M});
-  Tensor lse = torch::stable::reshape(logsumexp, {M});
-  CpuRows::forward(torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}), lp,
-                   lse);
-  return {log_prob, logsumexp};
+  check_token_range(as_contiguous(tokens), logits.size(2));
+  return logits_log_prob_forward<CpuRows>(logits, tokens);
 }
 
 Tensor token_log_prob_backward_cpu(Tensor grad_log_prob, Tensor logits, Tensor tokens,
                                    Tensor logsumexp) {
   check_token_log_prob_backward_args(grad_log_prob, logits, tokens, logsumexp);
-  logits = as_contiguous(logits);
-  tokens = as_contiguous(tokens);
-  const int64_t V = logits.size(2);
-  check_token_range(tokens, V);
-  Tensor grad_logits = empty_like(logits);
-  const int64_t M = logits.size(0) * logits.size(1);
-  Tensor flat_grad = torch::stable::reshape(grad_logits, {M, V});
-  CpuRows::backward(torch::stable::reshape(as_contiguous(grad_log_prob), {M}),
-                    torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}),
-                    torch::stable::reshape(as_contiguous(logsumexp), {M}), flat_grad);
-  return grad_logits;
+  check_token_range(as_contiguous(tokens), logits.size(2));
+  return logits_log_prob_backward<CpuRows>(grad_log_prob, logits, tokens, logsumexp);
 }
 
 std::tuple<Tensor, Tensor> token_log_prob_linear_cpu(Tensor hidden, Tensor weight, Tensor tokens,

@@ -11,20 +11,11 @@
 #include "common/cuda_reduce.cuh"
 #include "common/tensor_utils.h"
 #include "ops/token_log_prob.h"
-#include "ops/token_log_prob_linear.h"
+#include "ops/token_log_prob_drivers.h"
 
 namespace nostall {
 
 namespace {
-
-template <typename S>
-struct CudaAcc {
-  using type = float;
-};
-template <>
-struct CudaAcc<double> {
-  using type = double;
-};
 
 __device__ inline float load_acc(float x) { return x; }
 __device__ inline double load_acc(double x) { return x; }
@@ -90,7 +81,7 @@ __global__ void accumulate_kernel(A* __restrict__ acc, const S* __restrict__ x, 
   }
 }
 
-// The CUDA row kernels for the shared drivers (see token_log_prob_linear.h).
+// The CUDA row kernels for the shared drivers (see token_log_prob_drivers.h).
 struct CudaRows {
   static void forward(const Tensor& logits, const Tensor& tokens, Tensor& log_prob,
                       Tensor& logsumexp) {
@@ -99,7 +90,7 @@ struct CudaRows {
     const cudaStream_t stream = current_stream(logits);
     dispatch_logits(logits.scalar_type(), [&](auto tag) {
       using S = decltype(tag);
-      using A = typename CudaAcc<S>::type;
+      using A = acc_t<S>;
       log_prob_rows_kernel<S, A><<<static_cast<unsigned>(M), kRowThreads, 0, stream>>>(
           logits.const_data_ptr<S>(), tokens.const_data_ptr<int64_t>(),
           log_prob.mutable_data_ptr<A>(), logsumexp.mutable_data_ptr<A>(), logits.size(1));
@@ -114,7 +105,7 @@ struct CudaRows {
     const cudaStream_t stream = current_stream(logits);
     dispatch_logits(logits.scalar_type(), [&](auto tag) {
       using S = decltype(tag);
-      using A = typename CudaAcc<S>::type;
+      using A = acc_t<S>;
       log_prob_grad_kernel<S, A><<<static_cast<unsigned>(M), kRowThreads, 0, stream>>>(
           grad_log_prob.const_data_ptr<A>(), logits.const_data_ptr<S>(),
           tokens.const_data_ptr<int64_t>(), logsumexp.const_data_ptr<A>(),
@@ -147,7 +138,7 @@ struct CudaRows {
     const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
     dispatch_logits(x.scalar_type(), [&](auto tag) {
       using S = decltype(tag);
-      using A = typename CudaAcc<S>::type;
+      using A = acc_t<S>;
       accumulate_kernel<S, A><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
           acc.mutable_data_ptr<A>(), x.const_data_ptr<S>(), n);
     });
@@ -160,33 +151,14 @@ struct CudaRows {
 std::tuple<Tensor, Tensor> token_log_prob_cuda(Tensor logits, Tensor tokens) {
   check_token_log_prob_args(logits, tokens);
   torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
-  logits = as_contiguous(logits);
-  tokens = as_contiguous(tokens);
-  Tensor log_prob = new_row_values(logits);
-  Tensor logsumexp = new_row_values(logits);
-  const int64_t M = logits.size(0) * logits.size(1);
-  const int64_t V = logits.size(2);
-  Tensor lp = torch::stable::reshape(log_prob, {M});
-  Tensor lse = torch::stable::reshape(logsumexp, {M});
-  CudaRows::forward(torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}), lp,
-                    lse);
-  return {log_prob, logsumexp};
+  return logits_log_prob_forward<CudaRows>(logits, tokens);
 }
 
 Tensor token_log_prob_backward_cuda(Tensor grad_log_prob, Tensor logits, Tensor tokens,
                                     Tensor logsumexp) {
   check_token_log_prob_backward_args(grad_log_prob, logits, tokens, logsumexp);
   torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
-  logits = as_contiguous(logits);
-  tokens = as_contiguous(tokens);
-  Tensor grad_logits = torch::stable::empty_like(logits);
-  const int64_t M = logits.size(0) * logits.size(1);
-  const int64_t V = logits.size(2);
-  Tensor flat_grad = torch::stable::reshape(grad_logits, {M, V});
-  CudaRows::backward(torch::stable::reshape(as_contiguous(grad_log_prob), {M}),
-                     torch::stable::reshape(logits, {M, V}), torch::stable::reshape(tokens, {M}),
-                     torch::stable::reshape(as_contiguous(logsumexp), {M}), flat_grad);
-  return grad_logits;
+  return logits_log_prob_backward<CudaRows>(grad_log_prob, logits, tokens, logsumexp);
 }
 
 std::tuple<Tensor, Tensor> token_log_prob_linear_cuda(Tensor hidden, Tensor weight, Tensor tokens,

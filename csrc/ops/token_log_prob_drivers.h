@@ -1,5 +1,7 @@
-// The chunked linear + log-prob driver, shared by the CPU and CUDA kernels: the matrix products
-// go through torch (BLAS / cuBLAS) and the row kernels are the backend's own (`Rows`).
+// The drivers of token_log_prob and its linear variant, shared by the CPU and CUDA kernels: they
+// shape the tensors into flat rows and, for the linear variant, walk the chunks (matrix
+// products through torch: BLAS / cuBLAS); the row kernels are the backend's own (`Rows`).
+// Argument checks, device guards and the CPU's token range check stay with the callers.
 //
 // `Rows` provides, over flat contiguous rows (logits [M, V]; tokens, log_prob, logsumexp,
 // grad_log_prob [M]):
@@ -18,6 +20,35 @@
 #include "ops/token_log_prob.h"
 
 namespace nostall {
+
+template <typename Rows>
+std::tuple<Tensor, Tensor> logits_log_prob_forward(Tensor logits, Tensor tokens) {
+  using namespace torch::stable;
+  const int64_t M = logits.size(0) * logits.size(1);
+  const int64_t V = logits.size(2);
+  Tensor log_prob = new_row_values(logits);
+  Tensor logsumexp = new_row_values(logits);
+  Tensor lp = reshape(log_prob, {M});
+  Tensor lse = reshape(logsumexp, {M});
+  Rows::forward(reshape(as_contiguous(logits), {M, V}), reshape(as_contiguous(tokens), {M}), lp,
+                lse);
+  return {log_prob, logsumexp};
+}
+
+template <typename Rows>
+Tensor logits_log_prob_backward(Tensor grad_log_prob, Tensor logits, Tensor tokens,
+                                Tensor logsumexp) {
+  using namespace torch::stable;
+  const int64_t M = logits.size(0) * logits.size(1);
+  const int64_t V = logits.size(2);
+  logits = as_contiguous(logits);
+  Tensor grad_logits = empty_like(logits);
+  Tensor flat_grad = reshape(grad_logits, {M, V});
+  Rows::backward(reshape(as_contiguous(grad_log_prob), {M}), reshape(logits, {M, V}),
+                 reshape(as_contiguous(tokens), {M}), reshape(as_contiguous(logsumexp), {M}),
+                 flat_grad);
+  return grad_logits;
+}
 
 template <typename Rows>
 std::tuple<Tensor, Tensor> linear_log_prob_forward(Tensor hidden, Tensor weight, Tensor tokens,
