@@ -117,17 +117,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
     Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, double clip_low,
     double clip_high, std::string aggregation, int64_t max_tokens, std::optional<double> dual_clip,
     std::optional<Tensor> behavior_log_prob, double is_cap) {
-  check_policy_loss_args(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
-  const ClipConfig cfg = clip_config(clip_low, clip_high, dual_clip, behavior_log_prob.has_value(),
-                                     is_cap, aggregation, max_tokens);
+  const ClipConfig cfg =
+      checked_clip_config(log_prob, old_log_prob, advantage, mask, behavior_log_prob, clip_low,
+                          clip_high, dual_clip, is_cap, aggregation, max_tokens);
   const LossInputs in(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
-  Tensor loss = torch::stable::new_empty(log_prob, {});
-  Tensor clip_fraction = torch::stable::new_empty(log_prob, {});
-  Tensor approx_kl = torch::stable::new_empty(log_prob, {});
-  Tensor token_grad = torch::stable::new_empty(log_prob, {in.B, in.T});
+  LossOutputs out(log_prob);
   dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    const std::vector<double> sums = in.row_sums<S>(cfg, out_ptr<S>(token_grad));
+    const std::vector<double> sums = in.row_sums<S>(cfg, out_ptr<S>(out.token_grad));
     const double total = in.total_tokens(sums);
     double l = 0, clipped = 0, kl = 0;
     for (int64_t b = 0; b < in.B; ++b) {
@@ -137,11 +134,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cpu(
       kl += row[3];
     }
     const double per_token = 1.0 / (total > 1.0 ? total : 1.0);
-    *out_ptr<S>(loss) = static_cast<S>(l);
-    *out_ptr<S>(clip_fraction) = static_cast<S>(clipped * per_token);
-    *out_ptr<S>(approx_kl) = static_cast<S>(kl * per_token);
+    *out_ptr<S>(out.loss) = static_cast<S>(l);
+    *out_ptr<S>(out.clip_fraction) = static_cast<S>(clipped * per_token);
+    *out_ptr<S>(out.approx_kl) = static_cast<S>(kl * per_token);
   });
-  return {loss, clip_fraction, approx_kl, token_grad};
+  return out.tuple();
 }
 
 Tensor clipped_policy_loss_backward_cpu(Tensor grad_loss, Tensor token_grad, Tensor mask,

@@ -131,9 +131,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
     Tensor log_prob, Tensor old_log_prob, Tensor advantage, Tensor mask, double clip_low,
     double clip_high, std::string aggregation, int64_t max_tokens, std::optional<double> dual_clip,
     std::optional<Tensor> behavior_log_prob, double is_cap) {
-  check_policy_loss_args(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
-  const ClipConfig cfg = clip_config(clip_low, clip_high, dual_clip, behavior_log_prob.has_value(),
-                                     is_cap, aggregation, max_tokens);
+  const ClipConfig cfg =
+      checked_clip_config(log_prob, old_log_prob, advantage, mask, behavior_log_prob, clip_low,
+                          clip_high, dual_clip, is_cap, aggregation, max_tokens);
   torch::stable::accelerator::DeviceGuard guard(log_prob.get_device_index());
   log_prob = as_contiguous(log_prob);
   old_log_prob = as_contiguous(old_log_prob);
@@ -141,10 +141,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
   mask = as_contiguous(mask);
   if (behavior_log_prob.has_value()) behavior_log_prob = as_contiguous(*behavior_log_prob);
   const int64_t B = log_prob.size(0);
-  Tensor loss = torch::stable::new_empty(log_prob, {});
-  Tensor clip_fraction = torch::stable::new_empty(log_prob, {});
-  Tensor approx_kl = torch::stable::new_empty(log_prob, {});
-  Tensor token_grad = torch::stable::empty_like(log_prob);
+  LossOutputs out(log_prob);
   Tensor sums =
       torch::stable::new_empty(log_prob, {B * kRowSums}, torch::headeronly::ScalarType::Double);
   const cudaStream_t stream = current_stream(log_prob);
@@ -152,13 +149,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_cuda(
     using S = decltype(tag);
     const LossPtrs<S> in = loss_ptrs<S>(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
     row_sums_kernel<S><<<static_cast<unsigned>(B), kRowThreads, 0, stream>>>(
-        in, cfg, sums.mutable_data_ptr<double>(), out_ptr<S>(token_grad));
-    combine_kernel<S><<<1, kRowThreads, 0, stream>>>(sums.const_data_ptr<double>(), B, cfg,
-                                                     out_ptr<S>(loss), out_ptr<S>(clip_fraction),
-                                                     out_ptr<S>(approx_kl));
+        in, cfg, sums.mutable_data_ptr<double>(), out_ptr<S>(out.token_grad));
+    combine_kernel<S>
+        <<<1, kRowThreads, 0, stream>>>(sums.const_data_ptr<double>(), B, cfg, out_ptr<S>(out.loss),
+                                        out_ptr<S>(out.clip_fraction), out_ptr<S>(out.approx_kl));
   });
   check_launch("clipped_policy_loss kernels");
-  return {loss, clip_fraction, approx_kl, token_grad};
+  return out.tuple();
 }
 
 Tensor clipped_policy_loss_backward_cuda(Tensor grad_loss, Tensor token_grad, Tensor mask,

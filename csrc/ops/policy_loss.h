@@ -16,6 +16,8 @@
 // the advantage and the log-probabilities of earlier policies are targets.
 #pragma once
 
+#include <torch/csrc/stable/ops.h>
+
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -117,6 +119,35 @@ inline void check_policy_loss_args(const Tensor& log_prob, const Tensor& old_log
       "mask must be [B, T] = [", log_prob.size(0), ", ", log_prob.size(1), "], matching log_prob");
   STD_TORCH_CHECK(mask.device() == log_prob.device(), "mask must be on the device of log_prob");
 }
+
+// Checks every argument (tensors first, then scalars, as the fake kernel does) and resolves the
+// scalar ones.
+inline ClipConfig checked_clip_config(const Tensor& log_prob, const Tensor& old_log_prob,
+                                      const Tensor& advantage, const Tensor& mask,
+                                      const std::optional<Tensor>& behavior_log_prob,
+                                      double clip_low, double clip_high,
+                                      const std::optional<double>& dual_clip, double is_cap,
+                                      const std::string& aggregation, int64_t max_tokens) {
+  check_policy_loss_args(log_prob, old_log_prob, advantage, mask, behavior_log_prob);
+  return clip_config(clip_low, clip_high, dual_clip, behavior_log_prob.has_value(), is_cap,
+                     aggregation, max_tokens);
+}
+
+// The forward's outputs, allocated like log_prob: three scalars and the contiguous [B, T]
+// per-token derivatives.
+struct LossOutputs {
+  Tensor loss, clip_fraction, approx_kl, token_grad;
+
+  explicit LossOutputs(const Tensor& log_prob)
+      : loss(torch::stable::new_empty(log_prob, {})),
+        clip_fraction(torch::stable::new_empty(log_prob, {})),
+        approx_kl(torch::stable::new_empty(log_prob, {})),
+        token_grad(torch::stable::new_empty(log_prob, {log_prob.size(0), log_prob.size(1)})) {}
+
+  std::tuple<Tensor, Tensor, Tensor, Tensor> tuple() const {
+    return {loss, clip_fraction, approx_kl, token_grad};
+  }
+};
 
 NOSTALL_HD inline float exp_of(float x) { return expf(x); }
 NOSTALL_HD inline double exp_of(double x) { return exp(x); }
