@@ -5,8 +5,10 @@
 
 #include "envs/env_ops.h"
 #include "ops/discounted_returns.h"
+#include "ops/episodes.h"
 #include "ops/gae.h"
 #include "ops/group_advantages.h"
+#include "ops/mlp.h"
 #include "ops/policy_loss.h"
 #include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
@@ -71,6 +73,24 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "clipped_policy_loss_backward(Tensor grad_loss, Tensor token_grad, Tensor mask, "
       "str aggregation, int max_tokens) -> Tensor");
 
+  // A multilayer perceptron x [M, K] -> [M, J_L]: layers W_i [J_i, J_{i-1}], b_i [J_i], the
+  // activation ('tanh' or 'relu') after every layer but the last; hidden holds those activations.
+  m.def(
+      "mlp(Tensor input, Tensor[] weights, Tensor[] biases, str activation) "
+      "-> (Tensor output, Tensor[] hidden)");
+  // Adjoint of mlp: gradients to the weights and biases, and to input when input_grad.
+  m.def(
+      "mlp_backward(Tensor grad_output, Tensor input, Tensor[] weights, Tensor[] hidden, "
+      "str activation, bool input_grad) "
+      "-> (Tensor? grad_input, Tensor[] grad_weights, Tensor[] grad_biases)");
+
+  // One rollout step of episode statistics: running returns and lengths grow, and envs whose
+  // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
+  m.def(
+      "episode_update(Tensor reward, Tensor done, Tensor(a!) running_return, "
+      "Tensor(b!) running_length, Tensor(c!) returns, Tensor(d!) lengths, Tensor(e!) finished) "
+      "-> ()");
+
   // Environments. Each op that touches one is an ORDERED effect (registered from Python), so
   // torch.compile keeps every call, in order.
   // Opens num_envs copies of env_id; returns its handle. batch_size / max_episode_steps < 0:
@@ -122,6 +142,9 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("token_log_prob_linear_backward", TORCH_BOX(&nostall::token_log_prob_linear_backward_cpu));
   m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cpu));
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cpu));
+  m.impl("mlp", TORCH_BOX(&nostall::mlp_cpu));
+  m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
+  m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));
   m.impl("env_send", TORCH_BOX(&nostall::envs::env_send_cpu));

@@ -5,8 +5,10 @@
 
 #include "envs/env_ops.h"
 #include "ops/discounted_returns.h"
+#include "ops/episodes.h"
 #include "ops/gae.h"
 #include "ops/group_advantages.h"
+#include "ops/mlp.h"
 #include "ops/policy_loss.h"
 #include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
@@ -26,6 +28,9 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
          TORCH_BOX(&nostall::token_log_prob_linear_backward_cuda));
   m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cuda));
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cuda));
+  m.impl("mlp", TORCH_BOX(&nostall::mlp_cuda));
+  m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cuda));
+  m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cuda));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cuda));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cuda));
 }

@@ -19,6 +19,7 @@ _LAZY = {
     "token_log_prob_linear": "nostall.ops",
     "clipped_policy_loss": "nostall.ops",
     "PolicyLoss": "nostall.ops",
+    "mlp": "nostall.ops",
     "HAS_CUDA_KERNELS": "nostall._native",
 }
 
@@ -38,6 +39,7 @@ __all__ = [
     "discounted_returns",
     "gae",
     "group_advantages",
+    "mlp",
     "token_log_prob",
     "token_log_prob_linear",
     "vtrace",

@@ -2,8 +2,11 @@
 // (about 1 us), so helpers skip the call where the answer is already known.
 #pragma once
 
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
+
+#include <initializer_list>
 
 namespace nostall {
 
@@ -20,6 +23,38 @@ const S* in_ptr(const torch::stable::Tensor& t) {
 template <typename S>
 S* out_ptr(torch::stable::Tensor& t) {
   return t.mutable_data_ptr<S>();
+}
+
+// The transpose of a 2-D tensor as a view, without a dispatcher call (a strided alias).
+inline torch::stable::Tensor transposed(const torch::stable::Tensor& t) {
+  const int64_t sizes[2] = {t.size(1), t.size(0)};
+  const int64_t strides[2] = {t.stride(1), t.stride(0)};
+  AtenTensorHandle out = nullptr;
+  STD_TORCH_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, t.storage_offset(),
+                                                 &out) == AOTI_TORCH_SUCCESS,
+                  "could not make a transposed view");
+  return torch::stable::Tensor(out);
+}
+
+// A fresh contiguous tensor of `sizes` (at most 2 dimensions) with the dtype and device of
+// `like`, allocated through the C shim (no dispatcher call: this is on the per-step path of
+// small ops).
+inline torch::stable::Tensor new_contiguous(const torch::stable::Tensor& like,
+                                            std::initializer_list<int64_t> sizes) {
+  STD_TORCH_CHECK(sizes.size() >= 1 && sizes.size() <= 2, "new_contiguous: 1 or 2 dimensions");
+  int32_t dtype = 0, device_type = 0, device_index = 0;
+  STD_TORCH_CHECK(aoti_torch_get_dtype(like.get(), &dtype) == AOTI_TORCH_SUCCESS &&
+                      aoti_torch_get_device_type(like.get(), &device_type) == AOTI_TORCH_SUCCESS &&
+                      aoti_torch_get_device_index(like.get(), &device_index) == AOTI_TORCH_SUCCESS,
+                  "could not read a tensor's dtype and device");
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  const int64_t* size = sizes.begin();
+  const int64_t strides[2] = {ndim == 2 ? size[1] : 1, 1};
+  AtenTensorHandle out = nullptr;
+  STD_TORCH_CHECK(aoti_torch_empty_strided(ndim, size, strides, dtype, device_type, device_index,
+                                           &out) == AOTI_TORCH_SUCCESS,
+                  "could not allocate a tensor");
+  return torch::stable::Tensor(out);
 }
 
 }  // namespace nostall

@@ -1,6 +1,6 @@
 // Vectorised CPU row kernels, for float32 and bfloat16 rows (bfloat16 passed as its uint16
-// bits): logsumexp of a row and the softmax part of its gradient (token_log_prob), and
-// the clipped policy loss of one sequence. Each has a
+// bits): logsumexp of a row and the softmax part of its gradient (token_log_prob), the
+// clipped policy loss of one sequence, tanh and small linear layers (mlp). Each has a
 // baseline build and, on x86-64, an AVX2 build picked at run time (cpu_rows_avx2.cpp).
 #pragma once
 
@@ -31,6 +31,12 @@ struct Kernels {
   // The row's sums {loss, tokens, clipped tokens, kl} over unmasked tokens, into sums[4]; with
   // grad non-null, also grad[t] = grad_scale * d loss / d log_prob[t] (0 where masked).
   void (*policy_row_f32)(const PolicyRow& row, float* sums, float* grad, float grad_scale);
+  // x[i] = tanh(x[i]) for n floats, within a few ulp of tanhf.
+  void (*tanh_f32)(float* x, int64_t n);
+  // out [M, J] (contiguous) = x [M, K] @ w [J, K]^T + b [J]; x's rows x_stride apart, each
+  // contiguous; w and b contiguous.
+  void (*linear_f32)(const float* x, int64_t x_stride, int64_t M, int64_t K, const float* w,
+                     const float* b, int64_t J, float* out);
 };
 
 // The best kernels this CPU runs (chosen once).

@@ -109,6 +109,33 @@ struct Vec {
   }
 
   static f32 max(f32 a, f32 b) { return b > a ? b : a; }
+
+  // tanh as Cephes' tanhf computes it: for |x| > 0.625, 1 - 2 / (exp(2|x|) + 1) (no
+  // cancellation there; exp's +inf past 44 gives exactly 1), else an odd degree-11 polynomial;
+  // the sign restored from x's sign bit. NaN stays NaN (it takes the polynomial branch).
+  static f32 tanh(f32 x) {
+    u32 bits;
+    __builtin_memcpy(&bits, &x, sizeof(bits));
+    const u32 sign = bits & 0x80000000u;
+    const u32 abs_bits = bits & 0x7FFFFFFFu;
+    f32 a;
+    __builtin_memcpy(&a, &abs_bits, sizeof(a));
+    const f32 large = 1.0f - 2.0f / (exp(a + a) + 1.0f);
+    const f32 z = a * a;
+    f32 p = splat(-5.70498872745e-3f);
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    const f32 small = p * z * a + a;
+    const f32 r = a > 0.625f ? large : small;
+    u32 out;
+    __builtin_memcpy(&out, &r, sizeof(out));
+    out |= sign;
+    f32 y;
+    __builtin_memcpy(&y, &out, sizeof(y));
+    return y;
+  }
 };
 
 // The last V % W elements go through the same vector code, via a W-lane buffer padded with
@@ -172,6 +199,59 @@ void softmax_grad_row(const T* x, T* out, int64_t V, float g, float lse) {
     V_::store(tail.buf, ng * V_::exp(V_::load(tail.buf) - lv));
     for (int64_t v = full; v < V; ++v) out[v] = tail.buf[v - full];
   }
+}
+
+template <int W>
+void tanh_inplace(float* x, int64_t n) {
+  using V_ = Vec<W>;
+  const int64_t full = n - n % W;
+  for (int64_t i = 0; i < full; i += W) V_::store(x + i, V_::tanh(V_::load(x + i)));
+  if (full < n) {
+    float buf[W] = {};
+    for (int64_t i = full; i < n; ++i) buf[i - full] = x[i];
+    V_::store(buf, V_::tanh(V_::load(buf)));
+    for (int64_t i = full; i < n; ++i) x[i] = buf[i - full];
+  }
+}
+
+template <int W>
+float lane_sum(typename Vec<W>::f32 v) {
+  float s = 0.0f;
+  for (int i = 0; i < W; ++i) s += v[i];
+  return s;
+}
+
+// R rows of out[m, j] = b[j] + dot(x[m, :], w[j, :]): each weight row is loaded once for the R
+// input rows, whose sums stay in registers.
+template <int W, int R>
+void linear_block(const float* x, int64_t x_stride, int64_t K, const float* w, const float* b,
+                  int64_t J, float* out) {
+  using V_ = Vec<W>;
+  using f32 = typename V_::f32;
+  const int64_t full = K - K % W;
+  for (int64_t j = 0; j < J; ++j) {
+    const float* wj = w + j * K;
+    f32 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = V_::splat(0.0f);
+    for (int64_t k = 0; k < full; k += W) {
+      const f32 wv = V_::load(wj + k);
+      for (int r = 0; r < R; ++r) acc[r] += V_::load(x + r * x_stride + k) * wv;
+    }
+    for (int r = 0; r < R; ++r) {
+      float s = lane_sum<W>(acc[r]);
+      for (int64_t k = full; k < K; ++k) s += x[r * x_stride + k] * wj[k];
+      out[r * J + j] = s + b[j];
+    }
+  }
+}
+
+template <int W>
+void linear_rows(const float* x, int64_t x_stride, int64_t M, int64_t K, const float* w,
+                 const float* b, int64_t J, float* out) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4)
+    linear_block<W, 4>(x + m * x_stride, x_stride, K, w, b, J, out + m * J);
+  for (; m < M; ++m) linear_block<W, 1>(x + m * x_stride, x_stride, K, w, b, J, out + m * J);
 }
 
 // The policy-loss terms of W tokens (the vector form of clipped_token in policy_loss.h).
@@ -264,8 +344,13 @@ void policy_row(const PolicyRow& r, float* sums, float* grad, float grad_scale) 
 
 template <int W>
 Kernels make_kernels() {
-  return {&logsumexp_row<W, float>, &logsumexp_row<W, uint16_t>, &softmax_grad_row<W, float>,
-          &softmax_grad_row<W, uint16_t>, &policy_row<W>};
+  return {&logsumexp_row<W, float>,
+          &logsumexp_row<W, uint16_t>,
+          &softmax_grad_row<W, float>,
+          &softmax_grad_row<W, uint16_t>,
+          &policy_row<W>,
+          &tanh_inplace<W>,
+          &linear_rows<W>};
 }
 
 }  // namespace

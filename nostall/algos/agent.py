@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from nostall.ops.networks import mlp
+
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -51,13 +53,13 @@ class ActorCritic(nn.Module):
         return cls(env.single_observation_space.shape[0], action_dim, discrete, hidden)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)  # (...,)
+        return _mlp(self.critic, obs).squeeze(-1)  # (...,)
 
     def log_prob_entropy(
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of `action` and the policy's entropy at `obs`."""
-        out = self.actor(obs)
+        out = _mlp(self.actor, obs)
         if self.discrete:
             log_p = out.log_softmax(-1)
             chosen = log_p.gather(-1, action[..., None]).squeeze(-1)
@@ -70,12 +72,11 @@ class ActorCritic(nn.Module):
 
 
 def _mlp(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    """net(x) for the Linear-Tanh-Linear-Tanh-Linear nets above, as plain functional calls: on
-    the rollout's tiny batches the per-module call overhead is a large share of the step."""
+    """net(x) for the Linear-Tanh-Linear-Tanh-Linear nets above, as one native op (forward and
+    backward): at rollout and minibatch sizes, the per-op dispatch of the eager layers costs
+    more than their arithmetic."""
     first, _, second, _, last = net
-    x = torch.tanh(nn.functional.linear(x, first.weight, first.bias))
-    x = torch.tanh(nn.functional.linear(x, second.weight, second.bias))
-    return nn.functional.linear(x, last.weight, last.bias)
+    return mlp(x, (first.weight, second.weight, last.weight), (first.bias, second.bias, last.bias))
 
 
 @torch.no_grad()

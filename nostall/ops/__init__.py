@@ -2,7 +2,7 @@
 of the native ops (their autograd kernels are native, in nostall._C_autograd)."""
 
 from nostall import _native  # noqa: F401  (loads the native library first)
-from nostall.ops import _fake, _fake_losses, _vmap  # noqa: F401  (registrations)
+from nostall.ops import _fake, _fake_losses, _fake_networks, _vmap  # noqa: F401  (registrations)
 from nostall.ops.advantages import discounted_returns, gae, vtrace
 from nostall.ops.losses import (
     PolicyLoss,
@@ -11,6 +11,7 @@ from nostall.ops.losses import (
     token_log_prob,
     token_log_prob_linear,
 )
+from nostall.ops.networks import mlp
 
 __all__ = [
     "PolicyLoss",
@@ -18,6 +19,7 @@ __all__ = [
     "discounted_returns",
     "gae",
     "group_advantages",
+    "mlp",
     "token_log_prob",
     "token_log_prob_linear",
     "vtrace",

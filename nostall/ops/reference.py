@@ -137,3 +137,14 @@ def clipped_policy_loss(
     clip_fraction = torch.where(mask, clipped.to(log_prob.dtype), zero).sum() / tokens
     kl = torch.where(mask, (ratio - 1) - log_ratio, zero).sum() / tokens
     return loss, clip_fraction.detach(), kl.detach()
+
+
+def mlp(input, weights, biases, activation="tanh") -> Tensor:
+    """The plain nn.functional form of nostall.mlp."""
+    act = torch.tanh if activation == "tanh" else torch.relu
+    x = input
+    for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        x = torch.nn.functional.linear(x, w, b)
+        if i + 1 < len(weights):
+            x = act(x)
+    return x

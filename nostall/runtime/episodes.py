@@ -1,5 +1,6 @@
-"""Episode returns and lengths, tracked on the rollout side without a host sync: finished
-episodes are scattered into a ring of the most recent ones, and only logging reads it."""
+"""Episode returns and lengths, tracked on the rollout side without a host sync: each step is
+one native op (`nostall::episode_update`) that writes finished episodes into a ring of the most
+recent ones, and only logging reads it."""
 
 from __future__ import annotations
 
@@ -7,30 +8,29 @@ import threading
 
 import torch
 
+from nostall import _native  # noqa: F401  (loads the native library: episode_update)
+from nostall.ops import _fake_episodes  # noqa: F401  (its fake kernel, for torch.compile)
+
+_episode_update = torch.ops.nostall.episode_update.default
+
 
 class EpisodeTracker:
     def __init__(self, num_envs: int, capacity: int = 100):
         self.capacity = capacity
         self._return = torch.zeros(num_envs, dtype=torch.float64)
         self._length = torch.zeros(num_envs, dtype=torch.int64)
-        # One extra cell: unfinished envs write there, so every step is one scatter.
-        self._returns = torch.zeros(capacity + 1, dtype=torch.float64)
-        self._lengths = torch.zeros(capacity + 1, dtype=torch.int64)
+        self._returns = torch.zeros(capacity, dtype=torch.float64)
+        self._lengths = torch.zeros(capacity, dtype=torch.int64)
         self.finished = torch.zeros((), dtype=torch.int64)  # episodes finished so far
         self._lock = threading.Lock()
 
     def update(self, reward: torch.Tensor, done: torch.Tensor) -> None:
         """One step: reward float64 (N,), done bool (N,)."""
         with self._lock:
-            self._return += reward
-            self._length += 1
-            order = torch.cumsum(done.long(), 0) - 1  # (N,) rank among the finished
-            slot = torch.where(done, (self.finished + order) % self.capacity, self.capacity)
-            self._returns.scatter_(0, slot, self._return)
-            self._lengths.scatter_(0, slot, self._length)
-            self.finished += done.sum()
-            self._return.masked_fill_(done, 0.0)
-            self._length.masked_fill_(done, 0)
+            _episode_update(
+                reward, done, self._return, self._length, self._returns, self._lengths,
+                self.finished,
+            )  # fmt: skip
 
     def recent(self, n: int) -> tuple[int, float | None, float | None]:
         """(episodes finished, mean return and length of the last n) -- reads: a sync."""

@@ -1,0 +1,106 @@
+// Autograd kernel of mlp: gradients to input (when it requires grad), every weight and every
+// bias, through the native mlp_backward. The hidden activations the forward returns are saved
+// for the backward and are not differentiable outputs themselves.
+#include <ATen/core/grad_mode.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/native.h"
+
+namespace nostall::autograd {
+namespace {
+
+using MlpOut = std::tuple<Tensor, std::vector<Tensor>>;
+using MlpSig = MlpOut(const Tensor&, at::TensorList, at::TensorList, c10::string_view);
+using MlpGrads = std::tuple<std::optional<Tensor>, std::vector<Tensor>, std::vector<Tensor>>;
+using MlpBackwardSig = MlpGrads(const Tensor&, const Tensor&, at::TensorList, at::TensorList,
+                                c10::string_view, bool);
+
+// Saved variables: input, the L weights, the L - 1 hidden activations.
+struct MlpFunction : torch::autograd::Function<MlpFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, at::TensorList weights,
+                               at::TensorList biases, const std::string& activation) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);
+    static const auto op = native<MlpSig>("nostall::mlp");
+    auto [output, hidden] = op.call(input, weights, biases, activation);
+    variable_list saved{input};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    saved.insert(saved.end(), hidden.begin(), hidden.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["layers"] = static_cast<int64_t>(weights.size());
+    ctx->saved_data["activation"] = activation;
+    ctx->saved_data["input_grad"] = input.requires_grad();
+    ctx->mark_non_differentiable(hidden);
+    variable_list out{output};
+    out.insert(out.end(), hidden.begin(), hidden.end());
+    return out;
+  }
+
+  // Inputs of forward, flattened by apply: input, then each weight, then each bias (a
+  // TensorList argument contributes one gradient slot per element), then the activation.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t L = ctx->saved_data["layers"].toInt();
+    variable_list result(1 + 2 * L + 1);
+    if (!grads[0].defined()) return result;
+    static const auto op = native<MlpBackwardSig>("nostall::mlp_backward");
+    const variable_list s = ctx->get_saved_variables();
+    const std::vector<Tensor> weights(s.begin() + 1, s.begin() + 1 + L);
+    const std::vector<Tensor> hidden(s.begin() + 1 + L, s.end());
+    auto [grad_input, grad_weights, grad_biases] =
+        op.call(grads[0], s[0], weights, hidden, ctx->saved_data["activation"].toStringRef(),
+                ctx->saved_data["input_grad"].toBool());
+    if (grad_input.has_value()) result[0] = *grad_input;
+    for (int64_t i = 0; i < L; ++i) {
+      result[1 + i] = grad_weights[i];
+      result[1 + L + i] = grad_biases[i];
+    }
+    return result;
+  }
+};
+
+bool needs_graph(const Tensor& input, at::TensorList weights, at::TensorList biases) {
+  if (!at::GradMode::is_enabled()) return false;
+  bool any = input.requires_grad();
+  for (const Tensor& t : weights) any = any || t.requires_grad();
+  for (const Tensor& t : biases) any = any || t.requires_grad();
+  return any;
+}
+
+MlpOut mlp_autograd(const Tensor& input, at::TensorList weights, at::TensorList biases,
+                    c10::string_view activation) {
+  if (!needs_graph(input, weights, biases)) {
+    // Inference (a rollout step): no graph node, saved tensors or output wrapping.
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = native<MlpSig>("nostall::mlp");
+    return op.call(input, weights, biases, activation);
+  }
+  const variable_list out = MlpFunction::apply(input, weights, biases, std::string(activation));
+  return {out[0], std::vector<Tensor>(out.begin() + 1, out.end())};
+}
+
+MlpGrads mlp_backward_autograd(const Tensor& grad_output, const Tensor& input,
+                               at::TensorList weights, at::TensorList hidden,
+                               c10::string_view activation, bool input_grad) {
+  if (at::GradMode::is_enabled()) {
+    bool any = grad_output.requires_grad() || input.requires_grad();
+    for (const Tensor& t : weights) any = any || t.requires_grad();
+    for (const Tensor& t : hidden) any = any || t.requires_grad();
+    TORCH_CHECK(!any,
+                "nostall::mlp has no second derivative: nostall::mlp_backward is not "
+                "differentiable (an input of it requires grad)");
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op = native<MlpBackwardSig>("nostall::mlp_backward");
+  return op.call(grad_output, input, weights, hidden, activation, input_grad);
+}
+
+}  // namespace
+}  // namespace nostall::autograd
+
+TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
+  m.impl("mlp", &nostall::autograd::mlp_autograd);
+  m.impl("mlp_backward", &nostall::autograd::mlp_backward_autograd);
+}

@@ -1,0 +1,32 @@
+// CUDA kernel of episode_update: one thread walks the N envs in order (the ring's order is the
+// env order, and N is a rollout's env count), on the current stream: no host sync.
+#include "common/cuda_launch.cuh"
+#include "ops/episodes.h"
+#include "ops/episodes_impl.h"
+
+namespace nostall {
+
+namespace {
+
+__global__ void episode_kernel(const double* reward, int64_t reward_stride, const bool* done,
+                               int64_t done_stride, int64_t N, double* running_return,
+                               int64_t* running_length, double* returns, int64_t* lengths,
+                               int64_t capacity, int64_t* finished) {
+  episode_step(reward, reward_stride, done, done_stride, N, running_return, running_length, returns,
+               lengths, capacity, finished);
+}
+
+}  // namespace
+
+void episode_update_cuda(Tensor reward, Tensor done, Tensor running_return, Tensor running_length,
+                         Tensor returns, Tensor lengths, Tensor finished) {
+  check_episode_args(reward, done, running_return, running_length, returns, lengths, finished);
+  episode_kernel<<<1, 1, 0, current_stream(reward)>>>(
+      reward.const_data_ptr<double>(), reward.stride(0), done.const_data_ptr<bool>(),
+      done.stride(0), reward.size(0), running_return.mutable_data_ptr<double>(),
+      running_length.mutable_data_ptr<int64_t>(), returns.mutable_data_ptr<double>(),
+      lengths.mutable_data_ptr<int64_t>(), returns.size(0), finished.mutable_data_ptr<int64_t>());
+  check_launch("episode_update");
+}
+
+}  // namespace nostall
