@@ -10,6 +10,7 @@
 #include "ops/group_advantages.h"
 #include "ops/mlp.h"
 #include "ops/policy_loss.h"
+#include "ops/sample_categorical.h"
 #include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
 
@@ -84,6 +85,14 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "str activation, bool input_grad) "
       "-> (Tensor? grad_input, Tensor[] grad_weights, Tensor[] grad_biases)");
 
+  // Gumbel-max sample of a categorical policy from logits [N, A] and uniform noise [N, A]: the
+  // sample's log-probability [N], the action (int64 [N]) and the logsumexp [N] (kept for the
+  // backward). The float outputs come first: opcheck's compiled-gradient test sums the outputs
+  // into the first one's dtype.
+  m.def(
+      "sample_categorical(Tensor logits, Tensor uniform) "
+      "-> (Tensor log_prob, Tensor action, Tensor logsumexp)");
+
   // One rollout step of episode statistics: running returns and lengths grow, and envs whose
   // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
   m.def(
@@ -144,6 +153,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cpu));
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cpu));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
+  m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));

@@ -20,6 +20,7 @@ _LAZY = {
     "clipped_policy_loss": "nostall.ops",
     "PolicyLoss": "nostall.ops",
     "mlp": "nostall.ops",
+    "sample_categorical": "nostall.ops",
     "HAS_CUDA_KERNELS": "nostall._native",
 }
 
@@ -40,6 +41,7 @@ __all__ = [
     "gae",
     "group_advantages",
     "mlp",
+    "sample_categorical",
     "token_log_prob",
     "token_log_prob_linear",
     "vtrace",

@@ -1,6 +1,8 @@
-// Autograd kernel of mlp: gradients to input (when it requires grad), every weight and every
-// bias, through the native mlp_backward. The hidden activations the forward returns are saved
-// for the backward and are not differentiable outputs themselves.
+// Autograd kernels of the policy-network ops. mlp: gradients to input (when it requires grad),
+// every weight and every bias, through the native mlp_backward; the hidden activations the
+// forward returns are saved for the backward and are not differentiable outputs themselves.
+// sample_categorical: the log-probability is differentiable in the logits (the action and the
+// logsumexp are not), through token_log_prob's native backward.
 #include <ATen/core/grad_mode.h>
 
 #include <optional>
@@ -97,10 +99,49 @@ MlpGrads mlp_backward_autograd(const Tensor& grad_output, const Tensor& input,
   return op.call(grad_output, input, weights, hidden, activation, input_grad);
 }
 
+using SampleSig = Triple(const Tensor&, const Tensor&);
+using TokenLogProbBackwardSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&);
+
+struct SampleCategoricalFunction : torch::autograd::Function<SampleCategoricalFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& logits, const Tensor& uniform) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);
+    static const auto op = native<SampleSig>("nostall::sample_categorical");
+    auto [log_prob, action, logsumexp] = op.call(logits, uniform);
+    ctx->save_for_backward({logits, action, logsumexp});
+    ctx->mark_non_differentiable({action, logsumexp});
+    return {log_prob, action, logsumexp};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(2);
+    static const auto op = native<TokenLogProbBackwardSig>("nostall::token_log_prob_backward");
+    const variable_list s = ctx->get_saved_variables();
+    // token_log_prob's adjoint over a batch of one sequence: [N, A] logits as [1, N, A].
+    const Tensor grad =
+        op.call(grads[0].unsqueeze(0), s[0].unsqueeze(0), s[1].unsqueeze(0), s[2].unsqueeze(0));
+    return {grad.squeeze(0), Tensor()};
+  }
+};
+
+Triple sample_categorical_autograd(const Tensor& logits, const Tensor& uniform) {
+  TORCH_CHECK(!(at::GradMode::is_enabled() && uniform.requires_grad()),
+              "uniform must not require grad: sample_categorical treats the noise as a constant "
+              "(detach it)");
+  if (!(at::GradMode::is_enabled() && logits.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView below;  // a rollout step: no graph node
+    static const auto op = native<SampleSig>("nostall::sample_categorical");
+    return op.call(logits, uniform);
+  }
+  const variable_list out = SampleCategoricalFunction::apply(logits, uniform);
+  return {out[0], out[1], out[2]};
+}
+
 }  // namespace
 }  // namespace nostall::autograd
 
 TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
+  m.impl("sample_categorical", &nostall::autograd::sample_categorical_autograd);
   m.impl("mlp", &nostall::autograd::mlp_autograd);
   m.impl("mlp_backward", &nostall::autograd::mlp_backward_autograd);
 }

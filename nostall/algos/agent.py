@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nostall.ops.networks import mlp
+from nostall.ops.networks import mlp, sample_categorical
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -87,9 +87,7 @@ def act(
     out = _mlp(agent.actor, obs)
     value = _mlp(agent.critic, obs).squeeze(-1)
     if agent.discrete:
-        u = torch.rand(out.shape, generator=generator).clamp_(min=1e-20)
-        action = (out - u.log_().neg_().log_()).argmax(-1)  # Gumbel-max
-        log_prob = out.log_softmax(-1).gather(-1, action[:, None]).squeeze(-1)
+        action, log_prob = sample_categorical(out, generator)  # Gumbel-max, one native op
         return action, action, log_prob, value
     std = agent.log_std.exp()
     action = out + std * torch.randn(out.shape, generator=generator)

@@ -11,7 +11,7 @@ from nostall.ops.losses import (
     token_log_prob,
     token_log_prob_linear,
 )
-from nostall.ops.networks import mlp
+from nostall.ops.networks import mlp, sample_categorical
 
 __all__ = [
     "PolicyLoss",
@@ -20,6 +20,7 @@ __all__ = [
     "gae",
     "group_advantages",
     "mlp",
+    "sample_categorical",
     "token_log_prob",
     "token_log_prob_linear",
     "vtrace",

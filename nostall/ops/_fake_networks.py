@@ -1,5 +1,5 @@
-"""Fake (meta) kernels of mlp and mlp_backward, with the argument checks of csrc/ops/mlp.h (same
-messages, RuntimeError)."""
+"""Fake (meta) kernels of mlp, mlp_backward and sample_categorical, with the argument checks of
+csrc/ops/{mlp,sample_categorical}.h (same messages, RuntimeError)."""
 
 import torch
 
@@ -99,3 +99,18 @@ def _mlp_backward_fake(grad_output, input, weights, hidden, activation, input_gr
     grad_weights = [w.new_empty(w.shape) for w in weights]
     grad_biases = [w.new_empty(w.shape[0]) for w in weights]
     return grad_input, grad_weights, grad_biases
+
+
+@torch.library.register_fake("nostall::sample_categorical")
+def _sample_categorical_fake(logits, uniform):
+    _check(logits.dim() == 2, f"logits must be [N, A], got {logits.dim()} dimensions")
+    _check(logits.dtype in FLOAT_DTYPES, f"logits must be float32 or float64, got {logits.dtype}")
+    _check(logits.shape[1] >= 1, "logits must have at least one action")
+    n, a = logits.shape
+    _check(uniform.shape == logits.shape, f"uniform must have the shape of logits [{n}, {a}]")
+    _check(
+        uniform.dtype == logits.dtype,
+        f"uniform must have the dtype of logits ({logits.dtype}), got {uniform.dtype}",
+    )
+    _check(uniform.device == logits.device, "uniform must be on the device of logits")
+    return logits.new_empty(n), logits.new_empty(n, dtype=torch.int64), logits.new_empty(n)

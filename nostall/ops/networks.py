@@ -1,10 +1,12 @@
-"""Small networks as one native operator.
+"""Policy networks and sampling as native operators.
 
 :func:`mlp` evaluates a multilayer perceptron (the Linear-Tanh-Linear-Tanh-Linear policy and
 value networks of classic-control RL) in one call, forward and backward. At rollout batch sizes
 each of the dozen eager ops of such a network costs more in dispatch than in arithmetic; the
 native op runs the tiny layers as direct loops, the large ones through BLAS / cuBLAS, with the
-activation fused, and its backward is one native call too.
+activation fused, and its backward is one native call too. :func:`sample_categorical` draws
+actions from a categorical policy by Gumbel-max with no host sync, and gives their
+log-probabilities from the same pass.
 """
 
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ Tensor = torch.Tensor
 
 ACTIVATIONS = ("tanh", "relu")
 _mlp_op = torch.ops.nostall.mlp.default
+_sample_op = torch.ops.nostall.sample_categorical.default
 _MODULE_ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
 
 
@@ -43,6 +46,23 @@ def mlp(
         return _mlp_op(input, weights, biases, activation)[0]
     out = _mlp_op(input.reshape(-1, input.shape[-1]), weights, biases, activation)[0]
     return out.view(*input.shape[:-1], out.shape[-1])
+
+
+def sample_categorical(
+    logits: Tensor, generator: torch.Generator | None = None, uniform: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(action, log_prob): one Gumbel-max sample per row of `[N, A]` logits and its
+    log-probability, with no host sync (`Categorical.sample()` reads scalars back on CUDA).
+
+    The noise is `torch.rand` from `generator` on the logits' device, or `uniform` when given
+    (`[N, A]`, in `[0, 1)`). The action is int64 `[N]`; log_prob (`[N]`, the logits' dtype) is
+    differentiable in the logits.
+    """
+    if uniform is None:
+        uniform = torch.rand(logits.shape, generator=generator, dtype=logits.dtype,
+                             device=logits.device)  # fmt: skip
+    log_prob, action, _ = _sample_op(logits, uniform)
+    return action, log_prob
 
 
 def sequential_layers(net: nn.Sequential) -> tuple[list[Tensor], list[Tensor], str]:
