@@ -21,8 +21,8 @@ namespace nostall {
 namespace {
 
 constexpr int64_t kElementGrain = int64_t{1} << 14;
-// Multiply-adds below which a layer skips BLAS (measured: at 8 x 64 x 64 the direct loop takes
-// about a tenth of a BLAS call's time; see benchmarks/ops/bench_mlp.py).
+// Multiply-adds up to which a layer skips BLAS, whose fixed cost per call dominates there: a
+// rollout step's 8 x 64 x 64 layer is 32k (benchmarks/ops/bench_policy.py times the whole op).
 constexpr int64_t kDirectMacs = int64_t{1} << 15;
 
 // out [M, J] (contiguous) = x [M, K] @ w [J, K]^T + b [J], any strides for x, w and b: the
