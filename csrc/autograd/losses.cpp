@@ -3,8 +3,6 @@
 // and gradients flow only to the arguments the formulas differentiate (reward; logits or hidden
 // and weight; log_prob), the rest being targets. Grads are not materialised: an output nobody
 // differentiates costs no zero tensor, and a backward with no incoming gradient does nothing.
-#include <ATen/core/grad_mode.h>
-
 #include <optional>
 #include <string>
 
@@ -15,22 +13,6 @@ namespace {
 
 using OptTensor = std::optional<Tensor>;
 using OptDouble = std::optional<double>;
-
-bool any_requires_grad(std::initializer_list<const Tensor*> tensors) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const Tensor* t : tensors) {
-    if (t->defined() && t->requires_grad()) return true;
-  }
-  return false;
-}
-
-// The backward ops have no derivative of their own: asked for one (double backward), they say
-// so instead of silently giving zero, as an op with no autograd kernel would.
-void reject_double_backward(const char* op, std::initializer_list<const Tensor*> tensors) {
-  TORCH_CHECK(!any_requires_grad(tensors), "nostall::", op,
-              " has no second derivative: nostall::", op,
-              "_backward is not differentiable (an input of it requires grad)");
-}
 
 // group_advantages(reward, group_index, num_groups, scale, eps)
 struct GroupAdvantagesFunction : torch::autograd::Function<GroupAdvantagesFunction> {

@@ -3,8 +3,6 @@
 // forward returns are saved for the backward and are not differentiable outputs themselves.
 // sample_categorical: the log-probability is differentiable in the logits (the action and the
 // logsumexp are not), through token_log_prob's native backward.
-#include <ATen/core/grad_mode.h>
-
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,17 +61,9 @@ struct MlpFunction : torch::autograd::Function<MlpFunction> {
   }
 };
 
-bool needs_graph(const Tensor& input, at::TensorList weights, at::TensorList biases) {
-  if (!at::GradMode::is_enabled()) return false;
-  bool any = input.requires_grad();
-  for (const Tensor& t : weights) any = any || t.requires_grad();
-  for (const Tensor& t : biases) any = any || t.requires_grad();
-  return any;
-}
-
 MlpOut mlp_autograd(const Tensor& input, at::TensorList weights, at::TensorList biases,
                     c10::string_view activation) {
-  if (!needs_graph(input, weights, biases)) {
+  if (!any_requires_grad({&input}) && !any_requires_grad(weights) && !any_requires_grad(biases)) {
     // Inference (a rollout step): no graph node, saved tensors or output wrapping.
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = native<MlpSig>("nostall::mlp");
@@ -86,14 +76,8 @@ MlpOut mlp_autograd(const Tensor& input, at::TensorList weights, at::TensorList 
 MlpGrads mlp_backward_autograd(const Tensor& grad_output, const Tensor& input,
                                at::TensorList weights, at::TensorList hidden,
                                c10::string_view activation, bool input_grad) {
-  if (at::GradMode::is_enabled()) {
-    bool any = grad_output.requires_grad() || input.requires_grad();
-    for (const Tensor& t : weights) any = any || t.requires_grad();
-    for (const Tensor& t : hidden) any = any || t.requires_grad();
-    TORCH_CHECK(!any,
-                "nostall::mlp has no second derivative: nostall::mlp_backward is not "
-                "differentiable (an input of it requires grad)");
-  }
+  reject_double_backward("mlp", any_requires_grad({&grad_output, &input}) ||
+                                    any_requires_grad(weights) || any_requires_grad(hidden));
   at::AutoDispatchBelowADInplaceOrView below;
   static const auto op = native<MlpBackwardSig>("nostall::mlp_backward");
   return op.call(grad_output, input, weights, hidden, activation, input_grad);
@@ -125,10 +109,10 @@ struct SampleCategoricalFunction : torch::autograd::Function<SampleCategoricalFu
 };
 
 Triple sample_categorical_autograd(const Tensor& logits, const Tensor& uniform) {
-  TORCH_CHECK(!(at::GradMode::is_enabled() && uniform.requires_grad()),
+  TORCH_CHECK(!any_requires_grad({&uniform}),
               "uniform must not require grad: sample_categorical treats the noise as a constant "
               "(detach it)");
-  if (!(at::GradMode::is_enabled() && logits.requires_grad())) {
+  if (!any_requires_grad({&logits})) {
     at::AutoDispatchBelowADInplaceOrView below;  // a rollout step: no graph node
     static const auto op = native<SampleSig>("nostall::sample_categorical");
     return op.call(logits, uniform);

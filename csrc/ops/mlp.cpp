@@ -127,15 +127,12 @@ struct CpuBackend {
 
 MlpOutput mlp_cpu(Tensor input, std::vector<Tensor> weights, std::vector<Tensor> biases,
                   std::string activation) {
-  check_mlp_args(input, weights, biases, activation);
-  return mlp_forward<CpuBackend>(input, weights, biases, parse_activation(activation));
+  return mlp_forward<CpuBackend>(input, weights, biases, activation);
 }
 
 MlpGrads mlp_backward_cpu(Tensor grad_output, Tensor input, std::vector<Tensor> weights,
                           std::vector<Tensor> hidden, std::string activation, bool input_grad) {
-  check_mlp_backward_args(grad_output, input, weights, hidden, activation);
-  return mlp_backward<CpuBackend>(grad_output, input, weights, hidden, parse_activation(activation),
-                                  input_grad);
+  return mlp_backward<CpuBackend>(grad_output, input, weights, hidden, activation, input_grad);
 }
 
 }  // namespace nostall

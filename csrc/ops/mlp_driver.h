@@ -1,5 +1,5 @@
-// The MLP forward and adjoint (see mlp.h) over a device backend B that supplies the products
-// and the fused elementwise passes:
+// The MLP forward and adjoint (see mlp.h), argument checks included, over a device backend B that
+// supplies the products and the fused elementwise passes:
 //   B::linear(out, x, w, b)            out = x @ w^T + b
 //   B::mm(out, a, b)                   out = a @ b
 //   B::column_sum(out, g)              out[j] = sum_m g[m, j]
@@ -10,6 +10,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/tensor_utils.h"
@@ -19,7 +20,9 @@ namespace nostall {
 
 template <class B>
 MlpOutput mlp_forward(const Tensor& input, const std::vector<Tensor>& weights,
-                      const std::vector<Tensor>& biases, Activation act) {
+                      const std::vector<Tensor>& biases, const std::string& activation) {
+  check_mlp_args(input, weights, biases, activation);
+  const Activation act = parse_activation(activation);
   const int64_t M = input.size(0);
   const size_t L = weights.size();
   std::vector<Tensor> hidden;
@@ -40,7 +43,9 @@ MlpOutput mlp_forward(const Tensor& input, const std::vector<Tensor>& weights,
 template <class B>
 MlpGrads mlp_backward(const Tensor& grad_output, const Tensor& input,
                       const std::vector<Tensor>& weights, const std::vector<Tensor>& hidden,
-                      Activation act, bool input_grad) {
+                      const std::string& activation, bool input_grad) {
+  check_mlp_backward_args(grad_output, input, weights, hidden, activation);
+  const Activation act = parse_activation(activation);
   const int64_t M = input.size(0);
   const size_t L = weights.size();
   std::vector<Tensor> grad_weights(L, input), grad_biases(L, input);  // placeholders, all set
