@@ -123,6 +123,19 @@ STABLE_TORCH_LIBRARY(nostall, m) {
   m.def(
       "env_step_into(int handle, Tensor actions, Tensor(a!) obs, Tensor(b!) reward, "
       "Tensor(c!) terminated, Tensor(d!) truncated, Tensor(e!) final_obs) -> ()");
+  // A whole rollout chunk in one call, for an MLP actor-critic: for t < T, the actor (weights,
+  // biases; activation between layers) maps obs[t] [N, obs_dim] to logits [N, A] (discrete: the
+  // action is the Gumbel-max sample with uniform noise[t] [N, A]) or to the mean of a Gaussian
+  // with log_std [A] (continuous: action = mean + exp(log_std) * noise[t]); the critic maps obs[t]
+  // to values[t]; the sample's log-probability goes to log_probs[t]; the step writes obs[t + 1],
+  // rewards[t], terminated[t], truncated[t] and final_obs[t] (rows only in same-step autoreset).
+  // obs[0] is read, not written. All float32 CPU tensors but actions (int64 when discrete),
+  // rewards (float64) and the flags (bool).
+  m.def(
+      "env_rollout(int handle, Tensor(a!) obs, Tensor(b!) actions, Tensor(c!) log_probs, "
+      "Tensor(d!) values, Tensor(e!) rewards, Tensor(f!) terminated, Tensor(g!) truncated, "
+      "Tensor(h!) final_obs, Tensor noise, Tensor[] actor_weights, Tensor[] actor_biases, "
+      "Tensor[] critic_weights, Tensor[] critic_biases, Tensor? log_std, str activation) -> ()");
   // Queues one step for each env in env_ids (int64 [k]) with actions [k, ...]; returns at once.
   m.def("env_send(int handle, Tensor actions, Tensor env_ids) -> ()");
   // Waits for batch_size queued steps and returns them in completion order, with their env ids.
@@ -158,6 +171,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));
   m.impl("env_send", TORCH_BOX(&nostall::envs::env_send_cpu));
+  m.impl("env_rollout", TORCH_BOX(&nostall::envs::env_rollout_cpu));
   m.impl("env_set_state", TORCH_BOX(&nostall::envs::env_set_state_cpu));
   m.impl("env_load", TORCH_BOX(&nostall::envs::env_load_cpu));
 }

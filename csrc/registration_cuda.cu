@@ -35,6 +35,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cuda));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cuda));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cuda));
+  m.impl("env_rollout", TORCH_BOX(&nostall::envs::env_rollout_cuda));
 }
 
 extern "C" {

@@ -36,6 +36,24 @@ inline torch::stable::Tensor transposed(const torch::stable::Tensor& t) {
   return torch::stable::Tensor(out);
 }
 
+// Entry i of a tensor's first dimension (a [T, ...] tensor's step i) as a view, without a
+// dispatcher call.
+inline torch::stable::Tensor select_first(const torch::stable::Tensor& t, int64_t i) {
+  const int64_t ndim = t.dim();
+  STD_TORCH_CHECK(ndim >= 1 && ndim <= 4, "select_first: 1 to 4 dimensions");
+  int64_t sizes[3] = {0, 0, 0}, strides[3] = {0, 0, 0};
+  for (int64_t d = 1; d < ndim; ++d) {
+    sizes[d - 1] = t.size(d);
+    strides[d - 1] = t.stride(d);
+  }
+  AtenTensorHandle out = nullptr;
+  STD_TORCH_CHECK(aoti_torch__reinterpret_tensor(t.get(), ndim - 1, sizes, strides,
+                                                 t.storage_offset() + i * t.stride(0),
+                                                 &out) == AOTI_TORCH_SUCCESS,
+                  "could not make a row view");
+  return torch::stable::Tensor(out);
+}
+
 // A fresh contiguous tensor of `sizes` (at most 2 dimensions) with the dtype and device of
 // `like`, allocated through the C shim (no dispatcher call: this is on the per-step path of
 // small ops).

@@ -5,6 +5,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -30,6 +31,20 @@ Tensor env_get_state(int64_t handle);
 void env_set_state_cpu(int64_t handle, Tensor state);
 Tensor env_save(int64_t handle);
 void env_load_cpu(int64_t handle, Tensor checkpoint);
+
+void env_rollout_cpu(int64_t handle, Tensor obs, Tensor actions, Tensor log_probs, Tensor values,
+                     Tensor rewards, Tensor terminated, Tensor truncated, Tensor final_obs,
+                     Tensor noise, std::vector<Tensor> actor_weights,
+                     std::vector<Tensor> actor_biases, std::vector<Tensor> critic_weights,
+                     std::vector<Tensor> critic_biases, std::optional<Tensor> log_std,
+                     std::string activation);
+// Refuses CUDA tensors with a clear message: the fused rollout runs on the CPU.
+void env_rollout_cuda(int64_t handle, Tensor obs, Tensor actions, Tensor log_probs, Tensor values,
+                      Tensor rewards, Tensor terminated, Tensor truncated, Tensor final_obs,
+                      Tensor noise, std::vector<Tensor> actor_weights,
+                      std::vector<Tensor> actor_biases, std::vector<Tensor> critic_weights,
+                      std::vector<Tensor> critic_biases, std::optional<Tensor> log_std,
+                      std::string activation);
 
 StepTensors env_step_cuda(int64_t handle, Tensor actions);
 void env_step_into_cuda(int64_t handle, Tensor actions, Tensor obs, Tensor reward,

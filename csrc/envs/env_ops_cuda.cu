@@ -163,4 +163,17 @@ void env_step_into_cuda(int64_t handle, Tensor actions, Tensor obs, Tensor rewar
   enqueue_step(env, actions, output_pointers(out));
 }
 
+void env_rollout_cuda(int64_t handle, Tensor obs, Tensor actions, Tensor log_probs, Tensor values,
+                      Tensor rewards, Tensor terminated, Tensor truncated, Tensor final_obs,
+                      Tensor noise, std::vector<Tensor> actor_weights,
+                      std::vector<Tensor> actor_biases, std::vector<Tensor> critic_weights,
+                      std::vector<Tensor> critic_biases, std::optional<Tensor> log_std,
+                      std::string activation) {
+  env_for(handle);  // a closed handle says so first
+  STD_TORCH_CHECK(false,
+                  "env_rollout runs the environments and the policy on the CPU: every tensor "
+                  "must be a CPU tensor (got a CUDA one). With a policy on a GPU, step through "
+                  "env_step, which is stream-ordered and never blocks the host.");
+}
+
 }  // namespace nostall::envs

@@ -8,12 +8,11 @@ namespace nostall {
 
 namespace {
 
-__global__ void episode_kernel(const double* reward, int64_t reward_stride, const bool* done,
-                               int64_t done_stride, int64_t N, double* running_return,
-                               int64_t* running_length, double* returns, int64_t* lengths,
-                               int64_t capacity, int64_t* finished) {
-  episode_step(reward, reward_stride, done, done_stride, N, running_return, running_length, returns,
-               lengths, capacity, finished);
+__global__ void episode_kernel(const double* reward, EpisodeLayout l, const bool* done,
+                               double* running_return, int64_t* running_length, double* returns,
+                               int64_t* lengths, int64_t capacity, int64_t* finished) {
+  episode_steps(reward, l.reward_row, l.reward_col, done, l.done_row, l.done_col, l.T, l.N,
+                running_return, running_length, returns, lengths, capacity, finished);
 }
 
 }  // namespace
@@ -22,10 +21,10 @@ void episode_update_cuda(Tensor reward, Tensor done, Tensor running_return, Tens
                          Tensor returns, Tensor lengths, Tensor finished) {
   check_episode_args(reward, done, running_return, running_length, returns, lengths, finished);
   episode_kernel<<<1, 1, 0, current_stream(reward)>>>(
-      reward.const_data_ptr<double>(), reward.stride(0), done.const_data_ptr<bool>(),
-      done.stride(0), reward.size(0), running_return.mutable_data_ptr<double>(),
-      running_length.mutable_data_ptr<int64_t>(), returns.mutable_data_ptr<double>(),
-      lengths.mutable_data_ptr<int64_t>(), returns.size(0), finished.mutable_data_ptr<int64_t>());
+      reward.const_data_ptr<double>(), episode_layout(reward, done), done.const_data_ptr<bool>(),
+      running_return.mutable_data_ptr<double>(), running_length.mutable_data_ptr<int64_t>(),
+      returns.mutable_data_ptr<double>(), lengths.mutable_data_ptr<int64_t>(), returns.size(0),
+      finished.mutable_data_ptr<int64_t>());
   check_launch("episode_update");
 }
 

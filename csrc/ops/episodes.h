@@ -8,6 +8,7 @@
 //     returns[(finished + r) % C] = running_return[e]; lengths[...] = running_length[e]
 //     running_return[e] = 0; running_length[e] = 0
 //   finished += number of done envs
+// reward and done are one step [N], or T steps [T, N] (time-major), taken in order.
 #pragma once
 
 #include "common/checks.h"
@@ -18,11 +19,13 @@ inline void check_episode_args(const Tensor& reward, const Tensor& done,
                                const Tensor& running_return, const Tensor& running_length,
                                const Tensor& returns, const Tensor& lengths,
                                const Tensor& finished) {
-  STD_TORCH_CHECK(reward.dim() == 1 && reward.scalar_type() == ScalarType::Double,
-                  "reward must be a float64 [N] tensor");
-  const int64_t N = reward.size(0);
-  STD_TORCH_CHECK(done.dim() == 1 && done.size(0) == N && done.scalar_type() == ScalarType::Bool,
-                  "done must be a bool [", N, "] tensor, matching reward");
+  STD_TORCH_CHECK(
+      (reward.dim() == 1 || reward.dim() == 2) && reward.scalar_type() == ScalarType::Double,
+      "reward must be a float64 [N] or [T, N] tensor");
+  const int64_t N = reward.size(reward.dim() - 1);
+  STD_TORCH_CHECK(done.dim() == reward.dim() && done.size(0) == reward.size(0) &&
+                      done.size(done.dim() - 1) == N && done.scalar_type() == ScalarType::Bool,
+                  "done must be a bool tensor of reward's shape");
   STD_TORCH_CHECK(running_return.dim() == 1 && running_return.size(0) == N &&
                       running_return.scalar_type() == ScalarType::Double,
                   "running_return must be a float64 [", N, "] tensor, matching reward");
@@ -44,6 +47,17 @@ inline void check_episode_args(const Tensor& reward, const Tensor& done,
   for (const Tensor* t : {&running_return, &running_length, &returns, &lengths}) {
     STD_TORCH_CHECK(t->is_contiguous(), "episode_update: the statistics must be contiguous");
   }
+}
+
+// The steps in reward's leading dimension (1 for a [N] reward) and the strides walking them.
+struct EpisodeLayout {
+  int64_t T, N, reward_row, reward_col, done_row, done_col;
+};
+
+inline EpisodeLayout episode_layout(const Tensor& reward, const Tensor& done) {
+  if (reward.dim() == 1) return {1, reward.size(0), 0, reward.stride(0), 0, done.stride(0)};
+  return {reward.size(0),   reward.size(1), reward.stride(0),
+          reward.stride(1), done.stride(0), done.stride(1)};
 }
 
 void episode_update_cpu(Tensor reward, Tensor done, Tensor running_return, Tensor running_length,

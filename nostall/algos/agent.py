@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from nostall import _native  # noqa: F401  (loads the native library: env_rollout)
+from nostall.envs import _ops  # noqa: F401  (env_rollout's fake kernel and ordered effect)
 from nostall.ops.networks import mlp, sample_categorical
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -71,12 +73,16 @@ class ActorCritic(nn.Module):
         return log_prob, entropy
 
 
-def _mlp(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    """net(x) for the Linear-Tanh-Linear-Tanh-Linear nets above, as one native op (forward and
-    backward): at rollout and minibatch sizes, the per-op dispatch of the eager layers costs
-    more than their arithmetic."""
+def _layers(net: nn.Sequential) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """(weights, biases) of the Linear-Tanh-Linear-Tanh-Linear nets above."""
     first, _, second, _, last = net
-    return mlp(x, (first.weight, second.weight, last.weight), (first.bias, second.bias, last.bias))
+    return (first.weight, second.weight, last.weight), (first.bias, second.bias, last.bias)
+
+
+def _mlp(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """net(x) for the nets above, as one native op (forward and backward): at rollout and
+    minibatch sizes, the per-op dispatch of the eager layers costs more than their arithmetic."""
+    return mlp(x, *_layers(net))
 
 
 @torch.no_grad()
@@ -94,3 +100,19 @@ def act(
     z = (action - out) / std
     log_prob = (-0.5 * z.pow(2) - agent.log_std - _LOG_SQRT_2PI).sum(-1)
     return action, action, log_prob, value
+
+
+@torch.no_grad()
+def native_rollout(agent: ActorCritic, env, chunk, generator: torch.Generator) -> None:
+    """Fills a rollout chunk (obs[0] set) in one native call (`nostall::env_rollout`): the same
+    policy, sampling and steps as `act` and `env.torch.step` one step at a time, with the noise
+    for all T steps drawn here first (uniform for Gumbel-max, or standard normal)."""
+    T, N = chunk.log_probs.shape
+    action_dim = agent.actor[-1].out_features
+    draw = torch.rand if agent.discrete else torch.randn
+    noise = draw(T, N, action_dim, generator=generator)
+    torch.ops.nostall.env_rollout(
+        env.handle, chunk.obs, chunk.actions, chunk.log_probs, chunk.values, chunk.rewards,
+        chunk.terminated, chunk.truncated, chunk.final_obs, noise, *_layers(agent.actor),
+        *_layers(agent.critic), agent.log_std, "tanh",
+    )  # fmt: skip

@@ -4,7 +4,8 @@ In the spirit of CleanRL's ppo.py (Schulman et al. 2017, arXiv:1707.06347; the 3
 implementation details, Huang et al. 2022), with the waits taken out:
 - the environments are native and step through custom operators, writing into preallocated
   time-major chunks (no per-step allocation, no NumPy);
-- actions are sampled on the device without a sync (Gumbel-max);
+- actions are sampled on the device without a sync (Gumbel-max), and by default a whole
+  rollout chunk (policy, sampling, environment steps) is one native call;
 - GAE is the native `nostall.gae` operator, truncation-correct;
 - the learning rate is a tensor, and metrics are read only every `log_interval` iterations, so
   the steady-state iteration has no host-device sync;
@@ -27,7 +28,7 @@ import torch
 
 import nostall
 import nostall.envs
-from nostall.algos.agent import ActorCritic, act
+from nostall.algos.agent import ActorCritic, act, native_rollout
 from nostall.profiler import SyncWatch, allow
 from nostall.runtime import Chunk, Runtime
 from nostall.runtime.process import ProcessRuntime
@@ -80,6 +81,9 @@ class Args:
     """how many policy versions the rollout side may run ahead (0: synchronous PPO)"""
     backend: str = "thread"
     """where the rollout side runs: "thread", or "process" (no GIL shared with the trainer)"""
+    native_rollout: bool = True
+    """collect each chunk in one native call (the actor-critic, the sampling and the
+    environments stepped in C++, GIL released); False: one policy call per step from Python"""
     seed: int = 0
     """seeds the network, the environments and both sides' generators"""
     torch_threads: int = 1
@@ -269,10 +273,12 @@ def _checkpoint_state(agent, optimizer, lr, runtime, env, generator, iteration, 
 
 
 def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRuntime:
+    rollout = native_rollout if args.native_rollout else None
     if args.backend == "thread":
         return Runtime(
-            env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed
-        )
+            env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed,
+            rollout=rollout,
+        )  # fmt: skip
     return ProcessRuntime(
         functools.partial(
             nostall.envs.make, args.env_id, args.num_envs, seed=args.seed,
@@ -284,6 +290,7 @@ def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRunti
         num_steps=args.num_steps,
         staleness=args.staleness,
         seed=args.seed,
+        rollout=rollout,
         **slot_layout(env),
     )  # fmt: skip
 

@@ -18,6 +18,7 @@ EFFECTFUL_OPS = (
     "env_reset",
     "env_step",
     "env_step_into",
+    "env_rollout",
     "env_send",
     "env_recv",
     "env_set_state",
@@ -63,6 +64,13 @@ def _env_step_fake(handle, actions):
 
 @torch.library.register_fake("nostall::env_step_into")
 def _env_step_into_fake(handle, actions, obs, reward, terminated, truncated, final_obs):
+    _sizes(handle)
+
+
+@torch.library.register_fake("nostall::env_rollout")
+def _env_rollout_fake(handle, obs, actions, log_probs, values, rewards, terminated, truncated,
+                      final_obs, noise, actor_weights, actor_biases, critic_weights, critic_biases,
+                      log_std, activation):  # fmt: skip
     _sizes(handle)
 
 

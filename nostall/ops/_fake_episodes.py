@@ -9,11 +9,11 @@ from nostall.ops._checks import _fail
 
 @torch.library.register_fake("nostall::episode_update")
 def _episode_update_fake(reward, done, running_return, running_length, returns, lengths, finished):
-    if reward.dim() != 1 or reward.dtype != torch.float64:
-        _fail("reward must be a float64 [N] tensor")
-    n = reward.shape[0]
-    if done.dim() != 1 or done.shape[0] != n or done.dtype != torch.bool:
-        _fail(f"done must be a bool [{n}] tensor, matching reward")
+    if reward.dim() not in (1, 2) or reward.dtype != torch.float64:
+        _fail("reward must be a float64 [N] or [T, N] tensor")
+    n = reward.shape[-1]
+    if done.shape != reward.shape or done.dtype != torch.bool:
+        _fail("done must be a bool tensor of reward's shape")
     if running_return.shape != (n,) or running_return.dtype != torch.float64:
         _fail(f"running_return must be a float64 [{n}] tensor, matching reward")
     if running_length.shape != (n,) or running_length.dtype != torch.int64:

@@ -1,6 +1,6 @@
-"""Episode returns and lengths, tracked on the rollout side without a host sync: each step is
-one native op (`nostall::episode_update`) that writes finished episodes into a ring of the most
-recent ones, and only logging reads it."""
+"""Episode returns and lengths, tracked on the rollout side without a host sync: each step, or
+each whole chunk, is one native op (`nostall::episode_update`) that writes finished episodes
+into a ring of the most recent ones, and only logging reads it."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ class EpisodeTracker:
         self._lock = threading.Lock()
 
     def update(self, reward: torch.Tensor, done: torch.Tensor) -> None:
-        """One step: reward float64 (N,), done bool (N,)."""
+        """One step, reward float64 (N,) and done bool (N,), or T steps in time order, both
+        (T, N)."""
         with self._lock:
             _episode_update(
                 reward, done, self._return, self._length, self._returns, self._lengths,

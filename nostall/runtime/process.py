@@ -12,6 +12,7 @@ for the next policy version, and a resumed run hands that state to the new proce
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import time
 import traceback
@@ -45,6 +46,7 @@ def _rollout_main(
     seed: int,
     requests,
     responses,
+    rollout: Callable | None,
     initial_state: dict | None,
 ) -> None:
     try:
@@ -84,7 +86,10 @@ def _rollout_main(
                 continue
             chunk = slots[slot]
             start = time.perf_counter()
-            collect(env, lambda obs, g: act(agent, obs, g), chunk, next_obs, generator, episodes)
+            fused = None if rollout is None else functools.partial(rollout, agent)
+            collect(
+                env, lambda obs, g: act(agent, obs, g), chunk, next_obs, generator, episodes, fused
+            )
             next_obs = chunk.obs[-1].clone()
             collected += 1
             filled.put((slot, have, start, time.perf_counter()))
@@ -110,6 +115,7 @@ class ProcessRuntime:
         staleness: int = 0,
         seed: int = 0,
         join_timeout_s: float = 10.0,
+        rollout: Callable | None = None,
     ):
         self.slots = rollout_slots(
             staleness, num_steps, num_envs=num_envs, obs_dim=obs_dim,
@@ -136,7 +142,7 @@ class ProcessRuntime:
         self._process_args = (
             make_env, make_agent, act, self.slots, self._weights, self._version, self._lock,
             self._free, self._filled, self._errors, self._stop, self.episodes, staleness, seed,
-            self._requests, self._responses,
+            self._requests, self._responses, rollout,
         )  # fmt: skip
         self._initial_state: dict | None = None
         self._process = None

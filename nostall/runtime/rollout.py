@@ -1,5 +1,8 @@
 """The rollout side: steps the native environments with a policy copy, writing each step
-straight into a preallocated chunk, and hands filled chunks to the trainer side."""
+straight into a preallocated chunk, and hands filled chunks to the trainer side.
+
+A chunk is collected either step by step from Python (`act`, any policy), or in one native call
+(`rollout`, a policy the native rollout knows: see nostall.algos.agent.native_rollout)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from nostall.runtime.storage import Chunk
 
 # agent.act(obs, generator) -> (env_action, action, log_prob, value), all without a host sync.
 ActFn = Callable[[torch.Tensor, torch.Generator], tuple[torch.Tensor, ...]]
+# rollout(env, chunk, generator): fills chunk's T steps after obs[0], in one call.
+RolloutFn = Callable[[VectorEnv, Chunk, torch.Generator], None]
 
 
 @torch.no_grad()
@@ -24,9 +29,20 @@ def collect(
     first_obs: torch.Tensor,
     generator: torch.Generator,
     episodes: EpisodeTracker,
+    rollout: RolloutFn | None = None,
 ) -> None:
-    """Fills `chunk` with T steps starting from `first_obs` (N, obs_dim)."""
+    """Fills `chunk` with T steps starting from `first_obs` (N, obs_dim): with `rollout` in one
+    call, else one `act` and one environment step at a time."""
     chunk.obs[0].copy_(first_obs)
+    if rollout is not None:
+        rollout(env, chunk, generator)
+    else:
+        _collect_steps(env, act, chunk, generator)
+    # The chunk's episode statistics in one op (logging reads them only between chunks).
+    episodes.update(chunk.rewards, chunk.terminated | chunk.truncated)
+
+
+def _collect_steps(env: VectorEnv, act: ActFn, chunk: Chunk, generator: torch.Generator) -> None:
     step_env = env.torch
     for t in range(chunk.num_steps):
         env_action, action, log_prob, value = act(chunk.obs[t], generator)
@@ -41,7 +57,6 @@ def collect(
             chunk.final_obs[t],
         )
         step_env.step(env_action, out=rows)
-        episodes.update(chunk.rewards[t], chunk.terminated[t] | chunk.truncated[t])
 
 
 class Timeline:

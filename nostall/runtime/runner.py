@@ -19,8 +19,10 @@ leaving the context joins the rollout thread.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -43,12 +45,16 @@ class Runtime:
         staleness: int = 0,
         seed: int = 0,
         join_timeout_s: float = 10.0,
+        rollout: Callable | None = None,
     ):
+        """`act(agent, obs, generator)` steps the policy; `rollout(agent, env, chunk,
+        generator)`, when given, collects a whole chunk in one call instead."""
         self.slots = rollout_slots(staleness, num_steps, **slot_layout(env))
         self.env = env
         self.staleness = staleness
         self.rollout_agent = copy.deepcopy(agent)  # the rollout side's own copy
         self._act = act
+        self._rollout = rollout
         self.weights = WeightBuffer(agent)
         self.version = 0  # the trainer's: number of updates published
         self.rollout_version = 0  # the version the rollout side last pulled
@@ -78,11 +84,14 @@ class Runtime:
                 start = time.perf_counter()
                 collect(
                     self.env,
-                    lambda obs, g: self._act(self.rollout_agent, obs, g),
+                    functools.partial(self._act, self.rollout_agent),
                     chunk,
                     self._next_obs,
                     self.generator,
                     self.episodes,
+                    None
+                    if self._rollout is None
+                    else functools.partial(self._rollout, self.rollout_agent),
                 )
                 self.timeline.record("rollout", start, time.perf_counter())
                 chunk.version = self.rollout_version

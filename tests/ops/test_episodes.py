@@ -50,17 +50,19 @@ def test_matches_python_loop(n, steps, capacity, p_done, seed):
     g = torch.Generator().manual_seed(seed)
     rewards = torch.randn(steps, n, generator=g, dtype=torch.float64)
     dones = torch.rand(steps, n, generator=g) < p_done
-    s = state(n, capacity)
+    step_by_step, whole_chunk = state(n, capacity), state(n, capacity)
     for t in range(steps):
-        ops.episode_update(rewards[t], dones[t], *s)
+        ops.episode_update(rewards[t], dones[t], *step_by_step)
+    ops.episode_update(rewards, dones, *whole_chunk)  # [T, N]: the same steps in one call
     ring_r, ring_l, finished, run_r, run_l = python_tracker(
         rewards.tolist(), dones.tolist(), capacity
     )
-    assert int(s[4]) == finished
-    torch.testing.assert_close(s[2], torch.tensor(ring_r, dtype=torch.float64))
-    assert s[3].tolist() == ring_l
-    torch.testing.assert_close(s[0], torch.tensor(run_r, dtype=torch.float64))
-    assert s[1].tolist() == run_l
+    for s in (step_by_step, whole_chunk):
+        assert int(s[4]) == finished
+        torch.testing.assert_close(s[2], torch.tensor(ring_r, dtype=torch.float64))
+        assert s[3].tolist() == ring_l
+        torch.testing.assert_close(s[0], torch.tensor(run_r, dtype=torch.float64))
+        assert s[1].tolist() == run_l
 
 
 def test_tracker_recent_means():
@@ -78,6 +80,9 @@ def test_strided_rows_of_a_rollout_buffer():
     s = state(4, 8)
     ops.episode_update(rewards[0], dones[0], *s)
     assert s[2][:4].tolist() == [0.0, 3.0, 6.0, 9.0]
+    s = state(4, 16)
+    ops.episode_update(rewards, dones, *s)  # [T, N] with strides (1, 3)
+    assert s[2][:12].tolist() == [0.0, 3.0, 6.0, 9.0, 1.0, 4.0, 7.0, 10.0, 2, 5, 8, 11]
 
 
 def test_opcheck_and_compile():
@@ -102,9 +107,9 @@ def _bad_cases():
     done = torch.zeros(3, dtype=torch.bool)
     rr, rl, ring_r, ring_l, fin = state(3, 4)
     return [
-        ((reward.float(), done, rr, rl, ring_r, ring_l, fin), "reward must be a float64 \\[N\\]"),
-        ((reward, done[:2], rr, rl, ring_r, ring_l, fin), "done must be a bool \\[3\\]"),
-        ((reward, done.long(), rr, rl, ring_r, ring_l, fin), "done must be a bool \\[3\\]"),
+        ((reward.float(), done, rr, rl, ring_r, ring_l, fin), r"reward must be a float64 \[N\]"),
+        ((reward, done[:2], rr, rl, ring_r, ring_l, fin), "done must be a bool tensor of reward"),
+        ((reward, done.long(), rr, rl, ring_r, ring_l, fin), "done must be a bool tensor"),
         (
             (reward, done, rr[:2], rl, ring_r, ring_l, fin),
             "running_return must be a float64 \\[3\\]",
@@ -135,14 +140,17 @@ def test_cuda_matches_cpu_without_sync():
     rewards = torch.randn(30, 5, generator=g, dtype=torch.float64)
     dones = torch.rand(30, 5, generator=g) < 0.3
     cpu, gpu = state(5, 7), [t.cuda() for t in state(5, 7)]
+    gpu_chunk = [t.cuda() for t in state(5, 7)]
     rewards_gpu, dones_gpu = rewards.cuda(), dones.cuda()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for t in range(30):
             ops.episode_update(rewards_gpu[t], dones_gpu[t], *gpu)
+        ops.episode_update(rewards_gpu, dones_gpu, *gpu_chunk)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     for t in range(30):
         ops.episode_update(rewards[t], dones[t], *cpu)
-    for a, b in zip(cpu, gpu, strict=True):
+    for a, b, c in zip(cpu, gpu, gpu_chunk, strict=True):
         torch.testing.assert_close(b.cpu(), a)
+        torch.testing.assert_close(c.cpu(), a)
