@@ -29,6 +29,7 @@ import torch
 import nostall
 import nostall.envs
 from nostall.algos.agent import ActorCritic, act, native_rollout
+from nostall.algos.optim import ClippedAdam
 from nostall.profiler import SyncWatch, allow
 from nostall.runtime import Chunk, Runtime
 from nostall.runtime.process import ProcessRuntime
@@ -196,7 +197,7 @@ AdvantageFn = Callable[[ActorCritic, Chunk, Any], tuple[torch.Tensor, torch.Tens
 
 def ppo_update(
     agent: ActorCritic,
-    optimizer: torch.optim.Optimizer,
+    optimizer: ClippedAdam,
     chunk: Chunk,
     advantages: torch.Tensor,
     returns: torch.Tensor,
@@ -207,8 +208,9 @@ def ppo_update(
     T, N = chunk.num_steps, chunk.log_probs.shape[1]
     b_obs = chunk.obs[:-1].reshape(T * N, -1)
     b_actions = chunk.actions.reshape(T * N, *chunk.actions.shape[2:])
-    b_log_probs, b_values = chunk.log_probs.reshape(-1), chunk.values.reshape(-1)
-    b_adv, b_returns = advantages.reshape(-1), returns.reshape(-1)
+    # The per-sample float targets side by side, so a minibatch gathers them in one op.
+    targets = (chunk.log_probs, chunk.values, advantages, returns)
+    b_targets = torch.stack([t.reshape(-1) for t in targets])  # (4, T * N)
     minibatch = T * N // args.num_minibatches
     every_token = torch.ones(1, minibatch, dtype=torch.bool)  # the loss op's mask: no padding
     totals = {k: torch.zeros(()) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")}
@@ -216,16 +218,17 @@ def ppo_update(
         order = torch.randperm(T * N, generator=generator)
         for start in range(0, T * N, minibatch):
             idx = order[start : start + minibatch]
-            new_log_prob, entropy = agent.log_prob_entropy(b_obs[idx], b_actions[idx])
-            new_value = agent.value(b_obs[idx])
-            adv = b_adv[idx]
+            obs = b_obs[idx]
+            old_log_prob, old_value, adv, value_target = b_targets.index_select(1, idx)
+            new_log_prob, entropy = agent.log_prob_entropy(obs, b_actions[idx])
+            new_value = agent.value(obs)
             if args.norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             # The clipped surrogate, its clip fraction and approximate KL in one native op (a
             # minibatch is one "sequence" of tokens, all counted).
             pg = nostall.clipped_policy_loss(
                 new_log_prob.view(1, -1),
-                b_log_probs[idx].view(1, -1),
+                old_log_prob.view(1, -1),
                 adv.view(1, -1),
                 every_token[:, : len(idx)],
                 args.clip_coef,
@@ -233,22 +236,19 @@ def ppo_update(
             )
             pg_loss = pg.loss
             if args.clip_vloss:
-                clipped = b_values[idx] + (new_value - b_values[idx]).clamp(
-                    -args.clip_coef, args.clip_coef
-                )
+                clipped = old_value + (new_value - old_value).clamp(-args.clip_coef, args.clip_coef)
                 v_loss = (
                     0.5
                     * torch.max(
-                        (new_value - b_returns[idx]) ** 2, (clipped - b_returns[idx]) ** 2
+                        (new_value - value_target) ** 2, (clipped - value_target) ** 2
                     ).mean()
                 )
             else:
-                v_loss = 0.5 * ((new_value - b_returns[idx]) ** 2).mean()
+                v_loss = 0.5 * ((new_value - value_target) ** 2).mean()
             loss = pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
-            optimizer.step()
+            optimizer.step()  # clips the gradients' global norm to max_grad_norm first
             with torch.no_grad():
                 totals["pg_loss"] += pg_loss
                 totals["v_loss"] += v_loss
@@ -308,8 +308,8 @@ def train(
     solved_return = args.solved_return or env.info.reward_threshold
     agent = ActorCritic.for_env(env, args.hidden)
     lr = torch.tensor(args.learning_rate)  # a tensor: annealing it needs no host value
-    # fused: one kernel for all parameters' Adam step (20% of the update's time on CartPole).
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True)
+    # Gradient clipping and fused Adam in one lean step (see optim.py).
+    optimizer = ClippedAdam(agent.parameters(), lr=lr, max_grad_norm=args.max_grad_norm, eps=1e-5)
     generator = torch.Generator().manual_seed(args.seed + 1)
     runtime = _make_runtime(args, env, agent)
     result = TrainResult(args=asdict(args))

@@ -1,0 +1,86 @@
+"""ClippedAdam against clip_grad_norm_(foreach=True) followed by torch.optim.Adam(fused=True):
+the same parameters bit for bit, clipping or not, across checkpoints in either direction."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nostall.algos.optim import ClippedAdam
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _set_grads(net: torch.nn.Module, seed: int, scale: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in net.parameters():
+        p.grad = torch.randn(p.shape, generator=g) * scale
+
+
+def _reference_step(net, optimizer, max_norm):
+    torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm, foreach=True)
+    optimizer.step()
+
+
+def _assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    scale=st.sampled_from([1e-3, 0.1, 1.0, 30.0]),  # clipping off and on
+    max_norm=st.floats(0.05, 5.0),
+    steps=st.integers(1, 6),
+    tensor_lr=st.booleans(),
+)
+def test_matches_clip_grad_norm_then_fused_adam(seed, scale, max_norm, steps, tensor_lr):
+    ours, reference = _net(seed), _net(seed)
+    lr = torch.tensor(3e-3) if tensor_lr else 3e-3
+    opt = ClippedAdam(ours.parameters(), lr=lr, max_grad_norm=max_norm, eps=1e-5)
+    ref = torch.optim.Adam(reference.parameters(), lr=copy.copy(lr), eps=1e-5, fused=True)
+    for step in range(steps):
+        _set_grads(ours, seed + step, scale)
+        _set_grads(reference, seed + step, scale)
+        opt.step()
+        _reference_step(reference, ref, max_norm)
+        _assert_same_parameters(ours, reference)
+    for p in ours.parameters():
+        assert int(opt.state[p]["step"]) == steps
+
+
+def test_checkpoints_move_between_it_and_adam():
+    ours, reference = _net(0), _net(0)
+    ref = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-5, fused=True)
+    for step in range(3):
+        _set_grads(reference, step, 1.0)
+        _reference_step(reference, ref, 0.5)
+    ours.load_state_dict(reference.state_dict())
+    opt = ClippedAdam(ours.parameters(), lr=1e-2, max_grad_norm=0.5, eps=1e-5)
+    opt.load_state_dict(copy.deepcopy(ref.state_dict()))  # loading keeps the same tensors
+    for step in range(3, 6):
+        _set_grads(ours, step, 1.0)
+        _set_grads(reference, step, 1.0)
+        opt.step()
+        _reference_step(reference, ref, 0.5)
+    _assert_same_parameters(ours, reference)
+    back = torch.optim.Adam(_net(1).parameters(), lr=1e-2, eps=1e-5, fused=True)
+    back.load_state_dict(copy.deepcopy(opt.state_dict()))  # and the other way
+    assert int(back.state_dict()["state"][0]["step"]) == 6
+
+
+def test_bad_use_is_refused():
+    net = _net(0)
+    with pytest.raises(ValueError, match="max_grad_norm must be positive"):
+        ClippedAdam(net.parameters(), lr=1e-3, max_grad_norm=0.0)
+    opt = ClippedAdam(net.parameters(), lr=1e-3, max_grad_norm=1.0)
+    with pytest.raises(RuntimeError, match="every parameter needs a gradient"):
+        opt.step()
+    with pytest.raises(ValueError, match="one parameter group"):
+        ClippedAdam([{"params": [net[0].weight]}, {"params": [net[2].weight]}], 1e-3, 1.0)
