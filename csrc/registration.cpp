@@ -10,6 +10,7 @@
 #include "ops/group_advantages.h"
 #include "ops/mlp.h"
 #include "ops/policy_loss.h"
+#include "ops/ppo_loss.h"
 #include "ops/sample_categorical.h"
 #include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
@@ -73,6 +74,20 @@ STABLE_TORCH_LIBRARY(nostall, m) {
   m.def(
       "clipped_policy_loss_backward(Tensor grad_loss, Tensor token_grad, Tensor mask, "
       "str aggregation, int max_tokens) -> Tensor");
+
+  // The PPO loss of a categorical actor-critic over M samples (see ops/ppo_loss.h): logits
+  // [M, A], action int64 [M], value, old_log_prob, old_value, advantage, value_target [M] ->
+  // loss (scalar), stats [5] = (pg_loss, v_loss, entropy, approx_kl, clip_fraction), and the
+  // loss's derivatives in logits [M, A] and value [M], kept for the backward.
+  m.def(
+      "ppo_loss(Tensor logits, Tensor action, Tensor value, Tensor old_log_prob, "
+      "Tensor old_value, Tensor advantage, Tensor value_target, float clip_coef, "
+      "float? value_clip, float ent_coef, float vf_coef, bool normalize_advantage) "
+      "-> (Tensor loss, Tensor stats, Tensor grad_logits, Tensor grad_value)");
+  // Adjoint: grad_loss times the saved derivatives.
+  m.def(
+      "ppo_loss_backward(Tensor grad_loss, Tensor grad_logits, Tensor grad_value) "
+      "-> (Tensor, Tensor)");
 
   // A multilayer perceptron x [M, K] -> [M, J_L]: layers W_i [J_i, J_{i-1}], b_i [J_i], the
   // activation ('tanh' or 'relu') after every layer but the last; hidden holds those activations.
@@ -164,6 +179,8 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("token_log_prob_linear_backward", TORCH_BOX(&nostall::token_log_prob_linear_backward_cpu));
   m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cpu));
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cpu));
+  m.impl("ppo_loss", TORCH_BOX(&nostall::ppo_loss_cpu));
+  m.impl("ppo_loss_backward", TORCH_BOX(&nostall::ppo_loss_backward_cpu));
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cpu));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));

@@ -10,6 +10,7 @@
 #include "ops/group_advantages.h"
 #include "ops/mlp.h"
 #include "ops/policy_loss.h"
+#include "ops/ppo_loss.h"
 #include "ops/sample_categorical.h"
 #include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
@@ -30,6 +31,8 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
   m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cuda));
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cuda));
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cuda));
+  m.impl("ppo_loss", TORCH_BOX(&nostall::ppo_loss_cuda));
+  m.impl("ppo_loss_backward", TORCH_BOX(&nostall::ppo_loss_backward_cuda));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cuda));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cuda));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cuda));

@@ -19,6 +19,8 @@ _LAZY = {
     "token_log_prob_linear": "nostall.ops",
     "clipped_policy_loss": "nostall.ops",
     "PolicyLoss": "nostall.ops",
+    "ppo_loss": "nostall.ops",
+    "PPOLoss": "nostall.ops",
     "mlp": "nostall.ops",
     "sample_categorical": "nostall.ops",
     "HAS_CUDA_KERNELS": "nostall._native",
@@ -34,6 +36,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "HAS_CUDA_KERNELS",
+    "PPOLoss",
     "PolicyLoss",
     "__version__",
     "clipped_policy_loss",
@@ -41,6 +44,7 @@ __all__ = [
     "gae",
     "group_advantages",
     "mlp",
+    "ppo_loss",
     "sample_categorical",
     "token_log_prob",
     "token_log_prob_linear",

@@ -126,11 +126,55 @@ struct PolicyLossFunction : torch::autograd::Function<PolicyLossFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return variable_list(11);
+    // As for ppo_loss: token_grad is a constant to autograd, so no graph of this backward.
+    reject_double_backward("clipped_policy_loss", at::GradMode::is_enabled());
     static const auto op = native<BackwardSig>("nostall::clipped_policy_loss_backward");
     const variable_list s = ctx->get_saved_variables();
     variable_list out(11);
     out[0] = op.call(grads[0], s[0], s[1], ctx->saved_data["aggregation"].toStringRef(),
                      ctx->saved_data["max_tokens"].toInt());
+    return out;
+  }
+};
+
+// ppo_loss(logits, action, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+// value_clip, ent_coef, vf_coef, normalize_advantage) -> (loss, stats, grad_logits, grad_value).
+// The forward computes the derivatives anyway: the backward only scales them.
+struct PpoLossFunction : torch::autograd::Function<PpoLossFunction> {
+  using Sig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&,
+                                                         const Tensor&, const Tensor&,
+                                                         const Tensor&, const Tensor&,
+                                                         const Tensor&, double, OptDouble, double,
+                                                         double, bool);
+  using BackwardSig = Pair(const Tensor&, const Tensor&, const Tensor&);
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& logits, const Tensor& action,
+                               const Tensor& value, const Tensor& old_log_prob,
+                               const Tensor& old_value, const Tensor& advantage,
+                               const Tensor& value_target, double clip_coef, OptDouble value_clip,
+                               double ent_coef, double vf_coef, bool normalize_advantage) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);
+    static const auto op = native<Sig>("nostall::ppo_loss");
+    auto [loss, stats, grad_logits, grad_value] =
+        op.call(logits, action, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+                value_clip, ent_coef, vf_coef, normalize_advantage);
+    ctx->save_for_backward({grad_logits, grad_value});
+    ctx->mark_non_differentiable({stats, grad_logits, grad_value});
+    return {loss, stats, grad_logits, grad_value};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(12);
+    // The saved derivatives are constants to autograd: a graph of this backward (create_graph)
+    // would silently give a zero second derivative, so it is refused.
+    reject_double_backward("ppo_loss", at::GradMode::is_enabled());
+    static const auto op = native<BackwardSig>("nostall::ppo_loss_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [grad_logits, grad_value] = op.call(grads[0], s[0], s[1]);
+    variable_list out(12);
+    out[0] = grad_logits;
+    out[2] = grad_value;
     return out;
   }
 };
@@ -174,6 +218,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_autograd(
   return {out[0], out[1], out[2], out[3]};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> ppo_loss_autograd(
+    const Tensor& logits, const Tensor& action, const Tensor& value, const Tensor& old_log_prob,
+    const Tensor& old_value, const Tensor& advantage, const Tensor& value_target, double clip_coef,
+    OptDouble value_clip, double ent_coef, double vf_coef, bool normalize_advantage) {
+  // Only logits and value are differentiated: a target that requires grad is refused, not
+  // silently given no gradient.
+  const std::pair<const Tensor*, const char*> targets[] = {{&old_log_prob, "old_log_prob"},
+                                                           {&old_value, "old_value"},
+                                                           {&advantage, "advantage"},
+                                                           {&value_target, "value_target"}};
+  for (const auto& [t, name] : targets) {
+    TORCH_CHECK(!any_requires_grad({t}), name,
+                " must not require grad: ppo_loss treats it as a constant (detach it)");
+  }
+  if (!any_requires_grad({&logits, &value})) {  // no graph to record: skip the node
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = native<PpoLossFunction::Sig>("nostall::ppo_loss");
+    return op.call(logits, action, value, old_log_prob, old_value, advantage, value_target,
+                   clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage);
+  }
+  const variable_list out = PpoLossFunction::apply(logits, action, value, old_log_prob, old_value,
+                                                   advantage, value_target, clip_coef, value_clip,
+                                                   ent_coef, vf_coef, normalize_advantage);
+  return {out[0], out[1], out[2], out[3]};
+}
+
 // Autograd kernels of the backward ops: refuse a second derivative, else run below autograd.
 Tensor group_advantages_backward_autograd(const Tensor& grad, const Tensor& reward,
                                           const Tensor& group_index, int64_t num_groups,
@@ -204,6 +274,14 @@ Pair token_log_prob_linear_backward_autograd(const Tensor& grad, const Tensor& h
   return op.call(grad, hidden, weight, tokens, logsumexp, chunk_size);
 }
 
+Pair ppo_loss_backward_autograd(const Tensor& grad, const Tensor& grad_logits,
+                                const Tensor& grad_value) {
+  reject_double_backward("ppo_loss", {&grad, &grad_logits, &grad_value});
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op = native<PpoLossFunction::BackwardSig>("nostall::ppo_loss_backward");
+  return op.call(grad, grad_logits, grad_value);
+}
+
 Tensor clipped_policy_loss_backward_autograd(const Tensor& grad, const Tensor& token_grad,
                                              const Tensor& mask, c10::string_view aggregation,
                                              int64_t max_tokens) {
@@ -222,6 +300,8 @@ TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
   m.impl("token_log_prob", &nostall::autograd::token_log_prob_autograd);
   m.impl("token_log_prob_linear", &nostall::autograd::token_log_prob_linear_autograd);
   m.impl("clipped_policy_loss", &nostall::autograd::clipped_policy_loss_autograd);
+  m.impl("ppo_loss", &nostall::autograd::ppo_loss_autograd);
+  m.impl("ppo_loss_backward", &nostall::autograd::ppo_loss_backward_autograd);
   m.impl("group_advantages_backward", &nostall::autograd::group_advantages_backward_autograd);
   m.impl("token_log_prob_backward", &nostall::autograd::token_log_prob_backward_autograd);
   m.impl("token_log_prob_linear_backward",

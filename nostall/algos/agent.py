@@ -57,6 +57,10 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return _mlp(self.critic, obs).squeeze(-1)  # (...,)
 
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """The actor's output: logits (discrete) or the Gaussian's mean (continuous)."""
+        return _mlp(self.actor, obs)
+
     def log_prob_entropy(
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

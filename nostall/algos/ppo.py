@@ -35,6 +35,9 @@ from nostall.runtime import Chunk, Runtime
 from nostall.runtime.process import ProcessRuntime
 from nostall.runtime.storage import slot_layout
 
+# The update's statistics, averaged over its minibatches.
+METRICS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+
 # Iterations whose trainer side runs under SyncWatch, after warm-up (the optimizer's state
 # exists from the first update on), to report syncs per iteration.
 WATCHED_ITERATIONS = (3, 4)
@@ -212,51 +215,61 @@ def ppo_update(
     targets = (chunk.log_probs, chunk.values, advantages, returns)
     b_targets = torch.stack([t.reshape(-1) for t in targets])  # (4, T * N)
     minibatch = T * N // args.num_minibatches
-    every_token = torch.ones(1, minibatch, dtype=torch.bool)  # the loss op's mask: no padding
-    totals = {k: torch.zeros(()) for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")}
+    totals = torch.zeros(len(METRICS))
     for _ in range(args.update_epochs):
         order = torch.randperm(T * N, generator=generator)
         for start in range(0, T * N, minibatch):
             idx = order[start : start + minibatch]
-            obs = b_obs[idx]
-            old_log_prob, old_value, adv, value_target = b_targets.index_select(1, idx)
-            new_log_prob, entropy = agent.log_prob_entropy(obs, b_actions[idx])
-            new_value = agent.value(obs)
-            if args.norm_adv:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            # The clipped surrogate, its clip fraction and approximate KL in one native op (a
-            # minibatch is one "sequence" of tokens, all counted).
-            pg = nostall.clipped_policy_loss(
-                new_log_prob.view(1, -1),
-                old_log_prob.view(1, -1),
-                adv.view(1, -1),
-                every_token[:, : len(idx)],
-                args.clip_coef,
-                args.clip_coef,
+            loss, stats = minibatch_loss(
+                agent, b_obs[idx], b_actions[idx], *b_targets[:, idx], args
             )
-            pg_loss = pg.loss
-            if args.clip_vloss:
-                clipped = old_value + (new_value - old_value).clamp(-args.clip_coef, args.clip_coef)
-                v_loss = (
-                    0.5
-                    * torch.max(
-                        (new_value - value_target) ** 2, (clipped - value_target) ** 2
-                    ).mean()
-                )
-            else:
-                v_loss = 0.5 * ((new_value - value_target) ** 2).mean()
-            loss = pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()  # clips the gradients' global norm to max_grad_norm first
-            with torch.no_grad():
-                totals["pg_loss"] += pg_loss
-                totals["v_loss"] += v_loss
-                totals["entropy"] += entropy.mean()
-                totals["approx_kl"] += pg.approx_kl
-                totals["clipfrac"] += pg.clip_fraction
-    updates = args.update_epochs * args.num_minibatches
-    return {k: v / updates for k, v in totals.items()}
+            totals += stats
+    totals /= args.update_epochs * args.num_minibatches
+    return dict(zip(METRICS, totals.unbind(), strict=True))
+
+
+def minibatch_loss(
+    agent: ActorCritic,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    old_value: torch.Tensor,
+    adv: torch.Tensor,
+    value_target: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, stats [5] in METRICS order) of one minibatch."""
+    value_clip = args.clip_coef if args.clip_vloss else None
+    new_value = agent.value(obs)
+    if agent.discrete:  # the whole loss in one native op, forward and backward
+        out = nostall.ppo_loss(
+            agent.logits(obs), actions, new_value, old_log_prob, old_value, adv, value_target,
+            args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,
+        )  # fmt: skip
+        return out.loss, out.stats.detach()
+    new_log_prob, entropy = agent.log_prob_entropy(obs, actions)
+    if args.norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    # The clipped surrogate, its clip fraction and approximate KL in one native op (a minibatch
+    # is one "sequence" of tokens, all counted).
+    every_token = torch.ones(1, len(adv), dtype=torch.bool)
+    pg = nostall.clipped_policy_loss(
+        new_log_prob.view(1, -1), old_log_prob.view(1, -1), adv.view(1, -1), every_token,
+        args.clip_coef, args.clip_coef,
+    )  # fmt: skip
+    if value_clip is not None:
+        clipped = old_value + (new_value - old_value).clamp(-value_clip, value_clip)
+        v_err = torch.max((new_value - value_target) ** 2, (clipped - value_target) ** 2)
+    else:
+        v_err = (new_value - value_target) ** 2
+    v_loss = 0.5 * v_err.mean()
+    loss = pg.loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
+    with torch.no_grad():
+        stats = torch.stack([pg.loss, v_loss, entropy.mean(), pg.approx_kl, pg.clip_fraction])
+    return loss, stats
 
 
 def _checkpoint_state(agent, optimizer, lr, runtime, env, generator, iteration, result) -> dict:

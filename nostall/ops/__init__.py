@@ -6,20 +6,24 @@ from nostall.ops import _fake, _fake_losses, _fake_networks, _vmap  # noqa: F401
 from nostall.ops.advantages import discounted_returns, gae, vtrace
 from nostall.ops.losses import (
     PolicyLoss,
+    PPOLoss,
     clipped_policy_loss,
     group_advantages,
+    ppo_loss,
     token_log_prob,
     token_log_prob_linear,
 )
 from nostall.ops.networks import mlp, sample_categorical
 
 __all__ = [
+    "PPOLoss",
     "PolicyLoss",
     "clipped_policy_loss",
     "discounted_returns",
     "gae",
     "group_advantages",
     "mlp",
+    "ppo_loss",
     "sample_categorical",
     "token_log_prob",
     "token_log_prob_linear",

@@ -1,6 +1,6 @@
 """Fake (meta) kernels of the loss ops, with the argument checks of csrc/ops/{group_advantages,
-token_log_prob,policy_loss}.h (same messages, RuntimeError). Checks that read data (group and
-token indices in range) happen only in the real kernels."""
+token_log_prob,policy_loss,ppo_loss}.h (same messages, RuntimeError). Checks that read data
+(group, token and action indices in range) happen only in the real kernels."""
 
 import math
 
@@ -252,3 +252,84 @@ def _clipped_policy_loss_backward_fake(grad_loss, token_grad, mask, aggregation,
     _check(mask.device == token_grad.device, "mask must be on the device of token_grad")
     _check_aggregation(aggregation, max_tokens)
     return token_grad.new_empty(token_grad.shape)
+
+
+# ppo_loss -----------------------------------------------------------------------------------
+
+
+def _check_ppo_sample_values(t, name, logits):
+    m = logits.shape[0]
+    _check(t.dim() == 1 and t.shape[0] == m, f"{name} must be [M] = [{m}], one per row of logits")
+    _check(
+        t.dtype == logits.dtype,
+        f"{name} must have the dtype of logits ({logits.dtype}), got {t.dtype}",
+    )
+    _check(t.device == logits.device, f"{name} must be on the device of logits")
+
+
+@torch.library.register_fake("nostall::ppo_loss")
+def _ppo_loss_fake(
+    logits, action, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+    value_clip, ent_coef, vf_coef, normalize_advantage,
+):  # fmt: skip
+    _check(logits.dim() == 2, f"logits must be [M, A], got {logits.dim()} dimensions")
+    _check(logits.dtype in FLOAT_DTYPES, f"logits must be float32 or float64, got {logits.dtype}")
+    m, a = logits.shape
+    _check(m >= 1 and a >= 1, f"logits must have M >= 1 and A >= 1, got [{m}, {a}]")
+    _check(
+        action.dim() == 1 and action.shape[0] == m and action.dtype == torch.int64,
+        f"action must be int64 [M] = [{m}]",
+    )
+    _check(action.device == logits.device, "action must be on the device of logits")
+    for t, name in (
+        (value, "value"),
+        (old_log_prob, "old_log_prob"),
+        (old_value, "old_value"),
+        (advantage, "advantage"),
+        (value_target, "value_target"),
+    ):
+        _check_ppo_sample_values(t, name, logits)
+    _check(
+        not normalize_advantage or m >= 2,
+        "normalize_advantage needs at least 2 samples (the std of one is undefined)",
+    )
+    _check(
+        clip_coef >= 0 and math.isfinite(clip_coef),
+        f"clip_coef must be a finite number >= 0, got {clip_coef}",
+    )
+    _check(
+        value_clip is None or (value_clip >= 0 and math.isfinite(value_clip)),
+        f"value_clip must be None or a finite number >= 0, got {value_clip}",
+    )
+    _check(math.isfinite(ent_coef), f"ent_coef must be finite, got {ent_coef}")
+    _check(math.isfinite(vf_coef), f"vf_coef must be finite, got {vf_coef}")
+    return (
+        logits.new_empty(()),
+        logits.new_empty(5),
+        logits.new_empty(m, a),
+        logits.new_empty(m),
+    )
+
+
+@torch.library.register_fake("nostall::ppo_loss_backward")
+def _ppo_loss_backward_fake(grad_loss, grad_logits, grad_value):
+    _check(
+        grad_logits.dim() == 2 and grad_logits.dtype in FLOAT_DTYPES,
+        "grad_logits must be a float32 or float64 [M, A] tensor",
+    )
+    m = grad_logits.shape[0]
+    _check(
+        grad_value.dim() == 1
+        and grad_value.shape[0] == m
+        and grad_value.dtype == grad_logits.dtype,
+        f"grad_value must be [M] = [{m}] with the dtype of grad_logits",
+    )
+    _check(
+        grad_loss.dim() == 0 and grad_loss.dtype == grad_logits.dtype,
+        "grad_loss must be a scalar tensor with the dtype of grad_logits",
+    )
+    _check(
+        grad_loss.device == grad_logits.device and grad_value.device == grad_logits.device,
+        "grad_loss, grad_logits and grad_value must be on one device",
+    )
+    return grad_logits.new_empty(grad_logits.shape), grad_value.new_empty(grad_value.shape)

@@ -9,6 +9,8 @@ custom operators.
 - :func:`clipped_policy_loss`: the clipped surrogate with GRPO / Dr. GRPO / token-mean
   aggregation, optional dual clip and truncated importance weights, plus the clip fraction and
   approximate KL as device tensors.
+- :func:`ppo_loss`: the whole PPO loss of a categorical actor-critic minibatch (clipped
+  surrogate, clipped value loss, entropy bonus, advantage normalisation) in one op.
 
 Each runs on the device of its inputs with no host sync, traces under
 `torch.compile(fullgraph=True)`, and has a native backward.
@@ -174,3 +176,73 @@ def clipped_policy_loss(
         _scalar(is_cap, "is_cap"),
     )
     return PolicyLoss(loss, clip_fraction, approx_kl)
+
+
+class PPOLoss(NamedTuple):
+    loss: Tensor
+    """pg_loss - ent_coef * entropy + vf_coef * v_loss, a scalar (differentiable in the logits
+    and the value)."""
+    pg_loss: Tensor
+    """The clipped surrogate's mean (a scalar tensor, for logging)."""
+    v_loss: Tensor
+    """Half the mean (clipped) squared value error."""
+    entropy: Tensor
+    """The policy's mean entropy."""
+    approx_kl: Tensor
+    """Mean of (ratio - 1) - log(ratio), the k3 estimator of KL(old || new)."""
+    clip_fraction: Tensor
+    """Share of samples whose policy gradient a clip cut."""
+    stats: Tensor
+    """The five statistics above as one `[5]` tensor (they are its views): one add to
+    accumulate them."""
+
+
+def ppo_loss(
+    logits: Tensor,
+    action: Tensor,
+    value: Tensor,
+    old_log_prob: Tensor,
+    old_value: Tensor,
+    advantage: Tensor,
+    value_target: Tensor,
+    clip_coef: float = 0.2,
+    value_clip: float | None = 0.2,
+    ent_coef: float = 0.01,
+    vf_coef: float = 0.5,
+    normalize_advantage: bool = True,
+) -> PPOLoss:
+    """The PPO loss of a categorical actor-critic over a minibatch of M samples, as CleanRL's
+    ppo.py computes it, in one op forward and one backward.
+
+    Args:
+        logits: `[M, A]` the policy's logits (float32/float64; differentiated).
+        action: int64 `[M]` the actions taken, in `[0, A)`.
+        value: `[M]` the critic's values (differentiated).
+        old_log_prob, old_value: `[M]` log-probabilities and values of the policy and critic
+            the chunk is trained against (targets).
+        advantage, value_target: `[M]` (targets).
+        clip_coef: the ratio is clipped to `[1 - clip_coef, 1 + clip_coef]`.
+        value_clip: the value's change from old_value is clipped to this in the value loss
+            (PPO's clipped value loss); None: the plain squared error.
+        ent_coef, vf_coef: weights of the entropy bonus and the value loss.
+        normalize_advantage: normalise the advantages to zero mean and unit std over the
+            minibatch (needs M >= 2).
+
+    Returns:
+        PPOLoss; every field a scalar tensor on the logits' device (no host sync).
+    """
+    loss, stats, _, _ = torch.ops.nostall.ppo_loss.default(
+        logits,
+        action,
+        value,
+        old_log_prob,
+        old_value,
+        advantage,
+        value_target,
+        _scalar(clip_coef, "clip_coef"),
+        None if value_clip is None else _scalar(value_clip, "value_clip"),
+        _scalar(ent_coef, "ent_coef"),
+        _scalar(vf_coef, "vf_coef"),
+        bool(normalize_advantage),
+    )
+    return PPOLoss(loss, *stats.unbind(), stats)

@@ -148,3 +148,42 @@ def mlp(input, weights, biases, activation="tanh") -> Tensor:
         if i + 1 < len(weights):
             x = act(x)
     return x
+
+
+def ppo_loss(
+    logits,
+    action,
+    value,
+    old_log_prob,
+    old_value,
+    advantage,
+    value_target,
+    clip_coef=0.2,
+    value_clip=0.2,
+    ent_coef=0.01,
+    vf_coef=0.5,
+    normalize_advantage=True,
+) -> tuple[Tensor, ...]:
+    """CleanRL's ppo.py loss, op by op: (loss, pg_loss, v_loss, entropy, approx_kl,
+    clip_fraction)."""
+    log_p = logits.log_softmax(-1)
+    new_log_prob = log_p.gather(-1, action[:, None]).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    adv = advantage
+    if normalize_advantage:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    log_ratio = new_log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    if value_clip is None:
+        v_err = (value - value_target) ** 2
+    else:
+        clipped = old_value + (value - old_value).clamp(-value_clip, value_clip)
+        v_err = torch.max((value - value_target) ** 2, (clipped - value_target) ** 2)
+    pg_loss, v_loss = pg.mean(), 0.5 * v_err.mean()
+    loss = pg_loss - ent_coef * entropy.mean() + vf_coef * v_loss
+    with torch.no_grad():
+        kl = ((ratio - 1) - log_ratio).mean()
+        cut = ((ratio < 1 - clip_coef) & (adv < 0)) | ((ratio > 1 + clip_coef) & (adv > 0))
+        clip_fraction = cut.to(logits.dtype).mean()
+    return loss, pg_loss.detach(), v_loss.detach(), entropy.mean().detach(), kl, clip_fraction

@@ -245,6 +245,11 @@ def test_second_derivatives_are_refused_not_silently_zero():
         torch.autograd.grad(
             (nostall.group_advantages(r, index, 2) ** 2).sum(), r, create_graph=True
         )
+    lp, old, _, adv, mask = token_batch(2, 4, seed=12)
+    lp = _grad(lp)
+    with pytest.raises(RuntimeError, match="clipped_policy_loss has no second derivative"):
+        loss = nostall.clipped_policy_loss(lp, old, adv, mask).loss
+        torch.autograd.grad(loss, lp, create_graph=True)
     # A first derivative with create_graph=False is of course fine.
     torch.autograd.grad(nostall.token_log_prob(x, tokens).sum(), x)
 

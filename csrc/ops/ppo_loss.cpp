@@ -1,0 +1,97 @@
+// CPU kernels of ppo_loss (see ppo_loss.h). One thread, samples in order: a PPO minibatch is a
+// few hundred to a few thousand rows of a handful of actions, microseconds of work, and a fixed
+// summation order keeps the loss reproducible whatever the thread count.
+#include "ops/ppo_loss.h"
+
+#include <torch/csrc/stable/ops.h>
+
+#include "common/tensor_utils.h"
+
+namespace nostall {
+
+namespace {
+
+template <typename S>
+void advantage_moments(const Tensor& advantage, double* mean, double* squared_deviations) {
+  const int64_t M = advantage.size(0), stride = advantage.stride(0);
+  const S* adv = advantage.const_data_ptr<S>();
+  double sum = 0;
+  for (int64_t m = 0; m < M; ++m) sum += adv[m * stride];
+  *mean = sum / static_cast<double>(M);
+  double dev = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const double d = adv[m * stride] - *mean;
+    dev += d * d;
+  }
+  *squared_deviations = dev;
+}
+
+}  // namespace
+
+PpoLossOutput ppo_loss_cpu(Tensor logits, Tensor action, Tensor value, Tensor old_log_prob,
+                           Tensor old_value, Tensor advantage, Tensor value_target,
+                           double clip_coef, std::optional<double> value_clip, double ent_coef,
+                           double vf_coef, bool normalize_advantage) {
+  const PpoLossConfig c = checked_ppo_loss_config(logits, action, value, old_log_prob, old_value,
+                                                  advantage, value_target, clip_coef, value_clip,
+                                                  ent_coef, vf_coef, normalize_advantage);
+  const int64_t M = logits.size(0), A = logits.size(1);
+  const int64_t* act = action.const_data_ptr<int64_t>();
+  const int64_t as = action.stride(0);
+  for (int64_t m = 0; m < M; ++m) {
+    STD_TORCH_CHECK(act[m * as] >= 0 && act[m * as] < A, "action must lie in [0, A = ", A,
+                    "), got action[", m, "] = ", act[m * as]);
+  }
+  logits = as_contiguous(logits);
+  Tensor loss = torch::stable::new_empty(logits, {});
+  Tensor stats = new_contiguous(logits, {5});
+  Tensor grad_logits = new_contiguous(logits, {M, A});
+  Tensor grad_value = new_contiguous(logits, {M});
+  dispatch_floating(logits.scalar_type(), [&](auto tag) {
+    using S = decltype(tag);
+    S shift = S(0), scale = S(1);
+    if (c.normalize) {
+      double mean = 0, squared_deviations = 0;
+      advantage_moments<S>(advantage, &mean, &squared_deviations);
+      advantage_normaliser(mean, squared_deviations, M, &shift, &scale);
+    }
+    const S* x = logits.const_data_ptr<S>();
+    const S *v = value.const_data_ptr<S>(), *olp = old_log_prob.const_data_ptr<S>();
+    const S *ov = old_value.const_data_ptr<S>(), *adv = advantage.const_data_ptr<S>();
+    const S* tgt = value_target.const_data_ptr<S>();
+    const int64_t vs = value.stride(0), olps = old_log_prob.stride(0), ovs = old_value.stride(0);
+    const int64_t advs = advantage.stride(0), tgts = value_target.stride(0);
+    S* gl = grad_logits.mutable_data_ptr<S>();
+    S* gv = grad_value.mutable_data_ptr<S>();
+    const S inv_m = S(1) / static_cast<S>(M);
+    PpoSums sums;
+    for (int64_t m = 0; m < M; ++m) {
+      ppo_sample<S>(x + m * A, A, act[m * as], v[m * vs], olp[m * olps], ov[m * ovs], adv[m * advs],
+                    tgt[m * tgts], shift, scale, c, inv_m, gl + m * A, gv + m, sums);
+    }
+    ppo_finish<S>(sums, M, c, loss.mutable_data_ptr<S>(), stats.mutable_data_ptr<S>());
+  });
+  return {loss, stats, grad_logits, grad_value};
+}
+
+std::tuple<Tensor, Tensor> ppo_loss_backward_cpu(Tensor grad_loss, Tensor grad_logits,
+                                                 Tensor grad_value) {
+  check_ppo_loss_backward_args(grad_loss, grad_logits, grad_value);
+  grad_logits = as_contiguous(grad_logits);
+  grad_value = as_contiguous(grad_value);
+  Tensor out_logits = new_contiguous(grad_logits, {grad_logits.size(0), grad_logits.size(1)});
+  Tensor out_value = new_contiguous(grad_value, {grad_value.size(0)});
+  dispatch_floating(grad_logits.scalar_type(), [&](auto tag) {
+    using S = decltype(tag);
+    const S g = *grad_loss.const_data_ptr<S>();
+    const S* a = grad_logits.const_data_ptr<S>();
+    const S* b = grad_value.const_data_ptr<S>();
+    S* oa = out_logits.mutable_data_ptr<S>();
+    S* ob = out_value.mutable_data_ptr<S>();
+    for (int64_t i = 0; i < grad_logits.numel(); ++i) oa[i] = g * a[i];
+    for (int64_t i = 0; i < grad_value.numel(); ++i) ob[i] = g * b[i];
+  });
+  return {out_logits, out_value};
+}
+
+}  // namespace nostall
