@@ -83,6 +83,8 @@ class Args:
     """hidden units per layer of the actor and the critic"""
     staleness: int = 0
     """how many policy versions the rollout side may run ahead (0: synchronous PPO)"""
+    publish_every: int = 1
+    """publish the trained weights to the rollout side every this many updates (iterations)"""
     backend: str = "thread"
     """where the rollout side runs: "thread", or "process" (no GIL shared with the trainer)"""
     native_rollout: bool = True
@@ -127,6 +129,7 @@ class Args:
             "torch_threads",
             "checkpoint_every",
             "hidden",
+            "publish_every",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -272,13 +275,21 @@ def minibatch_loss(
     return loss, stats
 
 
-def _checkpoint_state(agent, optimizer, lr, runtime, env, generator, iteration, result) -> dict:
+def _checkpoint_state(
+    agent, optimizer, lr, runtime, env, generator, iteration, result, publishes: bool
+) -> dict:
+    """Taken between this iteration's update and its publish: a resumed run's rollout side
+    starts with the weights that publish would have given it (`publishes`), else with the last
+    published ones."""
+    runtime_state = runtime.state_dict()
+    if publishes:
+        runtime_state["rollout_weights"] = {k: v.clone() for k, v in agent.state_dict().items()}
     return {
         "agent": agent.state_dict(),
         "optimizer": optimizer.state_dict(),
         "lr": lr.clone(),
         "env": env.state_dict(),
-        "runtime": runtime.state_dict(),
+        "runtime": runtime_state,
         "trainer_generator": generator.get_state(),
         "iteration": iteration,
         "curve": list(result.curve),
@@ -358,6 +369,7 @@ def train(
                 report = watch.report()
                 syncs.append(report.unintended_count)
                 result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
+            publishes = iteration % args.publish_every == 0
             if args.checkpoint and (
                 iteration % args.checkpoint_every == 0 or iteration == args.num_iterations
             ):
@@ -365,10 +377,10 @@ def train(
                 save_checkpoint(
                     args.checkpoint.format(iteration=iteration),
                     _checkpoint_state(
-                        agent, optimizer, lr, runtime, env, generator, iteration, result
+                        agent, optimizer, lr, runtime, env, generator, iteration, result, publishes
                     ),
                 )
-            runtime.publish(agent)
+            runtime.publish(agent, weights=publishes)
             runtime.timeline.record("train", began, time.perf_counter())
             steps = iteration * args.batch_size
             if result.first_iteration_at is None:

@@ -36,6 +36,7 @@ def _rollout_main(
     slots: list[Chunk],
     weights: dict[str, torch.Tensor],
     version,
+    weights_version,
     lock,
     free,
     filled,
@@ -77,9 +78,9 @@ def _rollout_main(
             if stop.is_set():
                 break
             with lock:
-                if version.value > have:
+                if weights_version.value > have:
                     agent.load_state_dict(weights)
-                    have = version.value
+                    have = weights_version.value
             try:
                 slot = free.get(timeout=_POLL_S)
             except queue.Empty:
@@ -129,7 +130,8 @@ class ProcessRuntime:
         self._weights = {
             k: v.detach().clone().share_memory_() for k, v in agent.state_dict().items()
         }
-        self._version = ctx.Value("q", 0)
+        self._version = ctx.Value("q", 0)  # updates done
+        self._weights_version = ctx.Value("q", 0)  # the version of the weights in self._weights
         self._lock = ctx.Lock()
         self._free, self._filled, self._errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
         self._requests, self._responses = ctx.Queue(), ctx.Queue()
@@ -140,7 +142,8 @@ class ProcessRuntime:
         self.timeline = Timeline()
         self._ctx = ctx
         self._process_args = (
-            make_env, make_agent, act, self.slots, self._weights, self._version, self._lock,
+            make_env, make_agent, act, self.slots, self._weights, self._version,
+            self._weights_version, self._lock,
             self._free, self._filled, self._errors, self._stop, self.episodes, staleness, seed,
             self._requests, self._responses, rollout,
         )  # fmt: skip
@@ -173,11 +176,14 @@ class ProcessRuntime:
     def release(self, slot: int) -> None:
         self._free.put(slot)
 
-    def publish(self, agent: torch.nn.Module) -> int:
+    def publish(self, agent: torch.nn.Module, weights: bool = True) -> int:
+        """As Runtime.publish: one more update, and its weights with `weights`."""
         self.version += 1
         with self._lock, torch.no_grad():
-            for name, value in agent.state_dict().items():
-                self._weights[name].copy_(value)
+            if weights:
+                for name, value in agent.state_dict().items():
+                    self._weights[name].copy_(value)
+                self._weights_version.value = self.version
             self._version.value = self.version
         return self.version
 
@@ -196,15 +202,17 @@ class ProcessRuntime:
             except queue.Empty:
                 self._raise_if_failed()
                 continue
-            return {**state, "episodes": self.episodes.state_dict()}
+            with self._lock:
+                weights = {k: v.clone() for k, v in self._weights.items()}
+            return {**state, "episodes": self.episodes.state_dict(), "rollout_weights": weights}
 
     def load_state_dict(self, state: dict, agent: torch.nn.Module) -> None:
         """Restores a state_dict before the rollout process starts; its policy copy starts from
-        `agent`'s weights."""
+        the weights last published (or `agent`'s, from a state without them)."""
         if self._process is not None:
             raise RuntimeError("load_state_dict must come before the rollout process starts")
         with torch.no_grad():
-            for name, value in agent.state_dict().items():
+            for name, value in state.get("rollout_weights", agent.state_dict()).items():
                 self._weights[name].copy_(value)
         self.episodes.load_state_dict(state["episodes"])
         self._initial_state = {k: state[k] for k in ("env", "generator", "next_obs")}

@@ -12,7 +12,9 @@ and double-buffered weight sync.
 
 Staleness bound S: chunk k is collected by a policy of version at least k - S (the trainer
 publishes version v after its v-th update). S = 0 alternates strictly: exactly synchronous
-PPO. A failure on either side reaches the other within a poll interval, with its traceback;
+PPO. The trainer may publish its weights only every K updates (`publish(agent, weights=False)`
+in between): the bound still counts updates, and a chunk's policy may then also lag by up to
+K - 1 more. A failure on either side reaches the other within a poll interval, with its traceback;
 leaving the context joins the rollout thread.
 """
 
@@ -112,10 +114,14 @@ class Runtime:
     def release(self, slot: int) -> None:
         self._free.put(slot)
 
-    def publish(self, agent: torch.nn.Module) -> int:
-        """Publishes the trainer's weights as the next version; returns that version."""
+    def publish(self, agent: torch.nn.Module, weights: bool = True) -> int:
+        """Marks one more update done (the next version) and, with `weights`, publishes the
+        trainer's weights as that version; returns the version."""
         self.version += 1
-        self.weights.publish(agent, self.version)
+        if weights:
+            self.weights.publish(agent, self.version)
+        else:
+            self.weights.advance(self.version)
         return self.version
 
     def lag(self, chunk: Chunk) -> int:
@@ -130,11 +136,13 @@ class Runtime:
             "generator": self.generator.get_state(),
             "next_obs": self._next_obs.clone(),
             "episodes": self.episodes.state_dict(),
+            "rollout_weights": self.weights.newest(),  # older than the trainer's between publishes
         }
 
     def load_state_dict(self, state: dict, agent: torch.nn.Module) -> None:
-        """Restores a state_dict, with the rollout policy copy set to `agent`'s weights."""
-        self.rollout_agent.load_state_dict(agent.state_dict())
+        """Restores a state_dict; the rollout policy copy gets the weights last published (or
+        `agent`'s, from a state without them)."""
+        self.rollout_agent.load_state_dict(state.get("rollout_weights", agent.state_dict()))
         self.generator.set_state(state["generator"])
         self._next_obs = state["next_obs"].clone()
         self.episodes.load_state_dict(state["episodes"])

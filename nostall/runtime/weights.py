@@ -1,6 +1,9 @@
 """Weight sync without stopping the world: the trainer publishes its weights into one half of a
 double buffer; the rollout side copies the newest half into its own policy copy at a chunk
-boundary. Neither side waits for the other's compute, only for a short copy under a lock."""
+boundary. Neither side waits for the other's compute, only for a short copy under a lock.
+
+The trainer's progress (updates done) is tracked apart from the weights' version, so it may
+publish weights only every K updates while the staleness bound still counts updates."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ class WeightBuffer:
         ]
         self._versions = [0, -1]
         self._newest = 0
+        self._progress = 0  # updates the trainer has done
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
 
@@ -33,6 +37,18 @@ class WeightBuffer:
         with self._lock:
             self._versions[spare] = version
             self._newest = spare
+            self._progress = max(self._progress, version)
+            self._published.notify_all()
+
+    def newest(self) -> dict[str, torch.Tensor]:
+        """A copy of the newest published weights."""
+        with self._lock:
+            return {k: v.clone() for k, v in self._buffers[self._newest].items()}
+
+    def advance(self, version: int) -> None:
+        """Records that the trainer reached `version` without publishing its weights."""
+        with self._lock:
+            self._progress = max(self._progress, version)
             self._published.notify_all()
 
     def pull(self, module: torch.nn.Module, have: int) -> int:
@@ -49,7 +65,7 @@ class WeightBuffer:
         return version
 
     def wait_for(self, version: int, stop: threading.Event, poll_s: float = 0.05) -> None:
-        """Blocks until `version` (or newer) is published, or `stop` is set."""
+        """Blocks until the trainer reached `version` (or newer), or `stop` is set."""
         with self._lock:
-            while self._versions[self._newest] < version and not stop.is_set():
+            while self._progress < version and not stop.is_set():
                 self._published.wait(timeout=poll_s)

@@ -72,6 +72,21 @@ def test_native_rollout_trains_exactly_as_the_step_by_step_one(tmp_path, backend
     assert curves[0] == curves[1] and curves[0]
 
 
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_resume_between_weight_publications_is_exact(tmp_path, backend):
+    # Weights published every 2 updates: at iteration 3 the rollout side still holds those of
+    # iteration 2, and a resumed run must collect with those too.
+    common = dict(
+        total_timesteps=6 * 1024, log_interval=3, checkpoint_every=3, backend=backend,
+        publish_every=2, watch_syncs=False,
+    )  # fmt: skip
+    ppo.train(ppo.Args(**common, checkpoint=str(tmp_path / "straight-{iteration}.pt")))
+    resumed = tmp_path / "resumed.pt"
+    ppo.train(ppo.Args(**common, checkpoint=str(resumed), resume=str(tmp_path / "straight-3.pt")))
+    for a, b in zip(_params(tmp_path / "straight-6.pt"), _params(resumed), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_bad_arguments_and_checkpoints(tmp_path):
     with pytest.raises(ValueError, match="num_envs must be at least 1"):
         ppo.train(ppo.Args(num_envs=0))
