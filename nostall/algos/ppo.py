@@ -32,6 +32,7 @@ from nostall.algos.agent import ActorCritic, act, native_rollout
 from nostall.algos.optim import ClippedAdam
 from nostall.profiler import SyncWatch, allow
 from nostall.runtime import Chunk, Runtime
+from nostall.runtime.device import DeviceChunks
 from nostall.runtime.process import ProcessRuntime
 from nostall.runtime.storage import slot_layout
 
@@ -94,6 +95,9 @@ class Args:
     """seeds the network, the environments and both sides' generators"""
     torch_threads: int = 1
     """intra-op threads for torch (the two sides share the process's pool)"""
+    device: str = "cpu"
+    """where the trainer's networks and update run ("cpu", "cuda", "cuda:1"); the environments
+    and the rollout side's policy copy stay on the CPU"""
     log_interval: int = 10
     """read metrics (a host sync) every this many iterations"""
     watch_syncs: bool = True
@@ -142,6 +146,11 @@ class Args:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
         if self.backend not in ("thread", "process"):
             raise ValueError(f"backend must be 'thread' or 'process', got {self.backend!r}")
+        device = torch.device(self.device)  # raises on a malformed name
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} asked for, but no CUDA device is present")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
 
@@ -218,9 +227,9 @@ def ppo_update(
     targets = (chunk.log_probs, chunk.values, advantages, returns)
     b_targets = torch.stack([t.reshape(-1) for t in targets])  # (4, T * N)
     minibatch = T * N // args.num_minibatches
-    totals = torch.zeros(len(METRICS))
+    totals = torch.zeros(len(METRICS), device=b_obs.device)
     for _ in range(args.update_epochs):
-        order = torch.randperm(T * N, generator=generator)
+        order = torch.randperm(T * N, generator=generator, device=generator.device)
         for start in range(0, T * N, minibatch):
             idx = order[start : start + minibatch]
             loss, stats = minibatch_loss(
@@ -258,7 +267,7 @@ def minibatch_loss(
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     # The clipped surrogate, its clip fraction and approximate KL in one native op (a minibatch
     # is one "sequence" of tokens, all counted).
-    every_token = torch.ones(1, len(adv), dtype=torch.bool)
+    every_token = torch.ones(1, len(adv), dtype=torch.bool, device=adv.device)
     pg = nostall.clipped_policy_loss(
         new_log_prob.view(1, -1), old_log_prob.view(1, -1), adv.view(1, -1), every_token,
         args.clip_coef, args.clip_coef,
@@ -330,12 +339,15 @@ def train(
     torch.manual_seed(args.seed)
     env = nostall.envs.make(args.env_id, args.num_envs, seed=args.seed, autoreset_mode="SameStep")
     solved_return = args.solved_return or env.info.reward_threshold
-    agent = ActorCritic.for_env(env, args.hidden)
-    lr = torch.tensor(args.learning_rate)  # a tensor: annealing it needs no host value
+    device = torch.device(args.device)
+    agent = ActorCritic.for_env(env, args.hidden).to(device)
+    # A tensor on the trainer's device: annealing it needs no host value.
+    lr = torch.tensor(args.learning_rate, device=device)
     # Gradient clipping and fused Adam in one lean step (see optim.py).
     optimizer = ClippedAdam(agent.parameters(), lr=lr, max_grad_norm=args.max_grad_norm, eps=1e-5)
-    generator = torch.Generator().manual_seed(args.seed + 1)
+    generator = torch.Generator(device).manual_seed(args.seed + 1)
     runtime = _make_runtime(args, env, agent)
+    device_chunks = DeviceChunks(runtime.slots[0], device)  # host chunks to the trainer's device
     result = TrainResult(args=asdict(args))
     first_iteration = 1
     if args.resume:
@@ -359,11 +371,13 @@ def train(
             watched = args.watch_syncs and iteration in WATCHED_ITERATIONS
             watch = SyncWatch(agent) if watched else contextlib.nullcontext()
             with watch:
-                slot, chunk = runtime.next_chunk()
+                slot, host_chunk = runtime.next_chunk()
                 began = time.perf_counter()
+                chunk = device_chunks.to_device(host_chunk)
                 advantages, returns = advantage_fn(agent, chunk, args)
                 metrics = ppo_update(agent, optimizer, chunk, advantages, returns, args, generator)
                 lag = runtime.lag(chunk)
+                device_chunks.wait_copied()
                 runtime.release(slot)
             if watched:
                 report = watch.report()
@@ -424,7 +438,7 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
 
 def load_checkpoint(path: str | Path) -> dict:
     try:
-        return torch.load(path, weights_only=False)
+        return torch.load(path, weights_only=False, map_location="cpu")
     except Exception as e:  # torch.load fails in many ways on a bad file; all mean "unreadable"
         raise ValueError(f"cannot read checkpoint {path}: {e}") from None
 

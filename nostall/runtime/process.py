@@ -118,6 +118,8 @@ class ProcessRuntime:
         join_timeout_s: float = 10.0,
         rollout: Callable | None = None,
     ):
+        # Shared memory cannot also be pinned: a trainer on a GPU copies these chunks with a
+        # host wait (each a few kB); the thread backend pins its chunks instead.
         self.slots = rollout_slots(
             staleness, num_steps, num_envs=num_envs, obs_dim=obs_dim,
             action_shape=action_shape, discrete=discrete,
@@ -128,7 +130,8 @@ class ProcessRuntime:
             for tensor in chunk.tensors().values():
                 tensor.share_memory_()
         self._weights = {
-            k: v.detach().clone().share_memory_() for k, v in agent.state_dict().items()
+            k: v.detach().to("cpu", copy=True).share_memory_()
+            for k, v in agent.state_dict().items()
         }
         self._version = ctx.Value("q", 0)  # updates done
         self._weights_version = ctx.Value("q", 0)  # the version of the weights in self._weights
@@ -181,8 +184,10 @@ class ProcessRuntime:
         self.version += 1
         with self._lock, torch.no_grad():
             if weights:
+                # From a GPU this copy waits for the update: another process cannot wait on
+                # this process's CUDA stream, so the weights must be complete in shared memory.
                 for name, value in agent.state_dict().items():
-                    self._weights[name].copy_(value)
+                    self._weights[name].copy_(value)  # sync: cross-process weights (on a GPU)
                 self._weights_version.value = self.version
             self._version.value = self.version
         return self.version

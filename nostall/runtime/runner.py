@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from nostall.envs import VectorEnv
+from nostall.runtime.device import pinned
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
 from nostall.runtime.rollout import ActFn, Timeline, collect
@@ -51,10 +52,14 @@ class Runtime:
     ):
         """`act(agent, obs, generator)` steps the policy; `rollout(agent, env, chunk,
         generator)`, when given, collects a whole chunk in one call instead."""
-        self.slots = rollout_slots(staleness, num_steps, **slot_layout(env))
+        trainer_device = next(agent.parameters()).device
+        self.slots = rollout_slots(
+            staleness, num_steps, **slot_layout(env), pin_memory=pinned(trainer_device)
+        )
         self.env = env
         self.staleness = staleness
-        self.rollout_agent = copy.deepcopy(agent)  # the rollout side's own copy
+        # The rollout side's own copy, on the CPU with the environments.
+        self.rollout_agent = copy.deepcopy(agent).cpu()
         self._act = act
         self._rollout = rollout
         self.weights = WeightBuffer(agent)

@@ -28,18 +28,30 @@ class Chunk:
 
     @classmethod
     def empty(
-        cls, T: int, N: int, obs_dim: int, action_shape: tuple[int, ...], discrete: bool
+        cls,
+        T: int,
+        N: int,
+        obs_dim: int,
+        action_shape: tuple[int, ...],
+        discrete: bool,
+        device: torch.device | str = "cpu",
+        pin_memory: bool = False,
     ) -> Chunk:
+        """Zeros; `pin_memory` (CPU only) for chunks copied to a GPU without a host wait."""
         action_dtype = torch.int64 if discrete else torch.float32
+
+        def zeros(*shape, dtype=torch.float32):
+            return torch.zeros(*shape, dtype=dtype, device=device, pin_memory=pin_memory)
+
         return cls(
-            obs=torch.zeros(T + 1, N, obs_dim),
-            actions=torch.zeros(T, N, *action_shape, dtype=action_dtype),
-            log_probs=torch.zeros(T, N),
-            values=torch.zeros(T, N),
-            rewards=torch.zeros(T, N, dtype=torch.float64),
-            terminated=torch.zeros(T, N, dtype=torch.bool),
-            truncated=torch.zeros(T, N, dtype=torch.bool),
-            final_obs=torch.zeros(T, N, obs_dim),
+            obs=zeros(T + 1, N, obs_dim),
+            actions=zeros(T, N, *action_shape, dtype=action_dtype),
+            log_probs=zeros(T, N),
+            values=zeros(T, N),
+            rewards=zeros(T, N, dtype=torch.float64),
+            terminated=zeros(T, N, dtype=torch.bool),
+            truncated=zeros(T, N, dtype=torch.bool),
+            final_obs=zeros(T, N, obs_dim),
         )
 
     @property
@@ -69,6 +81,7 @@ def rollout_slots(
     obs_dim: int,
     action_shape: tuple[int, ...],
     discrete: bool,
+    pin_memory: bool = False,
 ) -> list[Chunk]:
     """The chunks a runtime cycles through: S + 1 collected ahead, one being trained on."""
     if staleness < 0:
@@ -76,6 +89,6 @@ def rollout_slots(
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     return [
-        Chunk.empty(num_steps, num_envs, obs_dim, action_shape, discrete)
+        Chunk.empty(num_steps, num_envs, obs_dim, action_shape, discrete, pin_memory=pin_memory)
         for _ in range(staleness + 2)
     ]

@@ -3,7 +3,9 @@ double buffer; the rollout side copies the newest half into its own policy copy 
 boundary. Neither side waits for the other's compute, only for a short copy under a lock.
 
 The trainer's progress (updates done) is tracked apart from the weights' version, so it may
-publish weights only every K updates while the staleness bound still counts updates."""
+publish weights only every K updates while the staleness bound still counts updates. The
+buffers live on the host: with the trainer on a GPU, publishing queues non-blocking copies
+(see device.py) that the rollout side waits for before it loads them."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ import threading
 
 import torch
 
+from nostall.runtime.device import HostWeights
+
 
 class WeightBuffer:
     def __init__(self, module: torch.nn.Module):
-        self._buffers = [
-            {k: v.detach().clone() for k, v in module.state_dict().items()} for _ in range(2)
-        ]
+        self._buffers = [HostWeights(module.state_dict()) for _ in range(2)]
         self._versions = [0, -1]
         self._newest = 0
         self._progress = 0  # updates the trainer has done
@@ -31,9 +33,7 @@ class WeightBuffer:
     def publish(self, module: torch.nn.Module, version: int) -> None:
         """Copies `module`'s weights in as `version` (the trainer side)."""
         spare = 1 - self._newest
-        with torch.no_grad():
-            for name, value in module.state_dict().items():
-                self._buffers[spare][name].copy_(value)
+        self._buffers[spare].fill(module.state_dict())
         with self._lock:
             self._versions[spare] = version
             self._newest = spare
@@ -43,7 +43,7 @@ class WeightBuffer:
     def newest(self) -> dict[str, torch.Tensor]:
         """A copy of the newest published weights."""
         with self._lock:
-            return {k: v.clone() for k, v in self._buffers[self._newest].items()}
+            return {k: v.clone() for k, v in self._buffers[self._newest].ready().items()}
 
     def advance(self, version: int) -> None:
         """Records that the trainer reached `version` without publishing its weights."""
@@ -59,9 +59,10 @@ class WeightBuffer:
             version = self._versions[newest]
             if version <= have:
                 return have
+            weights = self._buffers[newest].ready()
             with torch.no_grad():
                 for name, value in module.state_dict().items():
-                    value.copy_(self._buffers[newest][name])
+                    value.copy_(weights[name])
         return version
 
     def wait_for(self, version: int, stop: threading.Event, poll_s: float = 0.05) -> None:

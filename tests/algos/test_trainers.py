@@ -92,6 +92,13 @@ def test_bad_arguments_and_checkpoints(tmp_path):
         ppo.train(ppo.Args(num_envs=0))
     with pytest.raises(ValueError, match="divisible by num_minibatches"):
         ppo.train(ppo.Args(num_envs=3, num_steps=5, num_minibatches=4))
+    with pytest.raises(ValueError, match="device must be cpu or cuda, got 'meta'"):
+        ppo.train(ppo.Args(device="meta"))
+    with pytest.raises(RuntimeError, match="Invalid device string"):
+        ppo.train(ppo.Args(device="gpu0"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device is present"):
+            ppo.train(ppo.Args(device="cuda"))
     bad = tmp_path / "bad.pt"
     bad.write_text("not a checkpoint")
     with pytest.raises(ValueError, match="cannot read checkpoint"):
@@ -103,3 +110,28 @@ def test_steady_throughput_leaves_out_the_first_iteration():
     assert result.steps_per_second == 10 * 1024 / 7.0
     assert result.steady_steps_per_second == 9 * 1024 / 4.5
     assert ppo.TrainResult(args={}).steady_steps_per_second == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_ppo_on_a_gpu_solves_cartpole_and_the_thread_backend_never_syncs(backend):
+    args = ppo.Args(
+        device="cuda", backend=backend, total_timesteps=200_000, stop_when_solved=True,
+        log_interval=5,
+    )  # fmt: skip
+    result = ppo.train(args)
+    assert result.solved_at is not None, result.curve[-5:]
+    if backend == "thread":  # the process backend's weight hand-off waits for the update
+        assert result.syncs_per_iteration == 0, result.sync_sites
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
+def test_gpu_trainer_resumes_exactly(tmp_path):
+    common = dict(total_timesteps=8 * 1024, log_interval=4, checkpoint_every=4, device="cuda")
+    ppo.train(ppo.Args(**common, checkpoint=str(tmp_path / "straight-{iteration}.pt")))
+    resumed = tmp_path / "resumed.pt"
+    ppo.train(ppo.Args(**common, checkpoint=str(resumed), resume=str(tmp_path / "straight-4.pt")))
+    for a, b in zip(_params(tmp_path / "straight-8.pt"), _params(resumed), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -1,0 +1,87 @@
+"""The trainer on a GPU, the rollout side on the CPU: chunks go to the device and weights come
+back without the trainer's host thread waiting for the device.
+
+- A chunk (collected into pinned host memory) is copied into a device chunk with non-blocking
+  copies on a copy stream; the trainer's stream waits for them on the device, not the host.
+  The host slot is handed back to the rollout side once the copies are done, which the host
+  checks at the end of the iteration, long after they finished.
+- Weights are published into pinned host buffers by non-blocking copies on the trainer's
+  stream, with an event the rollout side waits on before it loads them: the rollout side waits
+  for the weights it needs, the trainer for nothing.
+On the CPU every piece is a plain copy (or none), so the same trainer code runs everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nostall.runtime.storage import Chunk
+
+
+def pinned(device: torch.device) -> bool:
+    """Whether host buffers feeding `device` should be pinned (page-locked)."""
+    return device.type == "cuda"
+
+
+class DeviceChunks:
+    """Copies host chunks into one device chunk, on a stream of its own."""
+
+    def __init__(self, like: Chunk, device: torch.device):
+        self.device = device
+        self.on_device = device.type != "cpu"
+        if self.on_device:
+            self._chunk = Chunk(
+                **{k: torch.empty_like(v, device=device) for k, v in like.tensors().items()}
+            )
+            self._copy_stream = torch.cuda.Stream(device)
+            self._copied = torch.cuda.Event()
+
+    def to_device(self, chunk: Chunk) -> Chunk:
+        """The chunk on the device, ready in the current stream's order (on the CPU: itself)."""
+        if not self.on_device:
+            return chunk
+        compute = torch.cuda.current_stream(self.device)
+        # The previous update must be done with the device chunk before it is overwritten.
+        self._copy_stream.wait_stream(compute)
+        with torch.cuda.stream(self._copy_stream):
+            for name, source in chunk.tensors().items():
+                getattr(self._chunk, name).copy_(source, non_blocking=True)
+            self._copied.record()
+        compute.wait_event(self._copied)
+        self._chunk.version = chunk.version
+        return self._chunk
+
+    def wait_copied(self) -> None:
+        """Before the host chunk is reused: its copies must be done. Called after the update
+        was queued, when they finished long ago."""
+        if self.on_device:
+            self._copied.synchronize()  # sync: the copies only, finished before the update ran
+
+
+class HostWeights:
+    """One half of a weight double buffer on the host, filled from device weights without a
+    host wait: `fill` queues the copies and records an event, `ready` waits for it (the
+    rollout side, before it loads the weights)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        devices = {v.device for v in state.values()}
+        self.from_device = any(d.type == "cuda" for d in devices)
+        self.tensors = {
+            k: torch.empty(v.shape, dtype=v.dtype, pin_memory=self.from_device)
+            for k, v in state.items()
+        }
+        self._event = torch.cuda.Event() if self.from_device else None
+        self.fill(state)
+        self.ready()
+
+    def fill(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, value in state.items():
+                self.tensors[name].copy_(value, non_blocking=self.from_device)
+        if self._event is not None:
+            self._event.record()
+
+    def ready(self) -> dict[str, torch.Tensor]:
+        if self._event is not None:
+            self._event.synchronize()  # sync: the rollout side waits for the weights it loads
+        return self.tensors
