@@ -93,27 +93,40 @@ struct PpoSums {
   double pg = 0, v_err = 0, entropy = 0, kl = 0, clipped = 0;
 };
 
-// One sample: writes its logits' and value's derivatives (scaled by 1 / M, from `inv_m`) and
-// adds its terms to `sums`. adv_shift / adv_scale normalise the advantage (0 / 1 when off).
-// A is small (an action space): the row is walked three times rather than buffered.
+// The softmax of one row of logits into p, with its logsumexp and entropy (one exp per logit).
 template <typename S>
-NOSTALL_HD inline void ppo_sample(const S* logits, int64_t A, int64_t action, S value, S old_lp,
-                                  S old_value, S advantage, S target, S adv_shift, S adv_scale,
-                                  const PpoLossConfig& c, S inv_m, S* grad_logits, S* grad_value,
-                                  PpoSums& sums) {
+NOSTALL_HD inline void ppo_softmax(const S* logits, int64_t A, S* p, S* lse, S* entropy) {
   using std::exp;
   using std::log;
-  const bool valid = action >= 0 && action < A;
   S m = logits[0];
   for (int64_t a = 1; a < A; ++a) m = logits[a] > m ? logits[a] : m;
   S sum = S(0);
-  for (int64_t a = 0; a < A; ++a) sum += exp(logits[a] - m);
-  const S lse = m + log(sum);
-  S entropy = S(0);
   for (int64_t a = 0; a < A; ++a) {
-    const S log_p = logits[a] - lse;
-    entropy -= exp(log_p) * log_p;
+    p[a] = exp(logits[a] - m);
+    sum += p[a];
   }
+  *lse = m + log(sum);
+  const S inv_sum = S(1) / sum;
+  S h = S(0);
+  for (int64_t a = 0; a < A; ++a) {
+    p[a] *= inv_sum;
+    h -= p[a] * (logits[a] - *lse);
+  }
+  *entropy = h;
+}
+
+// One sample, its softmax already in grad_logits (with lse and entropy, from ppo_softmax or a
+// vectorised equivalent): writes its logits' and value's derivatives (scaled by 1 / M, from
+// `inv_m`) and adds its terms to `sums`. adv_shift / adv_scale normalise the advantage (0 / 1
+// when off).
+template <typename S>
+NOSTALL_HD inline void ppo_sample_terms(const S* logits, int64_t A, int64_t action, S lse,
+                                        S entropy, S value, S old_lp, S old_value, S advantage,
+                                        S target, S adv_shift, S adv_scale, const PpoLossConfig& c,
+                                        S inv_m, S* grad_logits, S* grad_value, PpoSums& sums) {
+  using std::exp;
+  using std::log;
+  const bool valid = action >= 0 && action < A;
   const S nan = S(NAN);
   const S new_lp = valid ? logits[action] - lse : nan;
 
@@ -144,16 +157,27 @@ NOSTALL_HD inline void ppo_sample(const S* logits, int64_t A, int64_t action, S 
 
   const S ent_scale = S(c.ent_coef) * inv_m;
   for (int64_t a = 0; a < A; ++a) {
-    const S log_p = logits[a] - lse;
-    const S p = exp(log_p);
+    const S p = grad_logits[a];
     const S onehot = a == action ? S(1) : S(0);
-    grad_logits[a] = valid ? d_lp * (onehot - p) + ent_scale * p * (log_p + entropy) : nan;
+    grad_logits[a] =
+        valid ? d_lp * (onehot - p) + ent_scale * p * ((logits[a] - lse) + entropy) : nan;
   }
   sums.pg += pg;
   sums.v_err += v_err;
   sums.entropy += entropy;
   sums.kl += (ratio - S(1)) - log_ratio;
   sums.clipped += cut ? 1.0 : 0.0;
+}
+
+template <typename S>
+NOSTALL_HD inline void ppo_sample(const S* logits, int64_t A, int64_t action, S value, S old_lp,
+                                  S old_value, S advantage, S target, S adv_shift, S adv_scale,
+                                  const PpoLossConfig& c, S inv_m, S* grad_logits, S* grad_value,
+                                  PpoSums& sums) {
+  S lse, entropy;
+  ppo_softmax(logits, A, grad_logits, &lse, &entropy);
+  ppo_sample_terms(logits, A, action, lse, entropy, value, old_lp, old_value, advantage, target,
+                   adv_shift, adv_scale, c, inv_m, grad_logits, grad_value, sums);
 }
 
 // loss and stats [5] from the sums over M samples.
