@@ -5,17 +5,11 @@
 
 #include <torch/csrc/stable/ops.h>
 
-#include <type_traits>
-
 #include "common/tensor_utils.h"
-#include "ops/cpu_rows.h"
 
 namespace nostall {
 
 namespace {
-
-// From this many actions on, a float32 row's softmax runs in the vectorised row kernels.
-constexpr int64_t kVectorActions = 8;
 
 template <typename S>
 void advantage_moments(const Tensor& advantage, double* mean, double* squared_deviations) {
