@@ -102,7 +102,7 @@ def bench_optimizer() -> None:
         ours()
         peer()
     for a, b in zip(ours_net.parameters(), peer_net.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the clip's norm: see optim.py
     rows = {"nostall": timeit(ours), "clip_grad_norm_ + Adam(fused).step": timeit(peer)}
     report("Clip and Adam step, actor-critic 4-64-64-{2,1} (12 tensors)", rows)
 

@@ -30,9 +30,10 @@ inline torch::stable::Tensor transposed(const torch::stable::Tensor& t) {
   const int64_t sizes[2] = {t.size(1), t.size(0)};
   const int64_t strides[2] = {t.stride(1), t.stride(0)};
   AtenTensorHandle out = nullptr;
-  STD_TORCH_CHECK(aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, t.storage_offset(),
-                                                 &out) == AOTI_TORCH_SUCCESS,
-                  "could not make a transposed view");
+  // The shim's offset argument is added to t's own storage offset.
+  STD_TORCH_CHECK(
+      aoti_torch__reinterpret_tensor(t.get(), 2, sizes, strides, 0, &out) == AOTI_TORCH_SUCCESS,
+      "could not make a transposed view");
   return torch::stable::Tensor(out);
 }
 
@@ -47,8 +48,8 @@ inline torch::stable::Tensor select_first(const torch::stable::Tensor& t, int64_
     strides[d - 1] = t.stride(d);
   }
   AtenTensorHandle out = nullptr;
-  STD_TORCH_CHECK(aoti_torch__reinterpret_tensor(t.get(), ndim - 1, sizes, strides,
-                                                 t.storage_offset() + i * t.stride(0),
+  // The shim's offset argument is added to t's own storage offset.
+  STD_TORCH_CHECK(aoti_torch__reinterpret_tensor(t.get(), ndim - 1, sizes, strides, i * t.stride(0),
                                                  &out) == AOTI_TORCH_SUCCESS,
                   "could not make a row view");
   return torch::stable::Tensor(out);

@@ -1,12 +1,16 @@
 """Adam with global gradient-norm clipping in one lean step, for the trainers' minibatch loop.
 
 A PPO minibatch on CartPole computes its gradients in about a millisecond; then
-`clip_grad_norm_` and `Adam.step` (fused) took about 0.33 ms more, almost all of it Python:
-grouping tensors by device and dtype, re-reading the optimizer state, profiler hooks, on every
-call. ClippedAdam is a `torch.optim.Adam(fused=True)` (same state, same checkpoints, same
-kernel) whose `step` keeps its tensor lists between calls and runs only the kernels: the
-gradients' norms, the clip coefficient (a device tensor: no host sync), and the fused Adam
-update, with the arithmetic of `clip_grad_norm_(foreach=True)` followed by `Adam.step`.
+`clip_grad_norm_` and `Adam.step` (fused) took about 0.37 ms more, mostly per-tensor work and
+Python: a norm, a scale, a step count and an update for each of the 12 parameter tensors,
+grouping by device and dtype, re-reading the optimizer state, hooks.
+
+ClippedAdam is a `torch.optim.Adam(fused=True)` (same state_dict format, so checkpoints move
+between the two) that keeps its parameters, their gradients and both moments in four flat
+buffers: every parameter's data and gradient is a view of its buffer, and a step is a handful
+of ops on whole buffers. The global norm, the clip coefficient (a device tensor: no host sync)
+and the fused Adam update of `clip_grad_norm_` followed by `Adam.step`, with one difference in
+rounding: the norm is taken over the flat gradient at once, not as the norm of per-tensor norms.
 """
 
 from __future__ import annotations
@@ -27,51 +31,94 @@ class ClippedAdam(torch.optim.Adam):
     ):
         if not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
-        super().__init__(params, lr=lr, betas=betas, eps=eps, fused=True)
-        if len(self.param_groups) != 1:
-            raise ValueError("ClippedAdam takes one parameter group")
-        self.max_grad_norm = max_grad_norm
-        self._lists: tuple[list[torch.Tensor], ...] | None = None
-
-    def _state_lists(self) -> tuple[list[torch.Tensor], ...]:
-        """(params, exp_avgs, exp_avg_sqs, steps), the state made as Adam makes it."""
-        if self._lists is None:
-            params = self.param_groups[0]["params"]
-            for p in params:
-                state = self.state[p]
-                if not state:  # what Adam's _init_group does for fused=True
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            self._lists = (
-                list(params),
-                [self.state[p]["exp_avg"] for p in params],
-                [self.state[p]["exp_avg_sq"] for p in params],
-                [self.state[p]["step"] for p in params],
+        params = list(params)
+        if any(isinstance(p, dict) for p in params):
+            raise ValueError("ClippedAdam takes one parameter group (a list of parameters)")
+        if not params:
+            raise ValueError("ClippedAdam got no parameters")
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("ClippedAdam got a parameter twice")
+        kinds = {(p.dtype, p.device) for p in params}
+        if len(kinds) != 1:
+            raise ValueError(
+                f"ClippedAdam needs one dtype and device, got {sorted(map(str, kinds))}"
             )
-        return self._lists
+        super().__init__(params, lr=lr, betas=betas, eps=eps, fused=True)
+        self.max_grad_norm = max_grad_norm
+        self._params = params
+        self._flat_param = self._flatten(p.detach() for p in params)
+        self._flat_grad = torch.zeros_like(self._flat_param)
+        self._flat_exp_avg = torch.zeros_like(self._flat_param)
+        self._flat_exp_avg_sq = torch.zeros_like(self._flat_param)
+        self._step = torch.zeros((), dtype=torch.float32, device=self._flat_param.device)
+        self._grads = self._views(self._flat_grad)
+        with torch.no_grad():
+            for p, view in zip(params, self._views(self._flat_param), strict=True):
+                p.data = view  # the parameter now lives in the flat buffer
+        for p, grad in zip(params, self._grads, strict=True):
+            p.grad = grad
+        self._bind_state()
+
+    def _flatten(self, tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in tensors])
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        views, offset = [], 0
+        for p in self._params:
+            views.append(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return views
+
+    def _bind_state(self) -> None:
+        """Adam's per-parameter state, as views of the flat moments (state_dict reads it)."""
+        avgs, sqs = self._views(self._flat_exp_avg), self._views(self._flat_exp_avg_sq)
+        for p, avg, sq in zip(self._params, avgs, sqs, strict=True):
+            self.state[p] = {"step": self._step, "exp_avg": avg, "exp_avg_sq": sq}
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        for entry in state["state"].values():  # Adam keeps one step tensor per parameter
+            entry["step"] = entry["step"].clone()
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
-        self._lists = None  # the state tensors were replaced
+        with torch.no_grad():
+            loaded = [self.state[p] for p in self._params]
+            if all(s for s in loaded):
+                self._flat_exp_avg.copy_(self._flatten(s["exp_avg"] for s in loaded))
+                self._flat_exp_avg_sq.copy_(self._flatten(s["exp_avg_sq"] for s in loaded))
+                self._step.copy_(loaded[0]["step"])
+            else:  # saved before the first step
+                self._flat_exp_avg.zero_()
+                self._flat_exp_avg_sq.zero_()
+                self._step.zero_()
+        self._bind_state()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes the flat gradient (the gradients stay views of it whatever set_to_none)."""
+        self._flat_grad.zero_()
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
         """Clips the gradients to a global 2-norm of max_grad_norm, then takes an Adam step."""
         if closure is not None:
             raise ValueError("ClippedAdam.step takes no closure")
-        params, exp_avgs, exp_avg_sqs, steps = self._state_lists()
-        grads = [p.grad for p in params]
-        if any(g is None for g in grads):
-            raise RuntimeError("ClippedAdam.step: every parameter needs a gradient")
+        for p, grad in zip(self._params, self._grads, strict=True):
+            if p.grad is not grad:  # replaced from outside (module.zero_grad, assignment)
+                if p.grad is None:
+                    grad.zero_()
+                else:
+                    grad.copy_(p.grad)
+                p.grad = grad
         group = self.param_groups[0]
-        total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+        total_norm = torch.linalg.vector_norm(self._flat_grad, 2.0)
         clip = torch.clamp(self.max_grad_norm / (total_norm + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, clip)
-        torch._foreach_add_(steps, 1)
+        self._flat_grad.mul_(clip)
+        self._step.add_(1)
         beta1, beta2 = group["betas"]
         torch._fused_adam_(
-            params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=group["lr"], beta1=beta1,
-            beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False,
-            maximize=False,
+            [self._flat_param], [self._flat_grad], [self._flat_exp_avg], [self._flat_exp_avg_sq],
+            [], [self._step], lr=group["lr"], beta1=beta1, beta2=beta2,
+            weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False, maximize=False,
         )  # fmt: skip

@@ -112,6 +112,21 @@ def test_crosses_episode_ends_with_same_step_autoreset():
     torch.testing.assert_close(got.final_obs[done], want.final_obs[done], rtol=0, atol=0)
 
 
+def test_chunk_tensors_at_a_storage_offset():
+    # Rows of larger buffers (contiguous views at nonzero offsets) are written where they are.
+    T, N = 12, 3
+    envs, agent, (plain, want) = _setup("CartPole-v1", N, T)
+    noise = _noise(agent, T, N, seed=4)
+    _reference_rollout(envs[1], agent, want, noise)
+    got = Chunk(
+        **{k: torch.zeros(2, *v.shape, dtype=v.dtype)[1] for k, v in plain.tensors().items()}
+    )
+    got.obs[0].copy_(plain.obs[0])
+    assert got.obs.storage_offset() > 0
+    _fused(envs[0], agent, got, noise)
+    _assert_same_chunk(got, want)
+
+
 def test_native_rollout_draws_its_noise_from_the_generator():
     T, N = 16, 4
     envs, agent, (got, want) = _setup("CartPole-v1", N, T)

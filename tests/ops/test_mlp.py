@@ -79,6 +79,29 @@ def test_strided_operands_match_contiguous():
     )
 
 
+@pytest.mark.parametrize("rows", [8, 256])  # the direct kernel and the BLAS path
+def test_operands_at_a_storage_offset(rows):
+    # Weights, biases and input living inside one flat buffer (as an optimizer with flat
+    # parameters keeps them): views at nonzero storage offsets.
+    g = torch.Generator().manual_seed(3)
+    shapes = [(64, 4), (64,), (64, 64), (64,), (2, 64), (2,), (rows, 4)]
+    flat = torch.randn(7 + sum(torch.Size(s).numel() for s in shapes), generator=g)
+    views, offset = [], 7
+    for shape in shapes:
+        n = torch.Size(shape).numel()
+        views.append(flat[offset : offset + n].view(shape).requires_grad_())
+        offset += n
+    weights, biases, x = views[0:6:2], views[1:6:2], views[6]
+    copies = [v.detach().clone().requires_grad_() for v in views]
+    ours = nostall.mlp(x, weights, biases)
+    want = reference.mlp(copies[6], copies[0:6:2], copies[1:6:2])
+    torch.testing.assert_close(ours, want, **TOL[torch.float32])
+    ours.square().sum().backward()
+    want.square().sum().backward()
+    for v, c in zip(views, copies, strict=True):
+        torch.testing.assert_close(v.grad, c.grad, rtol=1e-4, atol=1e-4)
+
+
 def test_leading_dimensions_and_empty_batch():
     weights, biases = make_net([4, 8, 2])
     x = torch.randn(3, 5, 4)
