@@ -7,10 +7,14 @@ implementation details, Huang et al. 2022), with the waits taken out:
 - actions are sampled on the device without a sync (Gumbel-max), and by default a whole
   rollout chunk (policy, sampling, environment steps) is one native call;
 - GAE is the native `nostall.gae` operator, truncation-correct;
+- a minibatch's loss (clipped surrogate, clipped value loss, entropy) is one `nostall.ppo_loss`
+  op for discrete actions, and the clip plus Adam step one lean `ClippedAdam` step;
 - the learning rate is a tensor, and metrics are read only every `log_interval` iterations, so
   the steady-state iteration has no host-device sync;
 - a rollout thread collects the next chunk while the trainer updates on this one; with
-  `staleness = 0` (the default here) the two strictly alternate: exactly synchronous PPO.
+  `staleness = 0` (the default here) the two strictly alternate: exactly synchronous PPO;
+- with `device = "cuda"` the update runs on the GPU and the rollout side stays on the CPU, the
+  hand-offs on streams and events (nostall/runtime/device.py).
 The asynchronous variant, with V-trace correction for stale chunks, is appo.py.
 """
 
