@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every GPU check in one run, for a machine with a CUDA build of torch already installed and no
+# network: builds nostall in place against that torch (the CUDA kernels included), then runs the
+# tests marked `gpu` (kernels against the CPU ones with sync debug mode on, the trainers with
+# --device cuda) and a short GPU training run. Logs go to $OUT (default: gpu-check/).
+#
+#   bash tools/gpu_check.sh            # about 5 minutes on one GPU
+#
+# Python packages the machine lacks (gymnasium, say) must travel as wheels: put them in .whl/
+# (ignored by git) and they are installed to /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-check}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+$py - <<'EOF' || exit 1
+import importlib, torch
+assert torch.cuda.is_available(), "no CUDA device: nothing to check here"
+print("torch", torch.__version__, "on", torch.cuda.get_device_name())
+missing = [m for m in ("gymnasium", "hypothesis", "pytest", "tqdm", "matplotlib", "tensorboard")
+           if importlib.util.find_spec(m) is None]
+assert not missing, f"missing Python packages (carry them as wheels in .whl/): {missing}"
+EOF
+
+echo "== build (CUDA kernels included)"
+$py setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+$py -c "import nostall; assert nostall.HAS_CUDA_KERNELS, 'CUDA kernels not built'; print('CUDA kernels loaded')" || exit 1
+
+echo "== tests marked gpu"
+$py -m pytest -q -m gpu -p no:cacheprovider -x 2>&1 | tee "$out/gpu_tests.log" | tail -25
+status=${PIPESTATUS[0]}
+
+echo "== PPO on CartPole-v1, trainer on the GPU"
+$py -m nostall.cli train ppo --env CartPole-v1 --device cuda --no-progress \
+  --out "$out/ppo-cuda" 2>&1 | tee "$out/train.log" | tail -8
+exit "$status"
