@@ -88,6 +88,17 @@ STABLE_TORCH_LIBRARY(nostall, m) {
   m.def(
       "ppo_loss_backward(Tensor grad_loss, Tensor grad_logits, Tensor grad_value) "
       "-> (Tensor, Tensor)");
+  // The same loss for any policy distribution, from its log_prob and entropy [M] (the caller's):
+  // loss, stats [5], and the derivatives in log_prob and value [M] kept for the backward.
+  m.def(
+      "ppo_loss_from_log_prob(Tensor log_prob, Tensor entropy, Tensor value, Tensor old_log_prob, "
+      "Tensor old_value, Tensor advantage, Tensor value_target, float clip_coef, "
+      "float? value_clip, float ent_coef, float vf_coef, bool normalize_advantage) "
+      "-> (Tensor loss, Tensor stats, Tensor grad_log_prob, Tensor grad_value)");
+  // Adjoint: (grad_log_prob, grad_entropy = -ent_coef / M, grad_value), times grad_loss.
+  m.def(
+      "ppo_loss_from_log_prob_backward(Tensor grad_loss, Tensor grad_log_prob, "
+      "Tensor grad_value, float ent_coef) -> (Tensor, Tensor, Tensor)");
 
   // A multilayer perceptron x [M, K] -> [M, J_L]: layers W_i [J_i, J_{i-1}], b_i [J_i], the
   // activation ('tanh' or 'relu') after every layer but the last; hidden holds those activations.
@@ -181,6 +192,9 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cpu));
   m.impl("ppo_loss", TORCH_BOX(&nostall::ppo_loss_cpu));
   m.impl("ppo_loss_backward", TORCH_BOX(&nostall::ppo_loss_backward_cpu));
+  m.impl("ppo_loss_from_log_prob", TORCH_BOX(&nostall::ppo_loss_from_log_prob_cpu));
+  m.impl("ppo_loss_from_log_prob_backward",
+         TORCH_BOX(&nostall::ppo_loss_from_log_prob_backward_cpu));
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cpu));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));

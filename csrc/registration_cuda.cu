@@ -33,6 +33,9 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cuda));
   m.impl("ppo_loss", TORCH_BOX(&nostall::ppo_loss_cuda));
   m.impl("ppo_loss_backward", TORCH_BOX(&nostall::ppo_loss_backward_cuda));
+  m.impl("ppo_loss_from_log_prob", TORCH_BOX(&nostall::ppo_loss_from_log_prob_cuda));
+  m.impl("ppo_loss_from_log_prob_backward",
+         TORCH_BOX(&nostall::ppo_loss_from_log_prob_backward_cuda));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cuda));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cuda));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cuda));

@@ -179,6 +179,45 @@ struct PpoLossFunction : torch::autograd::Function<PpoLossFunction> {
   }
 };
 
+// ppo_loss_from_log_prob(log_prob, entropy, value, old_log_prob, old_value, advantage,
+// value_target, clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage) -> (loss, stats,
+// grad_log_prob, grad_value): as ppo_loss, differentiable in log_prob, entropy and value.
+struct PpoLogProbLossFunction : torch::autograd::Function<PpoLogProbLossFunction> {
+  using Sig = PpoLossFunction::Sig;
+  using BackwardSig = Triple(const Tensor&, const Tensor&, const Tensor&, double);
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& log_prob, const Tensor& entropy,
+                               const Tensor& value, const Tensor& old_log_prob,
+                               const Tensor& old_value, const Tensor& advantage,
+                               const Tensor& value_target, double clip_coef, OptDouble value_clip,
+                               double ent_coef, double vf_coef, bool normalize_advantage) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);
+    static const auto op = native<Sig>("nostall::ppo_loss_from_log_prob");
+    auto [loss, stats, grad_log_prob, grad_value] =
+        op.call(log_prob, entropy, value, old_log_prob, old_value, advantage, value_target,
+                clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage);
+    ctx->save_for_backward({grad_log_prob, grad_value});
+    ctx->saved_data["ent_coef"] = ent_coef;
+    ctx->mark_non_differentiable({stats, grad_log_prob, grad_value});
+    return {loss, stats, grad_log_prob, grad_value};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(12);
+    reject_double_backward("ppo_loss_from_log_prob", at::GradMode::is_enabled());
+    static const auto op = native<BackwardSig>("nostall::ppo_loss_from_log_prob_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [grad_log_prob, grad_entropy, grad_value] =
+        op.call(grads[0], s[0], s[1], ctx->saved_data["ent_coef"].toDouble());
+    variable_list out(12);
+    out[0] = grad_log_prob;
+    out[1] = grad_entropy;
+    out[2] = grad_value;
+    return out;
+  }
+};
+
 Tensor group_advantages_autograd(const Tensor& reward, const Tensor& group_index,
                                  int64_t num_groups, c10::string_view scale, double eps) {
   return GroupAdvantagesFunction::apply(reward, group_index, num_groups, std::string(scale), eps);
@@ -244,6 +283,31 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ppo_loss_autograd(
   return {out[0], out[1], out[2], out[3]};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> ppo_loss_from_log_prob_autograd(
+    const Tensor& log_prob, const Tensor& entropy, const Tensor& value, const Tensor& old_log_prob,
+    const Tensor& old_value, const Tensor& advantage, const Tensor& value_target, double clip_coef,
+    OptDouble value_clip, double ent_coef, double vf_coef, bool normalize_advantage) {
+  const std::pair<const Tensor*, const char*> targets[] = {{&old_log_prob, "old_log_prob"},
+                                                           {&old_value, "old_value"},
+                                                           {&advantage, "advantage"},
+                                                           {&value_target, "value_target"}};
+  for (const auto& [t, name] : targets) {
+    TORCH_CHECK(!any_requires_grad({t}), name,
+                " must not require grad: ppo_loss_from_log_prob treats it as a constant (detach "
+                "it)");
+  }
+  if (!any_requires_grad({&log_prob, &entropy, &value})) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto op = native<PpoLogProbLossFunction::Sig>("nostall::ppo_loss_from_log_prob");
+    return op.call(log_prob, entropy, value, old_log_prob, old_value, advantage, value_target,
+                   clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage);
+  }
+  const variable_list out = PpoLogProbLossFunction::apply(
+      log_prob, entropy, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+      value_clip, ent_coef, vf_coef, normalize_advantage);
+  return {out[0], out[1], out[2], out[3]};
+}
+
 // Autograd kernels of the backward ops: refuse a second derivative, else run below autograd.
 Tensor group_advantages_backward_autograd(const Tensor& grad, const Tensor& reward,
                                           const Tensor& group_index, int64_t num_groups,
@@ -282,6 +346,15 @@ Pair ppo_loss_backward_autograd(const Tensor& grad, const Tensor& grad_logits,
   return op.call(grad, grad_logits, grad_value);
 }
 
+Triple ppo_loss_from_log_prob_backward_autograd(const Tensor& grad, const Tensor& grad_log_prob,
+                                                const Tensor& grad_value, double ent_coef) {
+  reject_double_backward("ppo_loss_from_log_prob", {&grad, &grad_log_prob, &grad_value});
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op =
+      native<PpoLogProbLossFunction::BackwardSig>("nostall::ppo_loss_from_log_prob_backward");
+  return op.call(grad, grad_log_prob, grad_value, ent_coef);
+}
+
 Tensor clipped_policy_loss_backward_autograd(const Tensor& grad, const Tensor& token_grad,
                                              const Tensor& mask, c10::string_view aggregation,
                                              int64_t max_tokens) {
@@ -302,6 +375,9 @@ TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
   m.impl("clipped_policy_loss", &nostall::autograd::clipped_policy_loss_autograd);
   m.impl("ppo_loss", &nostall::autograd::ppo_loss_autograd);
   m.impl("ppo_loss_backward", &nostall::autograd::ppo_loss_backward_autograd);
+  m.impl("ppo_loss_from_log_prob", &nostall::autograd::ppo_loss_from_log_prob_autograd);
+  m.impl("ppo_loss_from_log_prob_backward",
+         &nostall::autograd::ppo_loss_from_log_prob_backward_autograd);
   m.impl("group_advantages_backward", &nostall::autograd::group_advantages_backward_autograd);
   m.impl("token_log_prob_backward", &nostall::autograd::token_log_prob_backward_autograd);
   m.impl("token_log_prob_linear_backward",

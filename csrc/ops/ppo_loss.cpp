@@ -74,6 +74,73 @@ PpoLossOutput ppo_loss_cpu(Tensor logits, Tensor action, Tensor value, Tensor ol
   return {loss, stats, grad_logits, grad_value};
 }
 
+PpoLossOutput ppo_loss_from_log_prob_cpu(Tensor log_prob, Tensor entropy, Tensor value,
+                                         Tensor old_log_prob, Tensor old_value, Tensor advantage,
+                                         Tensor value_target, double clip_coef,
+                                         std::optional<double> value_clip, double ent_coef,
+                                         double vf_coef, bool normalize_advantage) {
+  const PpoLossConfig c = checked_ppo_log_prob_config(
+      log_prob, entropy, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+      value_clip, ent_coef, vf_coef, normalize_advantage);
+  const int64_t M = log_prob.size(0);
+  Tensor loss = torch::stable::new_empty(log_prob, {});
+  Tensor stats = new_contiguous(log_prob, {5});
+  Tensor grad_log_prob = new_contiguous(log_prob, {M});
+  Tensor grad_value = new_contiguous(log_prob, {M});
+  dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
+    using S = decltype(tag);
+    S shift = S(0), scale = S(1);
+    if (c.normalize) {
+      double mean = 0, squared_deviations = 0;
+      advantage_moments<S>(advantage, &mean, &squared_deviations);
+      advantage_normaliser(mean, squared_deviations, M, &shift, &scale);
+    }
+    const S *lp = log_prob.const_data_ptr<S>(), *h = entropy.const_data_ptr<S>();
+    const S *v = value.const_data_ptr<S>(), *olp = old_log_prob.const_data_ptr<S>();
+    const S *ov = old_value.const_data_ptr<S>(), *adv = advantage.const_data_ptr<S>();
+    const S* tgt = value_target.const_data_ptr<S>();
+    const int64_t lps = log_prob.stride(0), hs = entropy.stride(0), vs = value.stride(0);
+    const int64_t olps = old_log_prob.stride(0), ovs = old_value.stride(0);
+    const int64_t advs = advantage.stride(0), tgts = value_target.stride(0);
+    S* glp = grad_log_prob.mutable_data_ptr<S>();
+    S* gv = grad_value.mutable_data_ptr<S>();
+    const S inv_m = S(1) / static_cast<S>(M);
+    PpoSums sums;
+    for (int64_t m = 0; m < M; ++m) {
+      glp[m] = ppo_terms<S>(lp[m * lps], h[m * hs], v[m * vs], olp[m * olps], ov[m * ovs],
+                            adv[m * advs], tgt[m * tgts], shift, scale, c, inv_m, gv + m, sums);
+    }
+    ppo_finish<S>(sums, M, c, loss.mutable_data_ptr<S>(), stats.mutable_data_ptr<S>());
+  });
+  return {loss, stats, grad_log_prob, grad_value};
+}
+
+PpoLogProbGrads ppo_loss_from_log_prob_backward_cpu(Tensor grad_loss, Tensor grad_log_prob,
+                                                    Tensor grad_value, double ent_coef) {
+  check_ppo_log_prob_backward_args(grad_loss, grad_log_prob, grad_value);
+  const int64_t M = grad_log_prob.size(0);
+  Tensor out_log_prob = new_contiguous(grad_log_prob, {M});
+  Tensor out_entropy = new_contiguous(grad_log_prob, {M});
+  Tensor out_value = new_contiguous(grad_log_prob, {M});
+  dispatch_floating(grad_log_prob.scalar_type(), [&](auto tag) {
+    using S = decltype(tag);
+    const S g = *grad_loss.const_data_ptr<S>();
+    const S d_entropy = g * static_cast<S>(-ent_coef / static_cast<double>(M));
+    const S* a = grad_log_prob.const_data_ptr<S>();
+    const S* b = grad_value.const_data_ptr<S>();
+    const int64_t as = grad_log_prob.stride(0), bs = grad_value.stride(0);
+    S* oa = out_log_prob.mutable_data_ptr<S>();
+    S* oh = out_entropy.mutable_data_ptr<S>();
+    S* ob = out_value.mutable_data_ptr<S>();
+    for (int64_t m = 0; m < M; ++m) {
+      oa[m] = g * a[m * as];
+      oh[m] = d_entropy;
+      ob[m] = g * b[m * bs];
+    }
+  });
+  return {out_log_prob, out_entropy, out_value};
+}
+
 std::tuple<Tensor, Tensor> ppo_loss_backward_cpu(Tensor grad_loss, Tensor grad_logits,
                                                  Tensor grad_value) {
   check_ppo_loss_backward_args(grad_loss, grad_logits, grad_value);

@@ -44,18 +44,8 @@ __global__ void advantage_kernel(const S* advantage, int64_t M, double* normalis
   }
 }
 
-template <typename S>
-__global__ void sample_kernel(SamplePtrs<S> in, PpoLossConfig cfg, const double* normaliser,
-                              S* grad_logits, S* grad_value, double* partial) {
-  const int64_t m = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const S shift = normaliser ? S(normaliser[0]) : S(0);
-  const S scale = normaliser ? S(normaliser[1]) : S(1);
-  PpoSums sums;
-  if (m < in.M) {
-    ppo_sample<S>(in.logits + m * in.A, in.A, in.action[m], in.value[m], in.old_log_prob[m],
-                  in.old_value[m], in.advantage[m], in.value_target[m], shift, scale, cfg,
-                  S(1) / static_cast<S>(in.M), grad_logits + m * in.A, grad_value + m, sums);
-  }
+// The block's sums into its row of the [blocks, kSums] table.
+__device__ void write_block_sums(const PpoSums& sums, double* partial) {
   const double pg = block_all_reduce(sums.pg, SumOp{});
   const double v_err = block_all_reduce(sums.v_err, SumOp{});
   const double entropy = block_all_reduce(sums.entropy, SumOp{});
@@ -69,6 +59,43 @@ __global__ void sample_kernel(SamplePtrs<S> in, PpoLossConfig cfg, const double*
     row[3] = kl;
     row[4] = clipped;
   }
+}
+
+template <typename S>
+__global__ void sample_kernel(SamplePtrs<S> in, PpoLossConfig cfg, const double* normaliser,
+                              S* grad_logits, S* grad_value, double* partial) {
+  const int64_t m = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const S shift = normaliser ? S(normaliser[0]) : S(0);
+  const S scale = normaliser ? S(normaliser[1]) : S(1);
+  PpoSums sums;
+  if (m < in.M) {
+    ppo_sample<S>(in.logits + m * in.A, in.A, in.action[m], in.value[m], in.old_log_prob[m],
+                  in.old_value[m], in.advantage[m], in.value_target[m], shift, scale, cfg,
+                  S(1) / static_cast<S>(in.M), grad_logits + m * in.A, grad_value + m, sums);
+  }
+  write_block_sums(sums, partial);
+}
+
+template <typename S>
+struct LogProbPtrs {
+  const S *log_prob, *entropy, *value, *old_log_prob, *old_value, *advantage, *value_target;
+  int64_t M;
+};
+
+template <typename S>
+__global__ void log_prob_sample_kernel(LogProbPtrs<S> in, PpoLossConfig cfg,
+                                       const double* normaliser, S* grad_log_prob, S* grad_value,
+                                       double* partial) {
+  const int64_t m = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const S shift = normaliser ? S(normaliser[0]) : S(0);
+  const S scale = normaliser ? S(normaliser[1]) : S(1);
+  PpoSums sums;
+  if (m < in.M) {
+    grad_log_prob[m] = ppo_terms<S>(in.log_prob[m], in.entropy[m], in.value[m], in.old_log_prob[m],
+                                    in.old_value[m], in.advantage[m], in.value_target[m], shift,
+                                    scale, cfg, S(1) / static_cast<S>(in.M), grad_value + m, sums);
+  }
+  write_block_sums(sums, partial);
 }
 
 template <typename S>
@@ -90,6 +117,13 @@ template <typename S>
 __global__ void scale_kernel(const S* grad_loss, const S* in, S* out, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = *grad_loss * in[i];
+}
+
+// out[i] = grad_loss * factor, the entropy's constant derivative.
+template <typename S>
+__global__ void fill_scaled_kernel(const S* grad_loss, S factor, S* out, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = *grad_loss * factor;
 }
 
 unsigned blocks_for(int64_t n) {
@@ -149,6 +183,81 @@ PpoLossOutput ppo_loss_cuda(Tensor logits, Tensor action, Tensor value, Tensor o
     check_launch("ppo_loss (sums)");
   });
   return {loss, stats, grad_logits, grad_value};
+}
+
+PpoLossOutput ppo_loss_from_log_prob_cuda(Tensor log_prob, Tensor entropy, Tensor value,
+                                          Tensor old_log_prob, Tensor old_value, Tensor advantage,
+                                          Tensor value_target, double clip_coef,
+                                          std::optional<double> value_clip, double ent_coef,
+                                          double vf_coef, bool normalize_advantage) {
+  const PpoLossConfig c = checked_ppo_log_prob_config(
+      log_prob, entropy, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+      value_clip, ent_coef, vf_coef, normalize_advantage);
+  torch::stable::accelerator::DeviceGuard guard(log_prob.get_device_index());
+  const int64_t M = log_prob.size(0);
+  log_prob = as_contiguous(log_prob);
+  entropy = as_contiguous(entropy);
+  value = as_contiguous(value);
+  old_log_prob = as_contiguous(old_log_prob);
+  old_value = as_contiguous(old_value);
+  advantage = as_contiguous(advantage);
+  value_target = as_contiguous(value_target);
+  Tensor loss = torch::stable::new_empty(log_prob, {});
+  Tensor stats = new_contiguous(log_prob, {5});
+  Tensor grad_log_prob = new_contiguous(log_prob, {M});
+  Tensor grad_value = new_contiguous(log_prob, {M});
+  const unsigned blocks = blocks_for(M);
+  Tensor scratch =
+      torch::stable::new_empty(log_prob, {2 + int64_t{blocks} * kSums}, ScalarType::Double);
+  double* normaliser = scratch.mutable_data_ptr<double>();
+  double* partial = normaliser + 2;
+  const cudaStream_t stream = current_stream(log_prob);
+  dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
+    using S = decltype(tag);
+    if (c.normalize) {
+      advantage_kernel<S>
+          <<<1, kRowThreads, 0, stream>>>(advantage.const_data_ptr<S>(), M, normaliser);
+      check_launch("ppo_loss_from_log_prob (advantages)");
+    }
+    const LogProbPtrs<S> in{log_prob.const_data_ptr<S>(),     entropy.const_data_ptr<S>(),
+                            value.const_data_ptr<S>(),        old_log_prob.const_data_ptr<S>(),
+                            old_value.const_data_ptr<S>(),    advantage.const_data_ptr<S>(),
+                            value_target.const_data_ptr<S>(), M};
+    log_prob_sample_kernel<S><<<blocks, kRowThreads, 0, stream>>>(
+        in, c, c.normalize ? normaliser : nullptr, grad_log_prob.mutable_data_ptr<S>(),
+        grad_value.mutable_data_ptr<S>(), partial);
+    check_launch("ppo_loss_from_log_prob (samples)");
+    finish_kernel<S><<<1, 1, 0, stream>>>(partial, blocks, M, c, loss.mutable_data_ptr<S>(),
+                                          stats.mutable_data_ptr<S>());
+    check_launch("ppo_loss_from_log_prob (sums)");
+  });
+  return {loss, stats, grad_log_prob, grad_value};
+}
+
+PpoLogProbGrads ppo_loss_from_log_prob_backward_cuda(Tensor grad_loss, Tensor grad_log_prob,
+                                                     Tensor grad_value, double ent_coef) {
+  check_ppo_log_prob_backward_args(grad_loss, grad_log_prob, grad_value);
+  torch::stable::accelerator::DeviceGuard guard(grad_log_prob.get_device_index());
+  const int64_t M = grad_log_prob.size(0);
+  grad_log_prob = as_contiguous(grad_log_prob);
+  grad_value = as_contiguous(grad_value);
+  Tensor out_log_prob = new_contiguous(grad_log_prob, {M});
+  Tensor out_entropy = new_contiguous(grad_log_prob, {M});
+  Tensor out_value = new_contiguous(grad_log_prob, {M});
+  const cudaStream_t stream = current_stream(grad_log_prob);
+  dispatch_floating(grad_log_prob.scalar_type(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* g = grad_loss.const_data_ptr<S>();
+    scale_kernel<S><<<blocks_for(M), kRowThreads, 0, stream>>>(
+        g, grad_log_prob.const_data_ptr<S>(), out_log_prob.mutable_data_ptr<S>(), M);
+    fill_scaled_kernel<S><<<blocks_for(M), kRowThreads, 0, stream>>>(
+        g, static_cast<S>(-ent_coef / static_cast<double>(M)), out_entropy.mutable_data_ptr<S>(),
+        M);
+    scale_kernel<S><<<blocks_for(M), kRowThreads, 0, stream>>>(g, grad_value.const_data_ptr<S>(),
+                                                               out_value.mutable_data_ptr<S>(), M);
+    check_launch("ppo_loss_from_log_prob_backward");
+  });
+  return {out_log_prob, out_entropy, out_value};
 }
 
 std::tuple<Tensor, Tensor> ppo_loss_backward_cuda(Tensor grad_loss, Tensor grad_logits,

@@ -22,6 +22,10 @@
 //
 // Only logits and value are differentiated; the rest are targets. An action outside [0, A) is
 // an error on the CPU and gives NaN on CUDA (checking it there would need a host sync).
+//
+// ppo_loss_from_log_prob is the same loss for any policy distribution: it takes the new
+// log-probabilities and entropies [M] (the caller's distribution computes them) instead of
+// logits, and differentiates log_prob, entropy (d loss / d entropy = -ent_coef / M) and value.
 #pragma once
 
 #include <torch/csrc/stable/ops.h>
@@ -45,13 +49,39 @@ struct PpoLossConfig {
   bool normalize;
 };
 
-inline void check_ppo_sample_values(const Tensor& t, const char* name, const Tensor& logits) {
-  STD_TORCH_CHECK(t.dim() == 1 && t.size(0) == logits.size(0), name, " must be [M] = [",
-                  logits.size(0), "], one per row of logits");
-  STD_TORCH_CHECK(t.scalar_type() == logits.scalar_type(), name, " must have the dtype of logits (",
-                  torch::headeronly::toString(logits.scalar_type()), "), got ",
+// A per-sample [M] tensor matching `ref` (logits' rows, or log_prob) in length, dtype, device.
+inline void check_ppo_sample_values(const Tensor& t, const char* name, const Tensor& ref,
+                                    const char* ref_name) {
+  STD_TORCH_CHECK(t.dim() == 1 && t.size(0) == ref.size(0), name, " must be [M] = [", ref.size(0),
+                  "], one per ", ref.dim() == 2 ? "row of " : "sample of ", ref_name);
+  STD_TORCH_CHECK(t.scalar_type() == ref.scalar_type(), name, " must have the dtype of ", ref_name,
+                  " (", torch::headeronly::toString(ref.scalar_type()), "), got ",
                   torch::headeronly::toString(t.scalar_type()));
-  STD_TORCH_CHECK(t.device() == logits.device(), name, " must be on the device of logits");
+  STD_TORCH_CHECK(t.device() == ref.device(), name, " must be on the device of ", ref_name);
+}
+
+// The checks shared by both variants once the policy's tensors are checked: the targets, the
+// scalars. `ref` is logits or log_prob.
+inline PpoLossConfig checked_ppo_targets_and_scalars(
+    const Tensor& ref, const char* ref_name, const Tensor& value, const Tensor& old_log_prob,
+    const Tensor& old_value, const Tensor& advantage, const Tensor& value_target, double clip_coef,
+    const std::optional<double>& value_clip, double ent_coef, double vf_coef, bool normalize) {
+  check_ppo_sample_values(value, "value", ref, ref_name);
+  check_ppo_sample_values(old_log_prob, "old_log_prob", ref, ref_name);
+  check_ppo_sample_values(old_value, "old_value", ref, ref_name);
+  check_ppo_sample_values(advantage, "advantage", ref, ref_name);
+  check_ppo_sample_values(value_target, "value_target", ref, ref_name);
+  STD_TORCH_CHECK(!normalize || ref.size(0) >= 2,
+                  "normalize_advantage needs at least 2 samples (the std of one is undefined)");
+  STD_TORCH_CHECK(clip_coef >= 0.0 && std::isfinite(clip_coef),
+                  "clip_coef must be a finite number >= 0, got ", clip_coef);
+  STD_TORCH_CHECK(!value_clip.has_value() || (*value_clip >= 0.0 && std::isfinite(*value_clip)),
+                  "value_clip must be None or a finite number >= 0, got ", value_clip.value_or(0));
+  STD_TORCH_CHECK(std::isfinite(ent_coef), "ent_coef must be finite, got ", ent_coef);
+  STD_TORCH_CHECK(std::isfinite(vf_coef), "vf_coef must be finite, got ", vf_coef);
+  return {
+      1.0 - clip_coef, 1.0 + clip_coef, value_clip.has_value(), value_clip.value_or(0.0), ent_coef,
+      vf_coef,         normalize};
 }
 
 inline PpoLossConfig checked_ppo_loss_config(const Tensor& logits, const Tensor& action,
@@ -70,22 +100,25 @@ inline PpoLossConfig checked_ppo_loss_config(const Tensor& logits, const Tensor&
                       action.scalar_type() == ScalarType::Long,
                   "action must be int64 [M] = [", logits.size(0), "]");
   STD_TORCH_CHECK(action.device() == logits.device(), "action must be on the device of logits");
-  check_ppo_sample_values(value, "value", logits);
-  check_ppo_sample_values(old_log_prob, "old_log_prob", logits);
-  check_ppo_sample_values(old_value, "old_value", logits);
-  check_ppo_sample_values(advantage, "advantage", logits);
-  check_ppo_sample_values(value_target, "value_target", logits);
-  STD_TORCH_CHECK(!normalize || logits.size(0) >= 2,
-                  "normalize_advantage needs at least 2 samples (the std of one is undefined)");
-  STD_TORCH_CHECK(clip_coef >= 0.0 && std::isfinite(clip_coef),
-                  "clip_coef must be a finite number >= 0, got ", clip_coef);
-  STD_TORCH_CHECK(!value_clip.has_value() || (*value_clip >= 0.0 && std::isfinite(*value_clip)),
-                  "value_clip must be None or a finite number >= 0, got ", value_clip.value_or(0));
-  STD_TORCH_CHECK(std::isfinite(ent_coef), "ent_coef must be finite, got ", ent_coef);
-  STD_TORCH_CHECK(std::isfinite(vf_coef), "vf_coef must be finite, got ", vf_coef);
-  return {
-      1.0 - clip_coef, 1.0 + clip_coef, value_clip.has_value(), value_clip.value_or(0.0), ent_coef,
-      vf_coef,         normalize};
+  return checked_ppo_targets_and_scalars(logits, "logits", value, old_log_prob, old_value,
+                                         advantage, value_target, clip_coef, value_clip, ent_coef,
+                                         vf_coef, normalize);
+}
+
+inline PpoLossConfig checked_ppo_log_prob_config(const Tensor& log_prob, const Tensor& entropy,
+                                                 const Tensor& value, const Tensor& old_log_prob,
+                                                 const Tensor& old_value, const Tensor& advantage,
+                                                 const Tensor& value_target, double clip_coef,
+                                                 const std::optional<double>& value_clip,
+                                                 double ent_coef, double vf_coef, bool normalize) {
+  STD_TORCH_CHECK(log_prob.dim() == 1, "log_prob must be [M], got ", log_prob.dim(), " dimensions");
+  STD_TORCH_CHECK(is_floating(log_prob), "log_prob must be float32 or float64, got ",
+                  torch::headeronly::toString(log_prob.scalar_type()));
+  STD_TORCH_CHECK(log_prob.size(0) >= 1, "log_prob must have M >= 1 samples");
+  check_ppo_sample_values(entropy, "entropy", log_prob, "log_prob");
+  return checked_ppo_targets_and_scalars(log_prob, "log_prob", value, old_log_prob, old_value,
+                                         advantage, value_target, clip_coef, value_clip, ent_coef,
+                                         vf_coef, normalize);
 }
 
 // The per-sample sums the loss and stats are made of.
@@ -115,21 +148,14 @@ NOSTALL_HD inline void ppo_softmax(const S* logits, int64_t A, S* p, S* lse, S* 
   *entropy = h;
 }
 
-// One sample, its softmax already in grad_logits (with lse and entropy, from ppo_softmax or a
-// vectorised equivalent): writes its logits' and value's derivatives (scaled by 1 / M, from
-// `inv_m`) and adds its terms to `sums`. adv_shift / adv_scale normalise the advantage (0 / 1
-// when off).
+// The policy and value terms of one sample from its new log-probability and entropy: adds them
+// to `sums`, writes d loss / d value and returns d loss / d new_lp (both scaled by 1 / M, from
+// `inv_m`). adv_shift / adv_scale normalise the advantage (0 / 1 when off).
 template <typename S>
-NOSTALL_HD inline void ppo_sample_terms(const S* logits, int64_t A, int64_t action, S lse,
-                                        S entropy, S value, S old_lp, S old_value, S advantage,
-                                        S target, S adv_shift, S adv_scale, const PpoLossConfig& c,
-                                        S inv_m, S* grad_logits, S* grad_value, PpoSums& sums) {
+NOSTALL_HD inline S ppo_terms(S new_lp, S entropy, S value, S old_lp, S old_value, S advantage,
+                              S target, S adv_shift, S adv_scale, const PpoLossConfig& c, S inv_m,
+                              S* grad_value, PpoSums& sums) {
   using std::exp;
-  using std::log;
-  const bool valid = action >= 0 && action < A;
-  const S nan = S(NAN);
-  const S new_lp = valid ? logits[action] - lse : nan;
-
   const S adv = (advantage - adv_shift) * adv_scale;
   const S log_ratio = new_lp - old_lp;
   const S ratio = exp(log_ratio);
@@ -138,7 +164,6 @@ NOSTALL_HD inline void ppo_sample_terms(const S* logits, int64_t A, int64_t acti
   const S unclipped_term = ratio * adv;
   const bool unclipped = unclipped_term <= clipped_ratio * adv;
   const S pg = unclipped ? -unclipped_term : -(clipped_ratio * adv);
-  const S d_lp = (unclipped ? -unclipped_term : S(0)) * inv_m;
   const bool cut = (ratio < lo && adv < S(0)) || (ratio > hi && adv > S(0));
 
   const S err = value - target;
@@ -154,7 +179,26 @@ NOSTALL_HD inline void ppo_sample_terms(const S* logits, int64_t A, int64_t acti
     }
   }
   *grad_value = S(c.vf_coef) * S(0.5) * d_value * inv_m;
+  sums.pg += pg;
+  sums.v_err += v_err;
+  sums.entropy += entropy;
+  sums.kl += (ratio - S(1)) - log_ratio;
+  sums.clipped += cut ? 1.0 : 0.0;
+  return (unclipped ? -unclipped_term : S(0)) * inv_m;
+}
 
+// One sample of a categorical policy, its softmax already in grad_logits (with lse and entropy,
+// from ppo_softmax): its terms (ppo_terms), and the logits' derivatives in place of the softmax.
+template <typename S>
+NOSTALL_HD inline void ppo_sample_terms(const S* logits, int64_t A, int64_t action, S lse,
+                                        S entropy, S value, S old_lp, S old_value, S advantage,
+                                        S target, S adv_shift, S adv_scale, const PpoLossConfig& c,
+                                        S inv_m, S* grad_logits, S* grad_value, PpoSums& sums) {
+  const bool valid = action >= 0 && action < A;
+  const S nan = S(NAN);
+  const S new_lp = valid ? logits[action] - lse : nan;
+  const S d_lp = ppo_terms(new_lp, entropy, value, old_lp, old_value, advantage, target, adv_shift,
+                           adv_scale, c, inv_m, grad_value, sums);
   const S ent_scale = S(c.ent_coef) * inv_m;
   for (int64_t a = 0; a < A; ++a) {
     const S p = grad_logits[a];
@@ -162,11 +206,6 @@ NOSTALL_HD inline void ppo_sample_terms(const S* logits, int64_t A, int64_t acti
     grad_logits[a] =
         valid ? d_lp * (onehot - p) + ent_scale * p * ((logits[a] - lse) + entropy) : nan;
   }
-  sums.pg += pg;
-  sums.v_err += v_err;
-  sums.entropy += entropy;
-  sums.kl += (ratio - S(1)) - log_ratio;
-  sums.clipped += cut ? 1.0 : 0.0;
 }
 
 template <typename S>
@@ -221,6 +260,39 @@ PpoLossOutput ppo_loss_cuda(Tensor logits, Tensor action, Tensor value, Tensor o
                             double vf_coef, bool normalize_advantage);
 std::tuple<Tensor, Tensor> ppo_loss_backward_cuda(Tensor grad_loss, Tensor grad_logits,
                                                   Tensor grad_value);
+
+PpoLossOutput ppo_loss_from_log_prob_cpu(Tensor log_prob, Tensor entropy, Tensor value,
+                                         Tensor old_log_prob, Tensor old_value, Tensor advantage,
+                                         Tensor value_target, double clip_coef,
+                                         std::optional<double> value_clip, double ent_coef,
+                                         double vf_coef, bool normalize_advantage);
+PpoLossOutput ppo_loss_from_log_prob_cuda(Tensor log_prob, Tensor entropy, Tensor value,
+                                          Tensor old_log_prob, Tensor old_value, Tensor advantage,
+                                          Tensor value_target, double clip_coef,
+                                          std::optional<double> value_clip, double ent_coef,
+                                          double vf_coef, bool normalize_advantage);
+// (grad_log_prob, grad_entropy, grad_value): the saved derivatives scaled by grad_loss, and
+// d loss / d entropy = -ent_coef / M.
+using PpoLogProbGrads = std::tuple<Tensor, Tensor, Tensor>;
+PpoLogProbGrads ppo_loss_from_log_prob_backward_cpu(Tensor grad_loss, Tensor grad_log_prob,
+                                                    Tensor grad_value, double ent_coef);
+PpoLogProbGrads ppo_loss_from_log_prob_backward_cuda(Tensor grad_loss, Tensor grad_log_prob,
+                                                     Tensor grad_value, double ent_coef);
+
+inline void check_ppo_log_prob_backward_args(const Tensor& grad_loss, const Tensor& grad_log_prob,
+                                             const Tensor& grad_value) {
+  STD_TORCH_CHECK(grad_log_prob.dim() == 1 && is_floating(grad_log_prob),
+                  "grad_log_prob must be a float32 or float64 [M] tensor");
+  STD_TORCH_CHECK(grad_value.dim() == 1 && grad_value.size(0) == grad_log_prob.size(0) &&
+                      grad_value.scalar_type() == grad_log_prob.scalar_type(),
+                  "grad_value must be [M] = [", grad_log_prob.size(0),
+                  "] with the dtype of grad_log_prob");
+  STD_TORCH_CHECK(grad_loss.dim() == 0 && grad_loss.scalar_type() == grad_log_prob.scalar_type(),
+                  "grad_loss must be a scalar tensor with the dtype of grad_log_prob");
+  STD_TORCH_CHECK(
+      grad_loss.device() == grad_log_prob.device() && grad_value.device() == grad_log_prob.device(),
+      "grad_loss, grad_log_prob and grad_value must be on one device");
+}
 
 inline void check_ppo_loss_backward_args(const Tensor& grad_loss, const Tensor& grad_logits,
                                          const Tensor& grad_value) {

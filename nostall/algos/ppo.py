@@ -8,7 +8,8 @@ implementation details, Huang et al. 2022), with the waits taken out:
   rollout chunk (policy, sampling, environment steps) is one native call;
 - GAE is the native `nostall.gae` operator, truncation-correct;
 - a minibatch's loss (clipped surrogate, clipped value loss, entropy) is one `nostall.ppo_loss`
-  op for discrete actions, and the clip plus Adam step one lean `ClippedAdam` step;
+  op for discrete actions (`ppo_loss_from_log_prob` after the Gaussian's log-probabilities for
+  continuous ones), and the clip plus Adam step one lean `ClippedAdam` step;
 - the learning rate is a tensor, and metrics are read only every `log_interval` iterations, so
   the steady-state iteration has no host-device sync;
 - a rollout thread collects the next chunk while the trainer updates on this one; with
@@ -266,26 +267,14 @@ def minibatch_loss(
             args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,
         )  # fmt: skip
         return out.loss, out.stats.detach()
+    # Any other policy: its log-probabilities and entropies from its distribution, the rest of
+    # the loss in one native op.
     new_log_prob, entropy = agent.log_prob_entropy(obs, actions)
-    if args.norm_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    # The clipped surrogate, its clip fraction and approximate KL in one native op (a minibatch
-    # is one "sequence" of tokens, all counted).
-    every_token = torch.ones(1, len(adv), dtype=torch.bool, device=adv.device)
-    pg = nostall.clipped_policy_loss(
-        new_log_prob.view(1, -1), old_log_prob.view(1, -1), adv.view(1, -1), every_token,
-        args.clip_coef, args.clip_coef,
+    out = nostall.ppo_loss_from_log_prob(
+        new_log_prob, entropy, new_value, old_log_prob, old_value, adv, value_target,
+        args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,
     )  # fmt: skip
-    if value_clip is not None:
-        clipped = old_value + (new_value - old_value).clamp(-value_clip, value_clip)
-        v_err = torch.max((new_value - value_target) ** 2, (clipped - value_target) ** 2)
-    else:
-        v_err = (new_value - value_target) ** 2
-    v_loss = 0.5 * v_err.mean()
-    loss = pg.loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
-    with torch.no_grad():
-        stats = torch.stack([pg.loss, v_loss, entropy.mean(), pg.approx_kl, pg.clip_fraction])
-    return loss, stats
+    return out.loss, out.stats.detach()
 
 
 def _checkpoint_state(

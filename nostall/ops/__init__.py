@@ -10,6 +10,7 @@ from nostall.ops.losses import (
     clipped_policy_loss,
     group_advantages,
     ppo_loss,
+    ppo_loss_from_log_prob,
     token_log_prob,
     token_log_prob_linear,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "group_advantages",
     "mlp",
     "ppo_loss",
+    "ppo_loss_from_log_prob",
     "sample_categorical",
     "token_log_prob",
     "token_log_prob_linear",

@@ -257,14 +257,45 @@ def _clipped_policy_loss_backward_fake(grad_loss, token_grad, mask, aggregation,
 # ppo_loss -----------------------------------------------------------------------------------
 
 
-def _check_ppo_sample_values(t, name, logits):
-    m = logits.shape[0]
-    _check(t.dim() == 1 and t.shape[0] == m, f"{name} must be [M] = [{m}], one per row of logits")
+def _check_ppo_sample_values(t, name, ref, ref_name):
+    m = ref.shape[0]
+    where = "row of " if ref.dim() == 2 else "sample of "
     _check(
-        t.dtype == logits.dtype,
-        f"{name} must have the dtype of logits ({logits.dtype}), got {t.dtype}",
+        t.dim() == 1 and t.shape[0] == m, f"{name} must be [M] = [{m}], one per {where}{ref_name}"
     )
-    _check(t.device == logits.device, f"{name} must be on the device of logits")
+    _check(
+        t.dtype == ref.dtype,
+        f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {t.dtype}",
+    )
+    _check(t.device == ref.device, f"{name} must be on the device of {ref_name}")
+
+
+def _check_ppo_targets_and_scalars(
+    ref, ref_name, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+    value_clip, ent_coef, vf_coef, normalize_advantage,
+):  # fmt: skip
+    for t, name in (
+        (value, "value"),
+        (old_log_prob, "old_log_prob"),
+        (old_value, "old_value"),
+        (advantage, "advantage"),
+        (value_target, "value_target"),
+    ):
+        _check_ppo_sample_values(t, name, ref, ref_name)
+    _check(
+        not normalize_advantage or ref.shape[0] >= 2,
+        "normalize_advantage needs at least 2 samples (the std of one is undefined)",
+    )
+    _check(
+        clip_coef >= 0 and math.isfinite(clip_coef),
+        f"clip_coef must be a finite number >= 0, got {clip_coef}",
+    )
+    _check(
+        value_clip is None or (value_clip >= 0 and math.isfinite(value_clip)),
+        f"value_clip must be None or a finite number >= 0, got {value_clip}",
+    )
+    _check(math.isfinite(ent_coef), f"ent_coef must be finite, got {ent_coef}")
+    _check(math.isfinite(vf_coef), f"vf_coef must be finite, got {vf_coef}")
 
 
 @torch.library.register_fake("nostall::ppo_loss")
@@ -281,28 +312,10 @@ def _ppo_loss_fake(
         f"action must be int64 [M] = [{m}]",
     )
     _check(action.device == logits.device, "action must be on the device of logits")
-    for t, name in (
-        (value, "value"),
-        (old_log_prob, "old_log_prob"),
-        (old_value, "old_value"),
-        (advantage, "advantage"),
-        (value_target, "value_target"),
-    ):
-        _check_ppo_sample_values(t, name, logits)
-    _check(
-        not normalize_advantage or m >= 2,
-        "normalize_advantage needs at least 2 samples (the std of one is undefined)",
-    )
-    _check(
-        clip_coef >= 0 and math.isfinite(clip_coef),
-        f"clip_coef must be a finite number >= 0, got {clip_coef}",
-    )
-    _check(
-        value_clip is None or (value_clip >= 0 and math.isfinite(value_clip)),
-        f"value_clip must be None or a finite number >= 0, got {value_clip}",
-    )
-    _check(math.isfinite(ent_coef), f"ent_coef must be finite, got {ent_coef}")
-    _check(math.isfinite(vf_coef), f"vf_coef must be finite, got {vf_coef}")
+    _check_ppo_targets_and_scalars(
+        logits, "logits", value, old_log_prob, old_value, advantage, value_target, clip_coef,
+        value_clip, ent_coef, vf_coef, normalize_advantage,
+    )  # fmt: skip
     return (
         logits.new_empty(()),
         logits.new_empty(5),
@@ -333,3 +346,51 @@ def _ppo_loss_backward_fake(grad_loss, grad_logits, grad_value):
         "grad_loss, grad_logits and grad_value must be on one device",
     )
     return grad_logits.new_empty(grad_logits.shape), grad_value.new_empty(grad_value.shape)
+
+
+@torch.library.register_fake("nostall::ppo_loss_from_log_prob")
+def _ppo_loss_from_log_prob_fake(
+    log_prob, entropy, value, old_log_prob, old_value, advantage, value_target, clip_coef,
+    value_clip, ent_coef, vf_coef, normalize_advantage,
+):  # fmt: skip
+    _check(log_prob.dim() == 1, f"log_prob must be [M], got {log_prob.dim()} dimensions")
+    _check(
+        log_prob.dtype in FLOAT_DTYPES, f"log_prob must be float32 or float64, got {log_prob.dtype}"
+    )
+    _check(log_prob.shape[0] >= 1, "log_prob must have M >= 1 samples")
+    _check_ppo_sample_values(entropy, "entropy", log_prob, "log_prob")
+    _check_ppo_targets_and_scalars(
+        log_prob, "log_prob", value, old_log_prob, old_value, advantage, value_target, clip_coef,
+        value_clip, ent_coef, vf_coef, normalize_advantage,
+    )  # fmt: skip
+    m = log_prob.shape[0]
+    return (
+        log_prob.new_empty(()),
+        log_prob.new_empty(5),
+        log_prob.new_empty(m),
+        log_prob.new_empty(m),
+    )
+
+
+@torch.library.register_fake("nostall::ppo_loss_from_log_prob_backward")
+def _ppo_loss_from_log_prob_backward_fake(grad_loss, grad_log_prob, grad_value, ent_coef):
+    _check(
+        grad_log_prob.dim() == 1 and grad_log_prob.dtype in FLOAT_DTYPES,
+        "grad_log_prob must be a float32 or float64 [M] tensor",
+    )
+    m = grad_log_prob.shape[0]
+    _check(
+        grad_value.dim() == 1
+        and grad_value.shape[0] == m
+        and grad_value.dtype == grad_log_prob.dtype,
+        f"grad_value must be [M] = [{m}] with the dtype of grad_log_prob",
+    )
+    _check(
+        grad_loss.dim() == 0 and grad_loss.dtype == grad_log_prob.dtype,
+        "grad_loss must be a scalar tensor with the dtype of grad_log_prob",
+    )
+    _check(
+        grad_loss.device == grad_log_prob.device and grad_value.device == grad_log_prob.device,
+        "grad_loss, grad_log_prob and grad_value must be on one device",
+    )
+    return tuple(grad_log_prob.new_empty(m) for _ in range(3))

@@ -10,7 +10,9 @@ custom operators.
   aggregation, optional dual clip and truncated importance weights, plus the clip fraction and
   approximate KL as device tensors.
 - :func:`ppo_loss`: the whole PPO loss of a categorical actor-critic minibatch (clipped
-  surrogate, clipped value loss, entropy bonus, advantage normalisation) in one op.
+  surrogate, clipped value loss, entropy bonus, advantage normalisation) in one op;
+  :func:`ppo_loss_from_log_prob` the same for any policy distribution, from its
+  log-probabilities and entropies.
 
 Each runs on the device of its inputs with no host sync, traces under
 `torch.compile(fullgraph=True)`, and has a native backward.
@@ -234,6 +236,43 @@ def ppo_loss(
     loss, stats, _, _ = torch.ops.nostall.ppo_loss.default(
         logits,
         action,
+        value,
+        old_log_prob,
+        old_value,
+        advantage,
+        value_target,
+        _scalar(clip_coef, "clip_coef"),
+        None if value_clip is None else _scalar(value_clip, "value_clip"),
+        _scalar(ent_coef, "ent_coef"),
+        _scalar(vf_coef, "vf_coef"),
+        bool(normalize_advantage),
+    )
+    return PPOLoss(loss, *stats.unbind(), stats)
+
+
+def ppo_loss_from_log_prob(
+    log_prob: Tensor,
+    entropy: Tensor,
+    value: Tensor,
+    old_log_prob: Tensor,
+    old_value: Tensor,
+    advantage: Tensor,
+    value_target: Tensor,
+    clip_coef: float = 0.2,
+    value_clip: float | None = 0.2,
+    ent_coef: float = 0.01,
+    vf_coef: float = 0.5,
+    normalize_advantage: bool = True,
+) -> PPOLoss:
+    """:func:`ppo_loss` for any policy distribution (a Gaussian, say): the new log-probabilities
+    and entropies `[M]` come from the caller's distribution, and the rest of the loss is one op.
+
+    `log_prob`, `entropy` and `value` are differentiated (d loss / d entropy is
+    `-ent_coef / M`); the other tensors are targets. Arguments and result as :func:`ppo_loss`.
+    """
+    loss, stats, _, _ = torch.ops.nostall.ppo_loss_from_log_prob.default(
+        log_prob,
+        entropy,
         value,
         old_log_prob,
         old_value,

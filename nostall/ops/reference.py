@@ -169,6 +169,27 @@ def ppo_loss(
     log_p = logits.log_softmax(-1)
     new_log_prob = log_p.gather(-1, action[:, None]).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
+    return ppo_loss_from_log_prob(
+        new_log_prob, entropy, value, old_log_prob, old_value, advantage, value_target,
+        clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage,
+    )  # fmt: skip
+
+
+def ppo_loss_from_log_prob(
+    new_log_prob,
+    entropy,
+    value,
+    old_log_prob,
+    old_value,
+    advantage,
+    value_target,
+    clip_coef=0.2,
+    value_clip=0.2,
+    ent_coef=0.01,
+    vf_coef=0.5,
+    normalize_advantage=True,
+) -> tuple[Tensor, ...]:
+    """The same loss from the policy's log-probabilities and entropies."""
     adv = advantage
     if normalize_advantage:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -185,5 +206,5 @@ def ppo_loss(
     with torch.no_grad():
         kl = ((ratio - 1) - log_ratio).mean()
         cut = ((ratio < 1 - clip_coef) & (adv < 0)) | ((ratio > 1 + clip_coef) & (adv > 0))
-        clip_fraction = cut.to(logits.dtype).mean()
+        clip_fraction = cut.to(new_log_prob.dtype).mean()
     return loss, pg_loss.detach(), v_loss.detach(), entropy.mean().detach(), kl, clip_fraction
