@@ -1,6 +1,8 @@
 """The fused pieces of a PPO iteration, side by side with what they replace:
 
 - `nostall.ppo_loss` (forward + backward) against CleanRL's loss op by op, eager and compiled;
+- `nostall.ppo_loss_from_log_prob` after a Gaussian policy's log-probabilities against the same
+  loss op by op;
 - `ClippedAdam.step` against `clip_grad_norm_(foreach=True)` + `Adam(fused=True).step`;
 - `nostall::env_rollout` (a chunk of 128 steps x 8 CartPole envs in one call) against the same
   chunk stepped from Python (one policy call and one `env.torch.step` per step).
@@ -79,6 +81,36 @@ def bench_ppo_loss(m: int, a: int) -> None:
     report(f"PPO loss, forward + backward, [{m}, {a}] logits", rows)
 
 
+def bench_gaussian_loss(m: int, a: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(m, a, generator=g, requires_grad=True)
+    log_std = torch.zeros(a, requires_grad=True)
+    value = torch.randn(m, generator=g, requires_grad=True)
+    action = torch.randn(m, a, generator=g)
+    old_lp = -0.5 * (action - mean.detach()).square().sum(-1) + 0.3 * torch.randn(m, generator=g)
+    old_value = value.detach() + 0.3 * torch.randn(m, generator=g)
+    targets = (old_lp, old_value, torch.randn(m, generator=g), torch.randn(m, generator=g))
+
+    def log_prob_entropy():  # the trainers' Gaussian, written out
+        z = (action - mean) / log_std.exp()
+        log_prob = (-0.5 * z.pow(2) - log_std - 0.9189385332046727).sum(-1)
+        entropy = (0.5 + 0.9189385332046727 + log_std.expand_as(mean)).sum(-1)
+        return log_prob, entropy
+
+    def ours():
+        loss = nostall.ppo_loss_from_log_prob(*log_prob_entropy(), value, *targets).loss
+        return torch.autograd.grad(loss, (mean, log_std, value))
+
+    def eager():
+        loss = reference.ppo_loss_from_log_prob(*log_prob_entropy(), value, *targets)[0]
+        return torch.autograd.grad(loss, (mean, log_std, value))
+
+    for x, y in zip(ours(), eager(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    rows = {"nostall": timeit(ours), "CleanRL's loss, eager": timeit(eager)}
+    report(f"PPO loss of a Gaussian policy, forward + backward, [{m}, {a}] actions", rows)
+
+
 def bench_optimizer() -> None:
     torch.manual_seed(0)
     ours_net = ActorCritic(4, 2, True, 64)
@@ -138,6 +170,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {platform.machine()}, one thread; median us per call\n")
     bench_ppo_loss(256, 2)
     bench_ppo_loss(4096, 18)
+    bench_gaussian_loss(256, 1)
     bench_optimizer()
     bench_rollout()
 
