@@ -115,9 +115,14 @@ def main() -> None:
         "cleanrl-style / envpool": lambda s: baseline_run("envpool", s, args.max_steps),
     }
     print(f"PPO on CartPole-v1 to a mean return of 475, {args.seeds} seeds, one torch thread")
+    # Seeds outermost: every variant runs once per round, so a slow phase of the machine falls on
+    # all of them alike rather than on one.
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    for seed in range(args.seeds):
+        for name, run in variants.items():
+            results[name].append(run(seed))
     medians = {}
-    for name, run in variants.items():
-        runs = [run(seed) for seed in range(args.seeds)]
+    for name, runs in results.items():
         solved = [r["solved_s"] for r in runs if r["solved_s"] is not None]
         sps = statistics.median(r["steps"] / r["seconds"] for r in runs)
         steady = statistics.median(r["steady_sps"] for r in runs)
