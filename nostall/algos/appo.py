@@ -28,9 +28,10 @@ from nostall.runtime import Chunk
 class Args(ppo.Args):
     staleness: int = 1
     """how many policy versions the rollout side may run ahead of the trainer"""
-    backend: str = "process"
-    """where the rollout side runs: "process" (no GIL shared with the trainer, so the two
-    really overlap) or "thread" (needed for checkpoints)"""
+    backend: str = "thread"
+    """where the rollout side runs: "thread" (the native rollout releases the GIL, so the two
+    sides overlap) or "process" (no GIL shared at all: for a rollout stepped from Python,
+    --no-native-rollout, which holds the GIL)"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance weight in the TD error and the policy gradient"""
     c_bar: float = 1.0
