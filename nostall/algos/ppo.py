@@ -151,9 +151,12 @@ class Args:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
         if self.backend not in ("thread", "process"):
             raise ValueError(f"backend must be 'thread' or 'process', got {self.backend!r}")
-        device = torch.device(self.device)  # raises on a malformed name
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} asked for, but no CUDA device is present")
         if self.learning_rate <= 0:
