@@ -105,6 +105,7 @@ void env_rollout_cpu(int64_t handle, Tensor obs, Tensor actions, Tensor log_prob
     log_std_ptr = log_std->const_data_ptr<float>();
   }
 
+  const Activation act_fn = parse_activation(activation);  // checked with the networks above
   float* lp = log_probs.mutable_data_ptr<float>();
   float* value = values.mutable_data_ptr<float>();
   const float* u = noise.const_data_ptr<float>();
@@ -112,8 +113,8 @@ void env_rollout_cpu(int64_t handle, Tensor obs, Tensor actions, Tensor log_prob
   for (int64_t a = 0; a < A && !s.discrete; ++a) std_dev[a] = std::exp(log_std_ptr[a]);
   for (int64_t t = 0; t < T; ++t) {
     const Tensor x = select_first(obs, t);
-    const Tensor out = std::get<0>(mlp_cpu(x, actor_weights, actor_biases, activation));
-    const Tensor v = std::get<0>(mlp_cpu(x, critic_weights, critic_biases, activation));
+    const Tensor out = std::get<0>(mlp_cpu_checked(x, actor_weights, actor_biases, act_fn));
+    const Tensor v = std::get<0>(mlp_cpu_checked(x, critic_weights, critic_biases, act_fn));
     const float* o = out.const_data_ptr<float>();
     const float* vp = v.const_data_ptr<float>();
     const float* u_t = u + t * N * A;

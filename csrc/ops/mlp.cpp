@@ -130,6 +130,11 @@ MlpOutput mlp_cpu(Tensor input, std::vector<Tensor> weights, std::vector<Tensor>
   return mlp_forward<CpuBackend>(input, weights, biases, activation);
 }
 
+MlpOutput mlp_cpu_checked(const Tensor& input, const std::vector<Tensor>& weights,
+                          const std::vector<Tensor>& biases, Activation act) {
+  return mlp_forward_checked<CpuBackend>(input, weights, biases, act);
+}
+
 MlpGrads mlp_backward_cpu(Tensor grad_output, Tensor input, std::vector<Tensor> weights,
                           std::vector<Tensor> hidden, std::string activation, bool input_grad) {
   return mlp_backward<CpuBackend>(grad_output, input, weights, hidden, activation, input_grad);

@@ -105,6 +105,9 @@ using MlpGrads = std::tuple<std::optional<Tensor>, std::vector<Tensor>, std::vec
 
 MlpOutput mlp_cpu(Tensor input, std::vector<Tensor> weights, std::vector<Tensor> biases,
                   std::string activation);
+// mlp_cpu on arguments that passed check_mlp_args (the native rollout's per-step calls).
+MlpOutput mlp_cpu_checked(const Tensor& input, const std::vector<Tensor>& weights,
+                          const std::vector<Tensor>& biases, Activation act);
 MlpGrads mlp_backward_cpu(Tensor grad_output, Tensor input, std::vector<Tensor> weights,
                           std::vector<Tensor> hidden, std::string activation, bool input_grad);
 

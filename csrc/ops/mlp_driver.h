@@ -18,11 +18,11 @@
 
 namespace nostall {
 
+// The forward on arguments already checked (check_mlp_args): the native rollout checks its
+// networks once per chunk, then runs them at every step.
 template <class B>
-MlpOutput mlp_forward(const Tensor& input, const std::vector<Tensor>& weights,
-                      const std::vector<Tensor>& biases, const std::string& activation) {
-  check_mlp_args(input, weights, biases, activation);
-  const Activation act = parse_activation(activation);
+MlpOutput mlp_forward_checked(const Tensor& input, const std::vector<Tensor>& weights,
+                              const std::vector<Tensor>& biases, Activation act) {
   const int64_t M = input.size(0);
   const size_t L = weights.size();
   std::vector<Tensor> hidden;
@@ -38,6 +38,13 @@ MlpOutput mlp_forward(const Tensor& input, const std::vector<Tensor>& weights,
     x = y;
   }
   return {x, std::move(hidden)};
+}
+
+template <class B>
+MlpOutput mlp_forward(const Tensor& input, const std::vector<Tensor>& weights,
+                      const std::vector<Tensor>& biases, const std::string& activation) {
+  check_mlp_args(input, weights, biases, activation);
+  return mlp_forward_checked<B>(input, weights, biases, parse_activation(activation));
 }
 
 template <class B>

@@ -58,8 +58,9 @@ class Runtime:
         )
         self.env = env
         self.staleness = staleness
-        # The rollout side's own copy, on the CPU with the environments.
-        self.rollout_agent = copy.deepcopy(agent).cpu()
+        # The rollout side's own copy, on the CPU with the environments. From a GPU trainer this
+        # copies the weights to the host once, at construction.
+        self.rollout_agent = copy.deepcopy(agent).cpu()  # sync: one-time copy to the rollout side
         self._act = act
         self._rollout = rollout
         self.weights = WeightBuffer(agent)
