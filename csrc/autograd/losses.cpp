@@ -257,20 +257,26 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_autograd(
   return {out[0], out[1], out[2], out[3]};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> ppo_loss_autograd(
-    const Tensor& logits, const Tensor& action, const Tensor& value, const Tensor& old_log_prob,
-    const Tensor& old_value, const Tensor& advantage, const Tensor& value_target, double clip_coef,
-    OptDouble value_clip, double ent_coef, double vf_coef, bool normalize_advantage) {
-  // Only logits and value are differentiated: a target that requires grad is refused, not
-  // silently given no gradient.
+// The PPO losses differentiate the policy and the value only: a target that requires grad is
+// refused, not silently given no gradient.
+void reject_ppo_targets_with_grad(const char* op, const Tensor& old_log_prob,
+                                  const Tensor& old_value, const Tensor& advantage,
+                                  const Tensor& value_target) {
   const std::pair<const Tensor*, const char*> targets[] = {{&old_log_prob, "old_log_prob"},
                                                            {&old_value, "old_value"},
                                                            {&advantage, "advantage"},
                                                            {&value_target, "value_target"}};
   for (const auto& [t, name] : targets) {
-    TORCH_CHECK(!any_requires_grad({t}), name,
-                " must not require grad: ppo_loss treats it as a constant (detach it)");
+    TORCH_CHECK(!any_requires_grad({t}), name, " must not require grad: ", op,
+                " treats it as a constant (detach it)");
   }
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> ppo_loss_autograd(
+    const Tensor& logits, const Tensor& action, const Tensor& value, const Tensor& old_log_prob,
+    const Tensor& old_value, const Tensor& advantage, const Tensor& value_target, double clip_coef,
+    OptDouble value_clip, double ent_coef, double vf_coef, bool normalize_advantage) {
+  reject_ppo_targets_with_grad("ppo_loss", old_log_prob, old_value, advantage, value_target);
   if (!any_requires_grad({&logits, &value})) {  // no graph to record: skip the node
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = native<PpoLossFunction::Sig>("nostall::ppo_loss");
@@ -287,15 +293,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> ppo_loss_from_log_prob_autograd(
     const Tensor& log_prob, const Tensor& entropy, const Tensor& value, const Tensor& old_log_prob,
     const Tensor& old_value, const Tensor& advantage, const Tensor& value_target, double clip_coef,
     OptDouble value_clip, double ent_coef, double vf_coef, bool normalize_advantage) {
-  const std::pair<const Tensor*, const char*> targets[] = {{&old_log_prob, "old_log_prob"},
-                                                           {&old_value, "old_value"},
-                                                           {&advantage, "advantage"},
-                                                           {&value_target, "value_target"}};
-  for (const auto& [t, name] : targets) {
-    TORCH_CHECK(!any_requires_grad({t}), name,
-                " must not require grad: ppo_loss_from_log_prob treats it as a constant (detach "
-                "it)");
-  }
+  reject_ppo_targets_with_grad("ppo_loss_from_log_prob", old_log_prob, old_value, advantage,
+                               value_target);
   if (!any_requires_grad({&log_prob, &entropy, &value})) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto op = native<PpoLogProbLossFunction::Sig>("nostall::ppo_loss_from_log_prob");

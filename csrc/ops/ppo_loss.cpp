@@ -11,19 +11,47 @@ namespace nostall {
 
 namespace {
 
+// The value and the targets of every sample (any strides).
 template <typename S>
-void advantage_moments(const Tensor& advantage, double* mean, double* squared_deviations) {
-  const int64_t M = advantage.size(0), stride = advantage.stride(0);
-  const S* adv = advantage.const_data_ptr<S>();
-  double sum = 0;
-  for (int64_t m = 0; m < M; ++m) sum += adv[m * stride];
-  *mean = sum / static_cast<double>(M);
-  double dev = 0;
-  for (int64_t m = 0; m < M; ++m) {
-    const double d = adv[m * stride] - *mean;
-    dev += d * d;
+struct SampleRows {
+  const S *value, *old_log_prob, *old_value, *advantage, *value_target;
+  int64_t vs, olps, ovs, advs, tgts;
+
+  SampleRows(const Tensor& v, const Tensor& olp, const Tensor& ov, const Tensor& adv,
+             const Tensor& tgt)
+      : value(v.const_data_ptr<S>()),
+        old_log_prob(olp.const_data_ptr<S>()),
+        old_value(ov.const_data_ptr<S>()),
+        advantage(adv.const_data_ptr<S>()),
+        value_target(tgt.const_data_ptr<S>()),
+        vs(v.stride(0)),
+        olps(olp.stride(0)),
+        ovs(ov.stride(0)),
+        advs(adv.stride(0)),
+        tgts(tgt.stride(0)) {}
+};
+
+// Both losses over M samples in order: the advantage normaliser, then row(m, shift, scale,
+// inv_m, sums) for each sample (its derivatives, its terms into sums), then loss and stats.
+template <typename S, typename Row>
+void ppo_rows(const PpoLossConfig& c, int64_t M, const SampleRows<S>& in, Tensor& loss,
+              Tensor& stats, Row&& row) {
+  S shift = S(0), scale = S(1);
+  if (c.normalize) {
+    double sum = 0;
+    for (int64_t m = 0; m < M; ++m) sum += in.advantage[m * in.advs];
+    const double mean = sum / static_cast<double>(M);
+    double dev = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      const double d = in.advantage[m * in.advs] - mean;
+      dev += d * d;
+    }
+    advantage_normaliser(mean, dev, M, &shift, &scale);
   }
-  *squared_deviations = dev;
+  const S inv_m = S(1) / static_cast<S>(M);
+  PpoSums sums;
+  for (int64_t m = 0; m < M; ++m) row(m, shift, scale, inv_m, sums);
+  ppo_finish<S>(sums, M, c, loss.mutable_data_ptr<S>(), stats.mutable_data_ptr<S>());
 }
 
 }  // namespace
@@ -43,35 +71,22 @@ PpoLossOutput ppo_loss_cpu(Tensor logits, Tensor action, Tensor value, Tensor ol
                     "), got action[", m, "] = ", act[m * as]);
   }
   logits = as_contiguous(logits);
-  Tensor loss = torch::stable::new_empty(logits, {});
-  Tensor stats = new_contiguous(logits, {5});
-  Tensor grad_logits = new_contiguous(logits, {M, A});
-  Tensor grad_value = new_contiguous(logits, {M});
+  PpoLossOutput out = new_ppo_outputs(logits, {M, A}, M);
+  Tensor &loss = std::get<0>(out), &stats = std::get<1>(out), &grad_logits = std::get<2>(out),
+         &grad_value = std::get<3>(out);
   dispatch_floating(logits.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    S shift = S(0), scale = S(1);
-    if (c.normalize) {
-      double mean = 0, squared_deviations = 0;
-      advantage_moments<S>(advantage, &mean, &squared_deviations);
-      advantage_normaliser(mean, squared_deviations, M, &shift, &scale);
-    }
+    const SampleRows<S> in(value, old_log_prob, old_value, advantage, value_target);
     const S* x = logits.const_data_ptr<S>();
-    const S *v = value.const_data_ptr<S>(), *olp = old_log_prob.const_data_ptr<S>();
-    const S *ov = old_value.const_data_ptr<S>(), *adv = advantage.const_data_ptr<S>();
-    const S* tgt = value_target.const_data_ptr<S>();
-    const int64_t vs = value.stride(0), olps = old_log_prob.stride(0), ovs = old_value.stride(0);
-    const int64_t advs = advantage.stride(0), tgts = value_target.stride(0);
     S* gl = grad_logits.mutable_data_ptr<S>();
     S* gv = grad_value.mutable_data_ptr<S>();
-    const S inv_m = S(1) / static_cast<S>(M);
-    PpoSums sums;
-    for (int64_t m = 0; m < M; ++m) {
-      ppo_sample<S>(x + m * A, A, act[m * as], v[m * vs], olp[m * olps], ov[m * ovs], adv[m * advs],
-                    tgt[m * tgts], shift, scale, c, inv_m, gl + m * A, gv + m, sums);
-    }
-    ppo_finish<S>(sums, M, c, loss.mutable_data_ptr<S>(), stats.mutable_data_ptr<S>());
+    ppo_rows<S>(c, M, in, loss, stats, [&](int64_t m, S shift, S scale, S inv_m, PpoSums& sums) {
+      ppo_sample<S>(x + m * A, A, act[m * as], in.value[m * in.vs], in.old_log_prob[m * in.olps],
+                    in.old_value[m * in.ovs], in.advantage[m * in.advs],
+                    in.value_target[m * in.tgts], shift, scale, c, inv_m, gl + m * A, gv + m, sums);
+    });
   });
-  return {loss, stats, grad_logits, grad_value};
+  return out;
 }
 
 PpoLossOutput ppo_loss_from_log_prob_cpu(Tensor log_prob, Tensor entropy, Tensor value,
@@ -83,36 +98,24 @@ PpoLossOutput ppo_loss_from_log_prob_cpu(Tensor log_prob, Tensor entropy, Tensor
       log_prob, entropy, value, old_log_prob, old_value, advantage, value_target, clip_coef,
       value_clip, ent_coef, vf_coef, normalize_advantage);
   const int64_t M = log_prob.size(0);
-  Tensor loss = torch::stable::new_empty(log_prob, {});
-  Tensor stats = new_contiguous(log_prob, {5});
-  Tensor grad_log_prob = new_contiguous(log_prob, {M});
-  Tensor grad_value = new_contiguous(log_prob, {M});
+  PpoLossOutput out = new_ppo_outputs(log_prob, {M}, M);
+  Tensor &loss = std::get<0>(out), &stats = std::get<1>(out), &grad_log_prob = std::get<2>(out),
+         &grad_value = std::get<3>(out);
   dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    S shift = S(0), scale = S(1);
-    if (c.normalize) {
-      double mean = 0, squared_deviations = 0;
-      advantage_moments<S>(advantage, &mean, &squared_deviations);
-      advantage_normaliser(mean, squared_deviations, M, &shift, &scale);
-    }
+    const SampleRows<S> in(value, old_log_prob, old_value, advantage, value_target);
     const S *lp = log_prob.const_data_ptr<S>(), *h = entropy.const_data_ptr<S>();
-    const S *v = value.const_data_ptr<S>(), *olp = old_log_prob.const_data_ptr<S>();
-    const S *ov = old_value.const_data_ptr<S>(), *adv = advantage.const_data_ptr<S>();
-    const S* tgt = value_target.const_data_ptr<S>();
-    const int64_t lps = log_prob.stride(0), hs = entropy.stride(0), vs = value.stride(0);
-    const int64_t olps = old_log_prob.stride(0), ovs = old_value.stride(0);
-    const int64_t advs = advantage.stride(0), tgts = value_target.stride(0);
+    const int64_t lps = log_prob.stride(0), hs = entropy.stride(0);
     S* glp = grad_log_prob.mutable_data_ptr<S>();
     S* gv = grad_value.mutable_data_ptr<S>();
-    const S inv_m = S(1) / static_cast<S>(M);
-    PpoSums sums;
-    for (int64_t m = 0; m < M; ++m) {
-      glp[m] = ppo_terms<S>(lp[m * lps], h[m * hs], v[m * vs], olp[m * olps], ov[m * ovs],
-                            adv[m * advs], tgt[m * tgts], shift, scale, c, inv_m, gv + m, sums);
-    }
-    ppo_finish<S>(sums, M, c, loss.mutable_data_ptr<S>(), stats.mutable_data_ptr<S>());
+    ppo_rows<S>(c, M, in, loss, stats, [&](int64_t m, S shift, S scale, S inv_m, PpoSums& sums) {
+      glp[m] =
+          ppo_terms<S>(lp[m * lps], h[m * hs], in.value[m * in.vs], in.old_log_prob[m * in.olps],
+                       in.old_value[m * in.ovs], in.advantage[m * in.advs],
+                       in.value_target[m * in.tgts], shift, scale, c, inv_m, gv + m, sums);
+    });
   });
-  return {loss, stats, grad_log_prob, grad_value};
+  return out;
 }
 
 PpoLogProbGrads ppo_loss_from_log_prob_backward_cpu(Tensor grad_loss, Tensor grad_log_prob,

@@ -130,6 +130,30 @@ unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>((n + kRowThreads - 1) / kRowThreads);
 }
 
+// Both losses on the device: the advantage normaliser (when asked), then
+// launch_samples(blocks, normaliser or null, partial) for the per-sample kernel, then the fixed-
+// order sums into loss and stats. `like` gives the scratch's device.
+template <typename S, typename LaunchSamples>
+void run_ppo_kernels(const PpoLossConfig& c, int64_t M, const Tensor& like, const Tensor& advantage,
+                     Tensor& loss, Tensor& stats, cudaStream_t stream, const char* op,
+                     LaunchSamples&& launch_samples) {
+  const unsigned blocks = blocks_for(M);
+  Tensor scratch =
+      torch::stable::new_empty(like, {2 + int64_t{blocks} * kSums}, ScalarType::Double);
+  double* normaliser = scratch.mutable_data_ptr<double>();
+  double* partial = normaliser + 2;
+  if (c.normalize) {
+    advantage_kernel<S>
+        <<<1, kRowThreads, 0, stream>>>(advantage.const_data_ptr<S>(), M, normaliser);
+    check_launch(op);
+  }
+  launch_samples(blocks, c.normalize ? normaliser : nullptr, partial);
+  check_launch(op);
+  finish_kernel<S><<<1, 1, 0, stream>>>(partial, blocks, M, c, loss.mutable_data_ptr<S>(),
+                                        stats.mutable_data_ptr<S>());
+  check_launch(op);
+}
+
 }  // namespace
 
 PpoLossOutput ppo_loss_cuda(Tensor logits, Tensor action, Tensor value, Tensor old_log_prob,
@@ -148,23 +172,12 @@ PpoLossOutput ppo_loss_cuda(Tensor logits, Tensor action, Tensor value, Tensor o
   old_value = as_contiguous(old_value);
   advantage = as_contiguous(advantage);
   value_target = as_contiguous(value_target);
-  Tensor loss = torch::stable::new_empty(logits, {});
-  Tensor stats = new_contiguous(logits, {5});
-  Tensor grad_logits = new_contiguous(logits, {M, A});
-  Tensor grad_value = new_contiguous(logits, {M});
-  const unsigned blocks = blocks_for(M);
-  Tensor scratch =
-      torch::stable::new_empty(logits, {2 + int64_t{blocks} * kSums}, ScalarType::Double);
-  double* normaliser = scratch.mutable_data_ptr<double>();
-  double* partial = normaliser + 2;
+  PpoLossOutput out = new_ppo_outputs(logits, {M, A}, M);
+  Tensor &loss = std::get<0>(out), &stats = std::get<1>(out), &grad_logits = std::get<2>(out),
+         &grad_value = std::get<3>(out);
   const cudaStream_t stream = current_stream(logits);
   dispatch_floating(logits.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    if (c.normalize) {
-      advantage_kernel<S>
-          <<<1, kRowThreads, 0, stream>>>(advantage.const_data_ptr<S>(), M, normaliser);
-      check_launch("ppo_loss (advantages)");
-    }
     const SamplePtrs<S> in{logits.const_data_ptr<S>(),
                            action.const_data_ptr<int64_t>(),
                            value.const_data_ptr<S>(),
@@ -174,15 +187,14 @@ PpoLossOutput ppo_loss_cuda(Tensor logits, Tensor action, Tensor value, Tensor o
                            value_target.const_data_ptr<S>(),
                            M,
                            A};
-    sample_kernel<S><<<blocks, kRowThreads, 0, stream>>>(in, c, c.normalize ? normaliser : nullptr,
-                                                         grad_logits.mutable_data_ptr<S>(),
-                                                         grad_value.mutable_data_ptr<S>(), partial);
-    check_launch("ppo_loss (samples)");
-    finish_kernel<S><<<1, 1, 0, stream>>>(partial, blocks, M, c, loss.mutable_data_ptr<S>(),
-                                          stats.mutable_data_ptr<S>());
-    check_launch("ppo_loss (sums)");
+    run_ppo_kernels<S>(c, M, logits, advantage, loss, stats, stream, "ppo_loss",
+                       [&](unsigned blocks, const double* normaliser, double* partial) {
+                         sample_kernel<S><<<blocks, kRowThreads, 0, stream>>>(
+                             in, c, normaliser, grad_logits.mutable_data_ptr<S>(),
+                             grad_value.mutable_data_ptr<S>(), partial);
+                       });
   });
-  return {loss, stats, grad_logits, grad_value};
+  return out;
 }
 
 PpoLossOutput ppo_loss_from_log_prob_cuda(Tensor log_prob, Tensor entropy, Tensor value,
@@ -202,36 +214,24 @@ PpoLossOutput ppo_loss_from_log_prob_cuda(Tensor log_prob, Tensor entropy, Tenso
   old_value = as_contiguous(old_value);
   advantage = as_contiguous(advantage);
   value_target = as_contiguous(value_target);
-  Tensor loss = torch::stable::new_empty(log_prob, {});
-  Tensor stats = new_contiguous(log_prob, {5});
-  Tensor grad_log_prob = new_contiguous(log_prob, {M});
-  Tensor grad_value = new_contiguous(log_prob, {M});
-  const unsigned blocks = blocks_for(M);
-  Tensor scratch =
-      torch::stable::new_empty(log_prob, {2 + int64_t{blocks} * kSums}, ScalarType::Double);
-  double* normaliser = scratch.mutable_data_ptr<double>();
-  double* partial = normaliser + 2;
+  PpoLossOutput out = new_ppo_outputs(log_prob, {M}, M);
+  Tensor &loss = std::get<0>(out), &stats = std::get<1>(out), &grad_log_prob = std::get<2>(out),
+         &grad_value = std::get<3>(out);
   const cudaStream_t stream = current_stream(log_prob);
   dispatch_floating(log_prob.scalar_type(), [&](auto tag) {
     using S = decltype(tag);
-    if (c.normalize) {
-      advantage_kernel<S>
-          <<<1, kRowThreads, 0, stream>>>(advantage.const_data_ptr<S>(), M, normaliser);
-      check_launch("ppo_loss_from_log_prob (advantages)");
-    }
     const LogProbPtrs<S> in{log_prob.const_data_ptr<S>(),     entropy.const_data_ptr<S>(),
                             value.const_data_ptr<S>(),        old_log_prob.const_data_ptr<S>(),
                             old_value.const_data_ptr<S>(),    advantage.const_data_ptr<S>(),
                             value_target.const_data_ptr<S>(), M};
-    log_prob_sample_kernel<S><<<blocks, kRowThreads, 0, stream>>>(
-        in, c, c.normalize ? normaliser : nullptr, grad_log_prob.mutable_data_ptr<S>(),
-        grad_value.mutable_data_ptr<S>(), partial);
-    check_launch("ppo_loss_from_log_prob (samples)");
-    finish_kernel<S><<<1, 1, 0, stream>>>(partial, blocks, M, c, loss.mutable_data_ptr<S>(),
-                                          stats.mutable_data_ptr<S>());
-    check_launch("ppo_loss_from_log_prob (sums)");
+    run_ppo_kernels<S>(c, M, log_prob, advantage, loss, stats, stream, "ppo_loss_from_log_prob",
+                       [&](unsigned blocks, const double* normaliser, double* partial) {
+                         log_prob_sample_kernel<S><<<blocks, kRowThreads, 0, stream>>>(
+                             in, c, normaliser, grad_log_prob.mutable_data_ptr<S>(),
+                             grad_value.mutable_data_ptr<S>(), partial);
+                       });
   });
-  return {loss, stats, grad_log_prob, grad_value};
+  return out;
 }
 
 PpoLogProbGrads ppo_loss_from_log_prob_backward_cuda(Tensor grad_loss, Tensor grad_log_prob,

@@ -37,6 +37,7 @@
 
 #include "common/checks.h"
 #include "common/dispatch.h"
+#include "common/tensor_utils.h"
 
 namespace nostall {
 
@@ -246,6 +247,14 @@ NOSTALL_HD inline void advantage_normaliser(double mean, double squared_deviatio
 
 // (loss, stats, grad_logits, grad_value).
 using PpoLossOutput = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+
+// Both losses' outputs, like `like`: the loss, stats [5], the policy input's derivative of
+// `policy_grad_sizes` ([M, A] logits or [M] log_prob) and the value's [M], contiguous.
+inline PpoLossOutput new_ppo_outputs(const Tensor& like,
+                                     std::initializer_list<int64_t> policy_grad_sizes, int64_t M) {
+  return {torch::stable::new_empty(like, {}), new_contiguous(like, {5}),
+          new_contiguous(like, policy_grad_sizes), new_contiguous(like, {M})};
+}
 
 PpoLossOutput ppo_loss_cpu(Tensor logits, Tensor action, Tensor value, Tensor old_log_prob,
                            Tensor old_value, Tensor advantage, Tensor value_target,
