@@ -298,6 +298,16 @@ def _check_ppo_targets_and_scalars(
     _check(math.isfinite(vf_coef), f"vf_coef must be finite, got {vf_coef}")
 
 
+def _ppo_outputs(policy):
+    """(loss, stats [5], the policy input's derivative, the value's [M]) like new_ppo_outputs."""
+    return (
+        policy.new_empty(()),
+        policy.new_empty(5),
+        policy.new_empty(policy.shape),
+        policy.new_empty(policy.shape[0]),
+    )
+
+
 @torch.library.register_fake("nostall::ppo_loss")
 def _ppo_loss_fake(
     logits, action, value, old_log_prob, old_value, advantage, value_target, clip_coef,
@@ -316,35 +326,36 @@ def _ppo_loss_fake(
         logits, "logits", value, old_log_prob, old_value, advantage, value_target, clip_coef,
         value_clip, ent_coef, vf_coef, normalize_advantage,
     )  # fmt: skip
-    return (
-        logits.new_empty(()),
-        logits.new_empty(5),
-        logits.new_empty(m, a),
-        logits.new_empty(m),
+    return _ppo_outputs(logits)
+
+
+def _check_ppo_backward_args(grad_loss, grad_policy, grad_value, policy_name, dims):
+    """The checks of both PPO loss backwards (ppo_loss.h); grad_policy is [M, A] or [M]."""
+    shape = "[M, A]" if dims == 2 else "[M]"
+    _check(
+        grad_policy.dim() == dims and grad_policy.dtype in FLOAT_DTYPES,
+        f"{policy_name} must be a float32 or float64 {shape} tensor",
+    )
+    m = grad_policy.shape[0]
+    _check(
+        grad_value.dim() == 1
+        and grad_value.shape[0] == m
+        and grad_value.dtype == grad_policy.dtype,
+        f"grad_value must be [M] = [{m}] with the dtype of {policy_name}",
+    )
+    _check(
+        grad_loss.dim() == 0 and grad_loss.dtype == grad_policy.dtype,
+        f"grad_loss must be a scalar tensor with the dtype of {policy_name}",
+    )
+    _check(
+        grad_loss.device == grad_policy.device and grad_value.device == grad_policy.device,
+        f"grad_loss, {policy_name} and grad_value must be on one device",
     )
 
 
 @torch.library.register_fake("nostall::ppo_loss_backward")
 def _ppo_loss_backward_fake(grad_loss, grad_logits, grad_value):
-    _check(
-        grad_logits.dim() == 2 and grad_logits.dtype in FLOAT_DTYPES,
-        "grad_logits must be a float32 or float64 [M, A] tensor",
-    )
-    m = grad_logits.shape[0]
-    _check(
-        grad_value.dim() == 1
-        and grad_value.shape[0] == m
-        and grad_value.dtype == grad_logits.dtype,
-        f"grad_value must be [M] = [{m}] with the dtype of grad_logits",
-    )
-    _check(
-        grad_loss.dim() == 0 and grad_loss.dtype == grad_logits.dtype,
-        "grad_loss must be a scalar tensor with the dtype of grad_logits",
-    )
-    _check(
-        grad_loss.device == grad_logits.device and grad_value.device == grad_logits.device,
-        "grad_loss, grad_logits and grad_value must be on one device",
-    )
+    _check_ppo_backward_args(grad_loss, grad_logits, grad_value, "grad_logits", 2)
     return grad_logits.new_empty(grad_logits.shape), grad_value.new_empty(grad_value.shape)
 
 
@@ -363,34 +374,10 @@ def _ppo_loss_from_log_prob_fake(
         log_prob, "log_prob", value, old_log_prob, old_value, advantage, value_target, clip_coef,
         value_clip, ent_coef, vf_coef, normalize_advantage,
     )  # fmt: skip
-    m = log_prob.shape[0]
-    return (
-        log_prob.new_empty(()),
-        log_prob.new_empty(5),
-        log_prob.new_empty(m),
-        log_prob.new_empty(m),
-    )
+    return _ppo_outputs(log_prob)
 
 
 @torch.library.register_fake("nostall::ppo_loss_from_log_prob_backward")
 def _ppo_loss_from_log_prob_backward_fake(grad_loss, grad_log_prob, grad_value, ent_coef):
-    _check(
-        grad_log_prob.dim() == 1 and grad_log_prob.dtype in FLOAT_DTYPES,
-        "grad_log_prob must be a float32 or float64 [M] tensor",
-    )
-    m = grad_log_prob.shape[0]
-    _check(
-        grad_value.dim() == 1
-        and grad_value.shape[0] == m
-        and grad_value.dtype == grad_log_prob.dtype,
-        f"grad_value must be [M] = [{m}] with the dtype of grad_log_prob",
-    )
-    _check(
-        grad_loss.dim() == 0 and grad_loss.dtype == grad_log_prob.dtype,
-        "grad_loss must be a scalar tensor with the dtype of grad_log_prob",
-    )
-    _check(
-        grad_loss.device == grad_log_prob.device and grad_value.device == grad_log_prob.device,
-        "grad_loss, grad_log_prob and grad_value must be on one device",
-    )
-    return tuple(grad_log_prob.new_empty(m) for _ in range(3))
+    _check_ppo_backward_args(grad_loss, grad_log_prob, grad_value, "grad_log_prob", 1)
+    return tuple(grad_log_prob.new_empty(grad_log_prob.shape) for _ in range(3))

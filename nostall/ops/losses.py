@@ -199,6 +199,17 @@ class PPOLoss(NamedTuple):
     accumulate them."""
 
 
+def _ppo_scalars(clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage) -> tuple:
+    """The scalar arguments of both PPO loss ops, as their schemas take them."""
+    return (
+        _scalar(clip_coef, "clip_coef"),
+        None if value_clip is None else _scalar(value_clip, "value_clip"),
+        _scalar(ent_coef, "ent_coef"),
+        _scalar(vf_coef, "vf_coef"),
+        bool(normalize_advantage),
+    )
+
+
 def ppo_loss(
     logits: Tensor,
     action: Tensor,
@@ -241,11 +252,7 @@ def ppo_loss(
         old_value,
         advantage,
         value_target,
-        _scalar(clip_coef, "clip_coef"),
-        None if value_clip is None else _scalar(value_clip, "value_clip"),
-        _scalar(ent_coef, "ent_coef"),
-        _scalar(vf_coef, "vf_coef"),
-        bool(normalize_advantage),
+        *_ppo_scalars(clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage),
     )
     return PPOLoss(loss, *stats.unbind(), stats)
 
@@ -278,10 +285,6 @@ def ppo_loss_from_log_prob(
         old_value,
         advantage,
         value_target,
-        _scalar(clip_coef, "clip_coef"),
-        None if value_clip is None else _scalar(value_clip, "value_clip"),
-        _scalar(ent_coef, "ent_coef"),
-        _scalar(vf_coef, "vf_coef"),
-        bool(normalize_advantage),
+        *_ppo_scalars(clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage),
     )
     return PPOLoss(loss, *stats.unbind(), stats)
