@@ -44,9 +44,10 @@ def net(obs_dim=4, hidden=64, out=2):
 
 def report(title: str, rows: dict[str, float]) -> None:
     ours = rows["nostall"]
+    width = max(28, *map(len, rows))
     print(title)
     for name, us in rows.items():
-        print(f"  {name:28s} {us:9.2f} us   {us / ours:5.2f}x nostall's time")
+        print(f"  {name:{width}s} {us:9.2f} us   {us / ours:5.2f}x nostall's time")
 
 
 def bench_mlp_forward(m: int) -> None:

@@ -15,10 +15,9 @@ call, one torch thread.
 
 import copy
 import platform
-import statistics
-import time
 
 import torch
+from bench_policy import report, timeit  # the sibling script's timing (run as a script)
 
 import nostall
 import nostall.envs
@@ -27,25 +26,6 @@ from nostall.algos.optim import ClippedAdam
 from nostall.ops import reference
 from nostall.runtime.rollout import _collect_steps
 from nostall.runtime.storage import Chunk, slot_layout
-
-
-def timeit(fn, reps: int = 1000) -> float:
-    for _ in range(max(10, reps // 20)):
-        fn()
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(reps // 5):
-            fn()
-        times.append((time.perf_counter() - t) / (reps // 5))
-    return statistics.median(times) * 1e6
-
-
-def report(title: str, rows: dict[str, float]) -> None:
-    ours = rows["nostall"]
-    print(title)
-    for name, us in rows.items():
-        print(f"  {name:34s} {us:10.2f} us   {us / ours:5.2f}x nostall's time")
 
 
 def bench_ppo_loss(m: int, a: int) -> None:
