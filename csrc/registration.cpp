@@ -12,6 +12,7 @@
 #include "ops/policy_loss.h"
 #include "ops/ppo_loss.h"
 #include "ops/sample_categorical.h"
+#include "ops/sample_tokens.h"
 #include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
 
@@ -119,6 +120,15 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "sample_categorical(Tensor logits, Tensor uniform) "
       "-> (Tensor log_prob, Tensor action, Tensor logsumexp)");
 
+  // One decode step of language-model generation: a token per row of logits [B, V] (temperature,
+  // top-k, top-p, Gumbel-max with uniform [B, V]; only tokens where allowed [V]), with its
+  // log-probability under the sampling distribution; rows already finished get pad_token_id and
+  // 0, rows that sample eos_token_id are marked finished (bool [B], in place).
+  m.def(
+      "sample_tokens(Tensor logits, Tensor uniform, Tensor(a!) finished, Tensor allowed, "
+      "float temperature, int top_k, float top_p, int eos_token_id, int pad_token_id) "
+      "-> (Tensor token, Tensor log_prob)");
+
   // One rollout step of episode statistics: running returns and lengths grow, and envs whose
   // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
   m.def(
@@ -198,6 +208,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cpu));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));
+  m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cpu));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));

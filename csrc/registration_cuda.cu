@@ -12,6 +12,7 @@
 #include "ops/policy_loss.h"
 #include "ops/ppo_loss.h"
 #include "ops/sample_categorical.h"
+#include "ops/sample_tokens.h"
 #include "ops/token_log_prob.h"
 #include "ops/vtrace.h"
 
@@ -38,6 +39,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
          TORCH_BOX(&nostall::ppo_loss_from_log_prob_backward_cuda));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cuda));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cuda));
+  m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cuda));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cuda));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cuda));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cuda));

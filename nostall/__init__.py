@@ -24,6 +24,7 @@ _LAZY = {
     "PPOLoss": "nostall.ops",
     "mlp": "nostall.ops",
     "sample_categorical": "nostall.ops",
+    "sample_tokens": "nostall.ops",
     "HAS_CUDA_KERNELS": "nostall._native",
 }
 
@@ -48,6 +49,7 @@ __all__ = [
     "ppo_loss",
     "ppo_loss_from_log_prob",
     "sample_categorical",
+    "sample_tokens",
     "token_log_prob",
     "token_log_prob_linear",
     "vtrace",

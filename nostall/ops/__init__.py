@@ -2,7 +2,13 @@
 of the native ops (their autograd kernels are native, in nostall._C_autograd)."""
 
 from nostall import _native  # noqa: F401  (loads the native library first)
-from nostall.ops import _fake, _fake_losses, _fake_networks, _vmap  # noqa: F401  (registrations)
+from nostall.ops import (  # noqa: F401  (registrations)
+    _fake,
+    _fake_losses,
+    _fake_networks,
+    _fake_sampling,
+    _vmap,
+)
 from nostall.ops.advantages import discounted_returns, gae, vtrace
 from nostall.ops.losses import (
     PolicyLoss,
@@ -15,6 +21,7 @@ from nostall.ops.losses import (
     token_log_prob_linear,
 )
 from nostall.ops.networks import mlp, sample_categorical
+from nostall.ops.sampling import sample_tokens
 
 __all__ = [
     "PPOLoss",
@@ -27,6 +34,7 @@ __all__ = [
     "ppo_loss",
     "ppo_loss_from_log_prob",
     "sample_categorical",
+    "sample_tokens",
     "token_log_prob",
     "token_log_prob_linear",
     "vtrace",

@@ -48,6 +48,11 @@ class BoundedQueue:
             except queue.Full:
                 continue
 
+    def peek(self) -> list[Any]:
+        """The items queued now, oldest first, left in the queue."""
+        with self._queue.mutex:
+            return list(self._queue.queue)
+
     def get(self) -> Any:
         while True:
             try:

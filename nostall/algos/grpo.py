@@ -1,0 +1,445 @@
+"""GRPO for causal language models, its generation overlapped with training.
+
+Group Relative Policy Optimization (Shao et al. 2024, arXiv:2402.03300) as TRL's GRPOTrainer
+runs it, with TRL's names, and the waits taken out:
+- each step draws `num_prompts` prompts, samples `num_generations` completions of each with the
+  rollout side's copy of the model (a native sampler, a static KV cache, no host read per
+  token: nostall/lm/generation.py) and scores them with the reward functions there, off the
+  trainer's critical path;
+- advantages are the rewards minus their group's mean, over the group's std (`scale_rewards`
+  "group"), the batch's ("batch") or not scaled ("none", Dr. GRPO): `nostall.group_advantages`;
+- token log-probabilities come from the final hidden states and the output weight in chunks
+  (`nostall.token_log_prob_linear`, no [B, T, V] logits), renormalised over the tokens the
+  sampler may draw (special tokens other than <eos> are never sampled);
+- the clipped surrogate is `nostall.clipped_policy_loss` with TRL's `loss_type`: "grpo" (per
+  sequence token mean, then the mean), "bnpo" and "dapo" (mean over all tokens of the batch),
+  "dr_grpo" (token sum over batch * max_new_tokens); clip [1 - clip_low, 1 + clip_high];
+  optional KL to the frozen initial model (`beta`, k3 estimator) aggregated the same way;
+- `staleness` S lets generation run up to S policy versions ahead of the trainer (S = 0:
+  generate then train, exactly synchronous GRPO). Stale batches use the decoupled objective
+  (AReaL, Fu et al. 2025): the clip against the proximal policy (the trainer's weights before
+  the update, log-probs recomputed), each token weighted by min(pi_prox / pi_behaviour, is_cap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+import nostall
+from nostall.algos.optim import ClippedAdam
+from nostall.lm.decoder import Decoder
+from nostall.lm.generation import GenerationEngine, SamplingConfig, positions_of
+from nostall.lm.models import LanguageModel, load_model
+from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
+from nostall.lm.tasks import Rewards, answer_reward, dataset_source, load_reward, task_source
+from nostall.profiler import SyncWatch, allow
+from nostall.runtime.loop import RolloutLoop
+from nostall.train import checkpoint
+
+# TRL's loss_type -> clipped_policy_loss's aggregation.
+AGGREGATIONS = {
+    "grpo": "seq_mean_token_mean",
+    "bnpo": "token_mean",
+    "dapo": "token_mean",
+    "dr_grpo": "seq_mean_token_sum_norm",
+}
+METRICS = ("loss", "clip_fraction", "approx_kl", "kl")
+# Steps whose update runs under SyncWatch (after warm-up), to report syncs per update.
+WATCHED_STEPS = (3, 4)
+# Arguments a resume may change; every other one must match the checkpoint's.
+RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
+             "stop_when_solved", "target_reward", "watch_syncs"}  # fmt: skip
+
+
+@dataclass
+class Args:
+    model: str = "tiny"
+    """a built-in model ("tiny", "small") or a local causal LM directory"""
+    task: str = "copy"
+    """a built-in task (copy, reverse, sort, sum), used when no --dataset is given"""
+    dataset: str | None = None
+    """prompts from a JSONL file or a saved `datasets` folder (a `prompt` column; other columns
+    reach the reward functions as keyword arguments)"""
+    reward: str | None = None
+    """reward functions as module:function, comma-separated (TRL's signature); default: the
+    task's partial-credit reward against the `answer` column"""
+    reward_weights: str | None = None
+    """weights of the reward functions, comma-separated (default: 1 each)"""
+    steps: int = 500
+    """generation batches to train on (one or more optimizer steps each)"""
+    num_prompts: int = 8
+    """prompts per generation batch"""
+    num_generations: int = 8
+    """completions per prompt (the group), at least 2"""
+    max_new_tokens: int = 5
+    """completion length limit, in tokens"""
+    temperature: float = 1.0
+    """sampling temperature (the trainer's log-probs use the same)"""
+    top_k: int = 0
+    """sample from the k most likely tokens (0: all)"""
+    top_p: float = 1.0
+    """sample from the smallest set of tokens whose probability reaches top_p (1: all)"""
+    learning_rate: float = 2e-3
+    """Adam's learning rate (constant)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    loss_type: str = "dapo"
+    """grpo, bnpo, dr_grpo or dapo (TRL's names)"""
+    scale_rewards: str = "group"
+    """divide advantages by the group's std ("group"), the batch's ("batch") or not ("none")"""
+    clip_low: float = 0.2
+    """the ratio is clipped below at 1 - clip_low"""
+    clip_high: float | None = None
+    """the ratio is clipped above at 1 + clip_high (default: clip_low)"""
+    beta: float = 0.0
+    """weight of the KL penalty to the initial model (k3 estimator); 0: no reference model"""
+    updates_per_batch: int = 1
+    """optimizer steps per generation batch (TRL's num_iterations)"""
+    staleness: int = 0
+    """how many policy versions generation may run ahead of training (0: synchronous GRPO)"""
+    is_cap: float = 2.0
+    """cap of the behaviour importance weight of stale tokens (decoupled objective)"""
+    stop_check_every: int = 0
+    """stop generating once every completion ended, checked every this many tokens (a host
+    read); 0: always generate max_new_tokens"""
+    seed: int = 0
+    """seeds the model's initialisation (built-ins), the prompts and the sampling"""
+    torch_threads: int = 1
+    """intra-op threads for torch"""
+    target_reward: float = 0.7
+    """mean reward over the last 10 steps that counts as solved (time_to_target_s)"""
+    stop_when_solved: bool = False
+    """stop once the target reward is reached"""
+    log_interval: int = 10
+    """read metrics (a host sync) every this many steps"""
+    watch_syncs: bool = True
+    """run two early updates under SyncWatch and report their host syncs"""
+    checkpoint: str | None = None
+    """save a checkpoint here every checkpoint_every steps and at the end ("{step}" in the path
+    keeps one per save)"""
+    checkpoint_every: int = 50
+    """steps between checkpoints"""
+    resume: str | None = None
+    """resume from this checkpoint"""
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_prompts * self.num_generations
+
+    def check(self) -> None:
+        for name in ("steps", "num_prompts", "max_new_tokens", "updates_per_batch",
+                     "log_interval", "checkpoint_every", "torch_threads"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise ValueError(
+                f"--num-generations must be at least 2 (a group of one has no relative "
+                f"advantage), got {self.num_generations}"
+            )
+        for name in ("staleness", "top_k", "stop_check_every", "beta", "seed"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        for name in ("learning_rate", "max_grad_norm", "temperature", "is_cap"):
+            value = getattr(self, name)
+            if not (value > 0 and value < float("inf")):
+                raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must lie in (0, 1], got {self.top_p}")
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < float("inf"):
+                raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value}")
+        if not -float("inf") < self.target_reward < float("inf"):
+            raise ValueError(f"--target-reward must be finite, got {self.target_reward}")
+        if self.loss_type not in AGGREGATIONS:
+            raise ValueError(f"--loss-type must be one of {', '.join(AGGREGATIONS)}, "
+                             f"got {self.loss_type!r}")  # fmt: skip
+        if self.scale_rewards not in nostall.ops.losses.GROUP_SCALES:
+            raise ValueError(f"--scale-rewards must be group, batch or none, got "
+                             f"{self.scale_rewards!r}")  # fmt: skip
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+@dataclass
+class TrainResult:
+    args: dict
+    rewards: list[float] = field(default_factory=list)  # mean reward of each step's batch
+    step_times: list[float] = field(default_factory=list)  # seconds from start, at each step
+    tokens: int = 0  # completion tokens trained on
+    seconds: float = 0.0
+    steps_to_target: int | None = None
+    time_to_target_s: float | None = None
+    generation_ms: float | None = None  # mean per batch (the rollout side)
+    update_ms: float | None = None  # mean per step (the trainer side)
+    syncs_per_update: float | None = None
+    syncs_per_decode_step: float | None = None
+    sync_sites: list[str] = field(default_factory=list)
+    mean_lag: float | None = None
+    timeline: list[tuple[str, float, float]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last logged update metrics
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def note_target(self, target: float, window: int = 10) -> None:
+        """Sets steps_to_target / time_to_target_s at the first step whose mean reward over
+        the last `window` steps reaches `target`."""
+        if self.steps_to_target is not None or len(self.rewards) < window:
+            return
+        if sum(self.rewards[-window:]) / window >= target:
+            self.steps_to_target = len(self.rewards)
+            self.time_to_target_s = self.step_times[-1]
+
+
+def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
+                     banned: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
+    model's, at `temperature`, renormalised over the tokens the sampler may draw)."""
+    P = batch.prompt_ids.shape[1]
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
+    keys = torch.cat([batch.prompt_mask, batch.completion_mask], 1)
+    hidden = decoder.hidden(ids, keys, positions_of(keys))  # (B, P + C, H)
+    hidden = hidden[:, P - 1 : -1] / temperature  # the states that predict the completion
+    weight = decoder.output_weight
+    tokens = batch.completion_ids
+    log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)  # (B, C)
+    if banned.numel() == 0:
+        return log_prob
+    # log p_masked(tok) = log p(tok) - log(1 - p(banned)); logsumexp = logit(tok) - log p(tok).
+    logit = (hidden * weight[tokens]).sum(-1)
+    log_p_banned = torch.logsumexp(hidden @ weight[banned].T, -1) - (logit - log_prob)
+    return log_prob - torch.log(-torch.expm1(log_p_banned))
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str,
+              max_tokens: int) -> torch.Tensor:  # fmt: skip
+    """A [B, C] per-token quantity reduced as the loss type reduces the surrogate."""
+    m = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        return ((per_token * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token * m).sum() / (per_token.shape[0] * max_tokens)
+    return (per_token * m).sum() / m.sum().clamp(min=1)
+
+
+def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: Args,
+                banned: torch.Tensor, reference: Decoder | None, decoupled: bool,
+                group_index: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
+    """updates_per_batch optimizer steps on one batch; metrics as tensors (not read here)."""
+    advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
+                                         args.scale_rewards)  # fmt: skip
+    mask = batch.completion_mask
+    C = mask.shape[1]
+    ref_log_prob = None
+    if reference is not None:
+        with torch.no_grad():
+            ref_log_prob = policy_log_probs(reference, batch, args.temperature, banned)
+    totals = torch.zeros(len(METRICS))
+    old_log_prob = None
+    for _ in range(args.updates_per_batch):
+        log_prob = policy_log_probs(decoder, batch, args.temperature, banned)
+        if old_log_prob is None:  # the proximal policy: the weights before this update
+            old_log_prob = log_prob.detach()
+        out = nostall.clipped_policy_loss(
+            log_prob, old_log_prob, advantage, mask, args.clip_low, args.clip_high,
+            AGGREGATIONS[args.loss_type], C,
+            behavior_log_prob=batch.log_probs if decoupled else None, is_cap=args.is_cap,
+        )  # fmt: skip
+        loss, kl = out.loss, torch.zeros(())
+        if ref_log_prob is not None:
+            delta = ref_log_prob - log_prob
+            kl = aggregate(delta.exp() - delta - 1, mask, args.loss_type, C)
+            loss = loss + args.beta * kl
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        totals += torch.stack([loss.detach(), out.clip_fraction, out.approx_kl, kl.detach()])
+    return dict(zip(METRICS, (totals / args.updates_per_batch).unbind(), strict=True))
+
+
+def _rewards(args: Args) -> Rewards:
+    if not args.reward:
+        return Rewards([answer_reward])
+    functions = [load_reward(spec.strip()) for spec in args.reward.split(",")]
+    weights = None
+    if args.reward_weights:
+        try:
+            weights = [float(w) for w in args.reward_weights.split(",")]
+        except ValueError:
+            raise ValueError(f"--reward-weights must be numbers, got {args.reward_weights!r}")
+    return Rewards(functions, weights)
+
+
+@dataclass
+class Setup:
+    """Everything a run builds before its first step."""
+
+    lm: LanguageModel
+    decoder: Decoder
+    generator: GroupGenerator
+    loop: RolloutLoop
+    optimizer: ClippedAdam
+    banned: torch.Tensor
+    group_index: torch.Tensor
+    reference: Decoder | None
+
+
+def build(args: Args) -> Setup:
+    """Model, generation side, runtime and optimizer; ValueError for bad input."""
+    args.check()
+    source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
+    rewards = _rewards(args)
+    lm = load_model(args.model, seed=args.seed)
+    encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
+                            args.max_new_tokens)  # fmt: skip
+    model = lm.model
+    rollout_model = copy.deepcopy(model)
+    banned_ids = lm.banned_token_ids()
+    sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                              args.stop_check_every)  # fmt: skip
+    engine = GenerationEngine(Decoder(rollout_model), sampling, eos_token_id=lm.eos_token_id,
+                              pad_token_id=lm.pad_token_id, banned_token_ids=banned_ids)  # fmt: skip
+    generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
+                               num_generations=args.num_generations, seed=args.seed)  # fmt: skip
+    slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens)
+             for _ in range(args.staleness + 2)]  # fmt: skip
+    loop = RolloutLoop(slots, generator, rollout_model, model, staleness=args.staleness)
+    optimizer = ClippedAdam(model.parameters(), lr=args.learning_rate,
+                            max_grad_norm=args.max_grad_norm)  # fmt: skip
+    reference = None
+    if args.beta > 0:
+        reference = Decoder(copy.deepcopy(model).requires_grad_(False))
+    group_index = torch.arange(args.num_prompts).repeat_interleave(args.num_generations)
+    banned = torch.tensor(banned_ids, dtype=torch.int64)
+    return Setup(lm, Decoder(model), generator, loop, optimizer, banned, group_index, reference)
+
+
+def _state(setup: Setup, step: int, result: TrainResult) -> dict:
+    """Taken inside the loop's boundary, after the step's publish."""
+    state = {
+        "model": {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()},
+        "optimizer": setup.optimizer.state_dict(),
+        "loop": setup.loop.state_dict(LMBatch.state_dict),
+        "generator": setup.generator.generator.get_state(),
+        "prompts": setup.generator.source.state_dict(),
+        "step": step,
+        "rewards": list(result.rewards),
+        "step_times": list(result.step_times),
+    }
+    if setup.reference is not None:
+        state["reference"] = setup.reference.model.state_dict()
+    return state
+
+
+def _restore(setup: Setup, state: dict, result: TrainResult) -> int:
+    model = setup.lm.model
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            value.copy_(state["model"][name])
+    setup.optimizer.load_state_dict(state["optimizer"])
+    setup.loop.load_state_dict(state["loop"], model, LMBatch.load_state_dict)
+    setup.generator.generator.set_state(state["generator"])
+    setup.generator.source.load_state_dict(state["prompts"])
+    if setup.reference is not None:
+        setup.reference.model.load_state_dict(state["reference"])
+    result.rewards = list(state["rewards"])
+    result.step_times = list(state["step_times"])
+    return int(state["step"])
+
+
+def train(args: Args, log: Callable[[int, dict[str, float]], None] | None = None,
+          setup: Setup | None = None) -> TrainResult:  # fmt: skip
+    """Trains, calling log(step, metrics) every log_interval steps."""
+    torch.set_num_threads(args.torch_threads)
+    setup = setup or build(args)
+    result = TrainResult(args=asdict(args))
+    first = 1
+    offset = 0.0  # seconds of the run before a resume
+    if args.resume:
+        saved_args, state = checkpoint.load(args.resume, "grpo")
+        checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
+        first = _restore(setup, state, result) + 1
+        offset = result.step_times[-1] if result.step_times else 0.0
+    loop, decoder, optimizer = setup.loop, setup.decoder, setup.optimizer
+    syncs: list[int] = []
+    lags: list[int] = []
+    metrics: dict[str, torch.Tensor] = {}
+    run_start = time.perf_counter()
+    start = run_start - offset  # step times count from the original run's start
+    new_tokens = 0
+    step = first - 1
+    with loop:
+        for step in range(first, args.steps + 1):
+            watched = args.watch_syncs and step in WATCHED_STEPS
+            watch = SyncWatch(setup.lm.model) if watched else contextlib.nullcontext()
+            index, batch = loop.next_chunk()
+            began = time.perf_counter()
+            with watch:
+                if watched:
+                    watch.mark(*batch.tensors().values())
+                decoupled = args.staleness > 0
+                metrics = grpo_update(decoder, optimizer, batch, args, setup.banned,
+                                      setup.reference, decoupled, setup.group_index)  # fmt: skip
+            if watched:
+                report = watch.report()
+                syncs.append(report.unintended_count)
+                result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
+            lags.append(loop.lag(batch))
+            result.rewards.append(batch.reward_mean)
+            result.tokens += batch.tokens
+            new_tokens += batch.tokens
+            loop.release(index)
+            saving = args.checkpoint and (step % args.checkpoint_every == 0 or step == args.steps)
+            with loop.boundary() if saving else contextlib.nullcontext():
+                loop.publish(setup.lm.model)
+                result.step_times.append(time.perf_counter() - start)
+                result.note_target(args.target_reward)
+                if saving:
+                    checkpoint.save(args.checkpoint.format(step=step), "grpo", asdict(args),
+                                    _state(setup, step, result))  # fmt: skip
+            loop.timeline.record("train", began, time.perf_counter())
+            if step % args.log_interval == 0 or step == args.steps:
+                with allow("metrics every log_interval steps"):
+                    values = {k: float(v) for k, v in metrics.items()}  # sync: logging
+                recent = result.rewards[-10:]
+                values.update(reward=sum(recent) / len(recent), version_lag=float(lags[-1]),
+                              tokens_per_second=new_tokens / (time.perf_counter() - run_start))  # fmt: skip
+                result.metrics = values
+                if log is not None:
+                    log(step, values)
+                if args.stop_when_solved and result.steps_to_target is not None:
+                    break
+    result.seconds = time.perf_counter() - run_start
+    result.timeline = list(loop.timeline.spans)
+    result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
+    result.mean_lag = sum(lags) / len(lags) if lags else None
+    rollout = [e - s for side, s, e in result.timeline if side == "rollout"]
+    train_spans = [e - s for side, s, e in result.timeline if side == "train"]
+    result.generation_ms = 1e3 * sum(rollout) / len(rollout) if rollout else None
+    result.update_ms = 1e3 * sum(train_spans) / len(train_spans) if train_spans else None
+    return result
+
+
+def save_model(setup: Setup, out_dir) -> None:
+    """The trained model and its tokenizer, loadable with transformers' from_pretrained."""
+    model = setup.lm.model
+    # The optimizer keeps parameters as views of one flat buffer: save standalone copies.
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.save_pretrained(out_dir, state_dict=state)
+    setup.lm.tokenizer.save_pretrained(out_dir)
+
+
+if __name__ == "__main__":
+    from nostall.cli import main
+
+    raise SystemExit(main(["train", "grpo"]))

@@ -1,0 +1,131 @@
+"""Batched generation without host syncs: prefill, then one decode step per token over a
+preallocated KV cache, each token drawn by the native `sample_tokens` op.
+
+Per token there is no `.item()`, no `any()` and no data-dependent shape: the finished mask
+lives on the device and is updated by the sampler, finished rows emit padding, and the loop
+runs for `max_new_tokens` steps. An early stop, when every row has finished, is checked only
+every `stop_check_every` tokens (a host read, marked `# sync:`), 0 turning it off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from nostall.lm.decoder import Decoder
+from nostall.ops.sampling import sample_tokens
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Completions:
+    """A batch of prompts (left-padded) and their sampled completions."""
+
+    prompt_ids: Tensor  # (B, P) int64, left-padded
+    prompt_mask: Tensor  # (B, P) bool, False on padding
+    completion_ids: Tensor  # (B, C) int64, padding after <eos>
+    completion_mask: Tensor  # (B, C) bool: the sampled tokens, <eos> included
+    log_probs: Tensor  # (B, C) behaviour log-probs under the sampling distribution (0: masked)
+
+    @classmethod
+    def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
+              device: torch.device | str = "cpu") -> Completions:  # fmt: skip
+        def zeros(*shape, dtype):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        return cls(
+            prompt_ids=zeros(batch, prompt_len, dtype=torch.int64),
+            prompt_mask=zeros(batch, prompt_len, dtype=torch.bool),
+            completion_ids=zeros(batch, max_new_tokens, dtype=torch.int64),
+            completion_mask=zeros(batch, max_new_tokens, dtype=torch.bool),
+            log_probs=zeros(batch, max_new_tokens, dtype=torch.float32),
+        )
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def positions_of(mask: Tensor) -> Tensor:
+    """Position ids of a left-padded batch: 0 at each row's first real token (padding: 0)."""
+    return (mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_check_every: int = 0
+    """check every this many tokens whether every row has finished (a host read); 0: never"""
+
+
+class GenerationEngine:
+    """Generates completions for batches of one shape with a decoder and a sampling config."""
+
+    def __init__(self, decoder: Decoder, sampling: SamplingConfig, *, eos_token_id: int,
+                 pad_token_id: int, banned_token_ids: list[int]):  # fmt: skip
+        if sampling.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
+        self.decoder = decoder
+        self.sampling = sampling
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        weight = decoder.output_weight
+        self.allowed = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
+        self.allowed[banned_token_ids] = False
+        self._cache = None
+        self._shape: tuple[int, int] | None = None
+
+    def _buffers(self, batch: int, prompt_len: int):
+        """The cache and per-step buffers, kept across calls of the same shape."""
+        if self._shape != (batch, prompt_len):
+            slots = prompt_len + self.sampling.max_new_tokens
+            device = self.decoder.output_weight.device
+            self._cache = self.decoder.new_cache(batch, slots)
+            self._slots = torch.arange(slots, device=device)
+            self._slot_mask = torch.zeros(batch, slots, dtype=torch.bool, device=device)
+            self._finished = torch.zeros(batch, dtype=torch.bool, device=device)
+            self._shape = (batch, prompt_len)
+        return self._cache
+
+    @torch.no_grad()
+    def generate(self, batch: Completions, generator: torch.Generator) -> Completions:
+        """Fills `batch`'s completion fields from its prompt fields (in place), and returns it."""
+        B, P = batch.prompt_ids.shape
+        C = self.sampling.max_new_tokens
+        if batch.completion_ids.shape != (B, C):
+            raise ValueError(f"the batch holds {batch.completion_ids.shape[1]} completion "
+                             f"tokens per row, the engine generates {C}")  # fmt: skip
+        cache = self._buffers(B, P)
+        cfg = self.sampling
+        positions = positions_of(batch.prompt_mask)
+        logits = self.decoder.prefill(batch.prompt_ids, batch.prompt_mask, positions, cache)
+        next_position = positions[:, -1] + 1  # (B,)
+        slot_mask, finished = self._slot_mask, self._finished
+        slot_mask.zero_()
+        slot_mask[:, :P] = batch.prompt_mask
+        finished.zero_()
+        batch.completion_ids.fill_(self.pad_token_id)
+        batch.completion_mask.zero_()
+        batch.log_probs.zero_()
+        for t in range(C):
+            torch.logical_not(finished, out=batch.completion_mask[:, t])
+            token, log_prob = sample_tokens(
+                logits.float(), finished, self.allowed, eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
+                top_p=cfg.top_p, generator=generator,
+            )  # fmt: skip
+            batch.completion_ids[:, t] = token
+            batch.log_probs[:, t] = log_prob
+            if t == C - 1:
+                break
+            if cfg.stop_check_every and (t + 1) % cfg.stop_check_every == 0:
+                if bool(finished.all()):  # sync: early stop, every stop_check_every tokens
+                    break
+            slot_mask[:, P + t] = True
+            logits = self.decoder.decode(
+                token, next_position + t, self._slots[P + t : P + t + 1], slot_mask, cache
+            )
+        return batch

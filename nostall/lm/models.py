@@ -1,0 +1,128 @@
+"""Causal language models and tokenizers for the language-model trainers, from `transformers`.
+
+`load_model("PATH")` loads any local causal LM directory (`AutoModelForCausalLM`,
+`AutoTokenizer`; nothing is fetched from a hub). Two built-ins need no files at all, so every
+test and benchmark runs offline on a CPU:
+- `tiny`: `Qwen2Config(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+  tie_word_embeddings=True)`, randomly initialised;
+- `small`: the same family at hidden 256, 4 layers (generation and update of similar cost);
+both with a character tokenizer: one token per character, `<bos>` prepended, 22 tokens
+(`<pad>`, `<bos>`, `<eos>`, `a`-`h`, `0`-`9`, `=`).
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CHARACTERS = list("abcdefgh") + list(string.digits) + ["="]
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
+BUILTIN_SIZES = {
+    "tiny": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4),
+    "small": dict(
+        hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4
+    ),
+}
+
+
+@dataclass
+class LanguageModel:
+    """A causal LM and its tokenizer, with the token ids generation needs."""
+
+    model: torch.nn.Module
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    name: str
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return self.eos_token_id if pad is None else int(pad)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def banned_token_ids(self) -> list[int]:
+        """Special tokens other than `<eos>`: never sampled into a completion (a policy that
+        emits `<pad>` or `<bos>` could hack a reward that strips special tokens), and ids past
+        the tokenizer's vocabulary (padding rows of the embedding)."""
+        special = set(self.tokenizer.all_special_ids) - {self.eos_token_id}
+        known = len(self.tokenizer)
+        return sorted(special | set(range(known, self.vocab_size)))
+
+
+def char_tokenizer():
+    """The built-ins' tokenizer: WordLevel, one token per character, `<bos>` prepended."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
+    )
+
+
+def builtin_model(name: str, seed: int = 0) -> LanguageModel:
+    """`tiny` or `small`: a randomly initialised Qwen2 over the character tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        num_key_value_heads=BUILTIN_SIZES[name]["num_attention_heads"],
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **BUILTIN_SIZES[name],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return LanguageModel(model.float(), tokenizer, name)
+
+
+def load_model(name_or_path: str, seed: int = 0) -> LanguageModel:
+    """A built-in (`tiny`, `small`) or a local model directory; ValueError with the reason when
+    the path is missing or holds no causal LM or tokenizer, or the tokenizer has no `<eos>`."""
+    if name_or_path in BUILTIN_SIZES:
+        lm = builtin_model(name_or_path, seed)
+    else:
+        path = Path(name_or_path)
+        if not path.is_dir():
+            raise ValueError(
+                f"model {name_or_path!r} is neither a built-in ({', '.join(BUILTIN_SIZES)}) "
+                "nor a local model directory"
+            )
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=torch.float32
+            )
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"cannot load a causal LM from {path}: {e}") from None
+        lm = LanguageModel(model, tokenizer, str(path))
+    if lm.tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer of {name_or_path!r} has no <eos> token")
+    return lm

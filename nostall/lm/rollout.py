@@ -1,0 +1,129 @@
+"""The generation side of language-model RL: draws prompts, generates a group of completions
+per prompt with the rollout side's model copy, scores them with the reward functions, and
+writes everything into a preallocated batch for the trainer.
+
+This is the `fill` of nostall.runtime.loop.RolloutLoop: it runs on the rollout side (a thread
+of its own), so generation and rewards stay off the trainer's critical path, and a reward
+function that raises stops the run with its traceback within the loop's poll interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from nostall.lm.generation import Completions, GenerationEngine
+from nostall.lm.tasks import PromptSource, Rewards
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class LMBatch:
+    """One generation batch: num_prompts groups of num_generations completions each."""
+
+    prompt_ids: Tensor  # (B, P) int64, left-padded, each prompt repeated num_generations times
+    prompt_mask: Tensor  # (B, P) bool
+    completion_ids: Tensor  # (B, C) int64
+    completion_mask: Tensor  # (B, C) bool
+    log_probs: Tensor  # (B, C) behaviour log-probs (the generator's)
+    rewards: Tensor  # (B,) float32
+    version: int = -1  # the policy version that generated it
+    reward_mean: float = 0.0  # the batch's mean reward, computed on the host with the rewards
+    tokens: int = 0  # completion tokens generated (host count, from the decoded lengths)
+
+    @classmethod
+    def empty(cls, batch: int, prompt_len: int, max_new_tokens: int) -> LMBatch:
+        c = Completions.empty(batch, prompt_len, max_new_tokens)
+        return cls(**c.tensors(), rewards=torch.zeros(batch))
+
+    def completions(self) -> Completions:
+        return Completions(self.prompt_ids, self.prompt_mask, self.completion_ids,
+                           self.completion_mask, self.log_probs)  # fmt: skip
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "Tensor"}
+
+    def state_dict(self) -> dict:
+        """A copy (for a checkpoint of a batch not yet trained on)."""
+        state = {k: v.clone() for k, v in self.tensors().items()}
+        state.update(version=self.version, reward_mean=self.reward_mean, tokens=self.tokens)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, tensor in self.tensors().items():
+            tensor.copy_(state[name])
+        self.version = int(state["version"])
+        self.reward_mean = float(state["reward_mean"])
+        self.tokens = int(state["tokens"])
+
+
+class PromptEncoder:
+    """Prompts to left-padded ids of one fixed length (the longest prompt of the source), so
+    every batch has the same shape."""
+
+    def __init__(self, tokenizer, prompts: list[str], max_positions: int, max_new_tokens: int):
+        self.tokenizer = tokenizer
+        self.pad_token_id = tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = tokenizer.eos_token_id
+        lengths = [len(ids) for ids in tokenizer(prompts).input_ids]
+        self.length = max(lengths)
+        if self.length + max_new_tokens > max_positions:
+            raise ValueError(
+                f"prompts of up to {self.length} tokens plus max_new_tokens {max_new_tokens} "
+                f"exceed the model's context of {max_positions} positions"
+            )
+
+    def encode_into(self, prompts: list[str], ids: Tensor, mask: Tensor, repeat: int) -> None:
+        rows = self.tokenizer(prompts).input_ids
+        ids.fill_(self.pad_token_id)
+        mask.zero_()
+        for i, row in enumerate(rows):
+            if len(row) > self.length:
+                raise ValueError(
+                    f"prompt {prompts[i]!r} has {len(row)} tokens, more than the {self.length} "
+                    "the run was sized for"
+                )
+            block = slice(i * repeat, (i + 1) * repeat)
+            ids[block, self.length - len(row) :] = torch.tensor(row)
+            mask[block, self.length - len(row) :] = True
+
+
+class GroupGenerator:
+    """Fills LMBatch slots: prompts, completions, behaviour log-probs and rewards."""
+
+    def __init__(self, engine: GenerationEngine, encoder: PromptEncoder, source: PromptSource,
+                 rewards: Rewards, *, num_prompts: int, num_generations: int,
+                 seed: int):  # fmt: skip
+        self.engine, self.encoder, self.source, self.rewards = engine, encoder, source, rewards
+        self.num_prompts, self.num_generations = num_prompts, num_generations
+        self.generator = torch.Generator().manual_seed(seed)
+        source.seed(seed)
+        self.eos_token_id = engine.eos_token_id
+
+    @torch.no_grad()
+    def __call__(self, batch: LMBatch) -> None:
+        rows = self.source.batch(self.num_prompts)
+        prompts = [row["prompt"] for row in rows]
+        self.encoder.encode_into(prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations)
+        self.engine.generate(batch.completions(), self.generator)
+        texts, lengths = self.decode(batch)
+        G = self.num_generations
+        repeated = [p for p in prompts for _ in range(G)]
+        columns = {k: [row[k] for row in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
+        rewards = self.rewards(repeated, texts, columns)
+        batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
+        batch.reward_mean = sum(rewards) / len(rewards)
+        batch.tokens = sum(lengths)
+
+    def decode(self, batch: LMBatch) -> tuple[list[str], list[int]]:
+        """Each completion up to its first <eos>, without special tokens; and its length in
+        tokens (<eos> included)."""
+        # sync: reward functions read text; on the host this is a plain read
+        lengths = batch.completion_mask.sum(1).tolist()
+        ids = batch.completion_ids.tolist()  # sync: as above
+        cut = [row[: n - 1] if n and row[n - 1] == self.eos_token_id else row[:n]
+               for row, n in zip(ids, lengths, strict=True)]  # fmt: skip
+        return self.encoder.tokenizer.batch_decode(cut, skip_special_tokens=True), lengths

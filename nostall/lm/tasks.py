@@ -1,0 +1,180 @@
+"""Prompts and rewards for language-model RL.
+
+Reward functions have TRL's signature, `fn(prompts, completions, **kwargs) -> list[float]`, so
+a TRL user's reward function works unchanged: `prompts` and `completions` are lists of strings
+(completions decoded up to the first `<eos>`, without special tokens), and every extra column
+of the prompt source arrives as a keyword argument, one value per completion.
+
+Built-in verifiable tasks, each a prompt generator and a partial-credit reward (the share of
+positions that match the answer, over the longer of completion and answer):
+- `copy`: 5 letters from a-h then `=` (`efffb=`); the answer is the same letters (`efffb`);
+- `reverse`: the letters reversed;
+- `sort`: the letters sorted;
+- `sum`: 4 digits then `=` (`3746=`); the answer is their sum in decimal (`20`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RewardFn = Callable[..., list[float]]
+
+LETTERS = "abcdefgh"
+
+
+def partial_credit(completion: str, answer: str) -> float:
+    """Positions where completion and answer agree, over the longer of the two."""
+    longest = max(len(completion), len(answer))
+    if longest == 0:
+        return 0.0
+    return sum(a == b for a, b in zip(completion, answer, strict=False)) / longest
+
+
+def answer_reward(
+    prompts: list[str], completions: list[str], answer: list[str], **_
+) -> list[float]:
+    """Partial credit against each row's `answer` column (the built-in tasks' reward)."""
+    return [partial_credit(c, a) for c, a in zip(completions, answer, strict=True)]
+
+
+def _letters(rng: random.Random, n: int = 5) -> str:
+    return "".join(rng.choice(LETTERS) for _ in range(n))
+
+
+def _digits(rng: random.Random, n: int = 4) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(n))
+
+
+TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "copy": lambda rng: (lambda s: (s + "=", s))(_letters(rng)),
+    "reverse": lambda rng: (lambda s: (s + "=", s[::-1]))(_letters(rng)),
+    "sort": lambda rng: (lambda s: (s + "=", "".join(sorted(s))))(_letters(rng)),
+    "sum": lambda rng: (lambda s: (s + "=", str(sum(map(int, s)))))(_digits(rng)),
+}
+
+
+@dataclass
+class PromptSource:
+    """Rows of prompts with extra columns; draws batches of distinct rows, reproducibly."""
+
+    rows: list[dict]
+    generate: Callable[[random.Random], tuple[str, str]] | None = None
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def seed(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def batch(self, n: int) -> list[dict]:
+        if self.generate is not None:
+            return [dict(zip(("prompt", "answer"), self.generate(self.rng), strict=True))
+                    for _ in range(n)]  # fmt: skip
+        return [self.rows[self.rng.randrange(len(self.rows))] for _ in range(n)]
+
+    def all_prompts(self) -> list[str]:
+        """Every prompt the source can give (for a dataset) or a sample (for a generator)."""
+        if self.generate is not None:
+            rng = random.Random(12345)
+            return [self.generate(rng)[0] for _ in range(256)]
+        return [row["prompt"] for row in self.rows]
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(_as_tuple(state["rng"]))
+
+
+def _as_tuple(x):
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def task_source(name: str) -> PromptSource:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")
+    return PromptSource(rows=[], generate=TASKS[name])
+
+
+def dataset_source(path: str) -> PromptSource:
+    """Prompts from a local JSONL file (one object a line) or a dataset saved with `datasets`
+    (`save_to_disk`, a folder): a `prompt` column, and any other columns passed to the reward
+    functions as keyword arguments."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"dataset {path!r} does not exist")
+    if p.is_dir():
+        try:
+            import datasets
+        except ImportError:
+            raise ValueError(
+                f"dataset {path!r} is a folder: reading it needs the `datasets` package"
+            ) from None
+        rows = [dict(row) for row in datasets.load_from_disk(str(p))]
+    else:
+        rows = []
+        for number, line in enumerate(p.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"dataset {path}, line {number}: not JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"dataset {path}, line {number}: not a JSON object")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"dataset {path!r} holds no rows")
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row.get("prompt"), str):
+            raise ValueError(f"dataset {path}, row {number}: no string `prompt` column")
+    return PromptSource(rows=rows)
+
+
+def load_reward(spec: str) -> RewardFn:
+    """`module:function`, imported."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"reward {spec!r} must be given as module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"reward {spec!r}: cannot import {module_name!r} ({e})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward {spec!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+class Rewards:
+    """Weighted reward functions over a batch, checked: each must return one finite number per
+    completion, or the run stops with a message naming it."""
+
+    def __init__(self, functions: Sequence[RewardFn], weights: Sequence[float] | None = None):
+        if not functions:
+            raise ValueError("at least one reward function is needed")
+        weights = [1.0] * len(functions) if not weights else list(weights)
+        if len(weights) != len(functions):
+            raise ValueError(f"{len(weights)} reward weights for {len(functions)} reward functions")
+        self.functions, self.weights = list(functions), weights
+
+    def __call__(self, prompts: list[str], completions: list[str], columns: dict) -> list[float]:
+        total = [0.0] * len(completions)
+        for fn, weight in zip(self.functions, self.weights, strict=True):
+            name = getattr(fn, "__name__", repr(fn))
+            values = fn(prompts=prompts, completions=completions, **columns)
+            if not isinstance(values, list | tuple) or len(values) != len(completions):
+                got = len(values) if isinstance(values, list | tuple) else type(values).__name__
+                raise ValueError(
+                    f"reward function {name} returned {got} values for {len(completions)} "
+                    "completions (it must return one float per completion)"
+                )
+            for i, v in enumerate(values):
+                if v is None or not math.isfinite(float(v)):
+                    raise ValueError(f"reward function {name} returned {v!r} for completion {i}")
+                total[i] += weight * float(v)
+        return total

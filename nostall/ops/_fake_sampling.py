@@ -1,0 +1,44 @@
+"""Fake (meta) kernel of sample_tokens, with the argument checks of csrc/ops/sample_tokens.h
+(same messages, RuntimeError): under torch.compile it runs instead of the C++ one."""
+
+import math
+
+import torch
+
+from nostall.ops._checks import FLOAT_DTYPES, _fail
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        _fail(message)
+
+
+@torch.library.register_fake("nostall::sample_tokens")
+def _sample_tokens_fake(
+    logits, uniform, finished, allowed, temperature, top_k, top_p, eos_token_id, pad_token_id
+):
+    _check(logits.dim() == 2, f"logits must be [B, V], got {logits.dim()} dimensions")
+    _check(logits.dtype in FLOAT_DTYPES, f"logits must be float32 or float64, got {logits.dtype}")
+    b, v = logits.shape
+    _check(v >= 1, "logits must have at least one token")
+    _check(uniform.shape == logits.shape, f"uniform must have the shape of logits [{b}, {v}]")
+    _check(
+        uniform.dtype == logits.dtype,
+        f"uniform must have the dtype of logits ({logits.dtype}), got {uniform.dtype}",
+    )
+    _check(uniform.device == logits.device, "uniform must be on the device of logits")
+    _check(finished.dtype == torch.bool, f"finished must be bool, got {finished.dtype}")
+    _check(finished.dim() == 1 and finished.shape[0] == b, f"finished must be [B] = [{b}]")
+    _check(finished.device == logits.device, "finished must be on the device of logits")
+    _check(allowed.dtype == torch.bool, f"allowed must be bool, got {allowed.dtype}")
+    _check(allowed.dim() == 1 and allowed.shape[0] == v, f"allowed must be [V] = [{v}]")
+    _check(allowed.device == logits.device, "allowed must be on the device of logits")
+    _check(
+        temperature > 0 and math.isfinite(temperature),
+        f"temperature must be a positive finite number, got {temperature}",
+    )
+    _check(top_k >= 0, f"top_k must be >= 0 (0: no top-k), got {top_k}")
+    _check(0.0 < top_p <= 1.0, f"top_p must lie in (0, 1], got {top_p}")
+    _check(0 <= eos_token_id < v, f"eos_token_id must lie in [0, {v}), got {eos_token_id}")
+    _check(0 <= pad_token_id < v, f"pad_token_id must lie in [0, {v}), got {pad_token_id}")
+    return logits.new_empty(b, dtype=torch.int64), logits.new_empty(b)

@@ -1,0 +1,183 @@
+"""The rollout side's loop, written once for any kind of chunk: wait until the staleness bound
+allows the next chunk, pull the newest published weights into the rollout side's model, fill a
+free preallocated slot, hand it to the trainer with the policy version that filled it.
+
+    loop = RolloutLoop(slots, fill, rollout_model, trainer_model, staleness=1)
+    with loop:
+        for _ in range(steps):
+            index, chunk = loop.next_chunk()   # chunk.version: the policy that filled it
+            ...update on chunk...
+            loop.release(index)
+            with loop.boundary():              # the rollout side is between chunks here
+                loop.publish(trainer_model)    # the next version
+                state = loop.state_dict()      # for a checkpoint, exact at any staleness
+
+`fill(chunk)` fills one slot (the rollout side's work: environment steps, or generation and
+rewards). Staleness bound S: chunk k is filled by a policy of version at least k - S; S = 0
+alternates strictly with the trainer (synchronous training). A failure on either side reaches
+the other within a poll interval with its traceback; leaving the context joins the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
+from nostall.runtime.rollout import Timeline
+from nostall.runtime.weights import WeightBuffer
+
+
+class RolloutLoop:
+    def __init__(
+        self,
+        slots: list[Any],
+        fill: Callable[[Any], None],
+        rollout_model: torch.nn.Module,
+        trainer_model: torch.nn.Module,
+        *,
+        staleness: int = 0,
+        join_timeout_s: float = 10.0,
+    ):
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        if len(slots) < staleness + 2:
+            raise ValueError(f"staleness {staleness} needs {staleness + 2} slots, got {len(slots)}")
+        self.slots = slots
+        self.staleness = staleness
+        self._fill = fill
+        self.rollout_model = rollout_model
+        self.weights = WeightBuffer(trainer_model)
+        self.version = 0  # the trainer's: updates published
+        self.rollout_version = 0  # the weights the rollout side holds
+        self.chunks_collected = 0
+        self.timeline = Timeline()
+        self.channel = SideChannel()
+        self._free = BoundedQueue(len(slots), self.channel)
+        self._filled = BoundedQueue(len(slots), self.channel)
+        for i in range(len(slots)):
+            self._free.put(i)
+        # Held by the rollout side while it is inside a chunk (pull + fill + hand-over), so the
+        # trainer can find it between chunks: checkpoints are taken there.
+        self._busy = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._join_timeout_s = join_timeout_s
+
+    # -- the rollout side ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self.channel.stop.is_set():
+                self.weights.wait_for(self.chunks_collected - self.staleness, self.channel.stop)
+                self.channel.check()
+                index = self._free.get()
+                with self._busy:
+                    self.rollout_version = self.weights.pull(
+                        self.rollout_model, self.rollout_version
+                    )
+                    chunk = self.slots[index]
+                    start = time.perf_counter()
+                    self._fill(chunk)
+                    self.timeline.record("rollout", start, time.perf_counter())
+                    chunk.version = self.rollout_version
+                    self.chunks_collected += 1
+                    self._filled.put(index)
+        except RuntimeStopped:
+            pass
+        except BaseException as e:  # reaches the trainer with its traceback
+            self.channel.fail(e)
+
+    # -- the trainer side ----------------------------------------------------------------------
+    def next_chunk(self) -> tuple[int, Any]:
+        """Blocks for the next filled slot; raises (with the cause) if the rollout side died."""
+        index = self._filled.get()
+        return index, self.slots[index]
+
+    def release(self, index: int) -> None:
+        self._free.put(index)
+
+    def publish(self, model: torch.nn.Module, weights: bool = True) -> int:
+        """One more update done (the next version); with `weights`, `model`'s weights are
+        published as that version."""
+        self.version += 1
+        if weights:
+            self.weights.publish(model, self.version)
+        else:
+            self.weights.advance(self.version)
+        return self.version
+
+    def lag(self, chunk: Any) -> int:
+        return self.version - chunk.version
+
+    @contextlib.contextmanager
+    def boundary(self) -> Iterator[None]:
+        """Waits until the rollout side is between chunks and keeps it there for the block."""
+        while not self._busy.acquire(timeout=0.05):
+            self.channel.check()
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    # -- checkpoints: call inside boundary() ---------------------------------------------------
+    def state_dict(self, clone_slot: Callable[[Any], dict]) -> dict:
+        """The loop's resumable state: versions, counts, the rollout side's weights, and the
+        filled chunks not yet trained on (`clone_slot(chunk)` copies one), in order."""
+        return {
+            "version": self.version,
+            "rollout_version": self.rollout_version,
+            "chunks_collected": self.chunks_collected,
+            "rollout_weights": {
+                k: v.detach().clone() for k, v in self.rollout_model.state_dict().items()
+            },
+            "queued": [clone_slot(self.slots[i]) for i in self._filled.peek()],
+        }
+
+    def load_state_dict(
+        self, state: dict, trainer_model: torch.nn.Module, restore_slot: Callable[[Any, dict], None]
+    ) -> None:
+        """Before `start`: restores a state_dict; the trainer's weights are published as the
+        saved version (the state is taken after a publish)."""
+        if self._thread is not None:
+            raise RuntimeError("load_state_dict must come before the loop starts")
+        self.version = int(state["version"])
+        self.rollout_version = int(state["rollout_version"])
+        self.chunks_collected = int(state["chunks_collected"])
+        self.weights.publish(trainer_model, self.version)
+        with torch.no_grad():
+            for name, value in self.rollout_model.state_dict().items():
+                value.copy_(state["rollout_weights"][name])
+        queued = state["queued"]
+        if len(queued) > len(self.slots) - 1:
+            raise ValueError(f"{len(queued)} queued chunks do not fit {len(self.slots)} slots")
+        for saved in queued:
+            index = self._free.get()
+            restore_slot(self.slots[index], saved)
+            self._filled.put(index)
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def start(self) -> RolloutLoop:
+        self._thread = threading.Thread(target=self._run, name="nostall-rollout", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.channel.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._join_timeout_s)
+            if self._thread.is_alive():
+                raise RuntimeError("the rollout thread did not stop")
+            self._thread = None
+
+    def __enter__(self) -> RolloutLoop:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        error = self.channel.error
+        self.close()
+        if exc is None and error is not None:
+            raise RuntimeStopped(f"the rollout side failed: {error!r}") from error

@@ -1,0 +1,1 @@
+"""What every trainer shares: checkpoints, argument checks, outputs."""
