@@ -1,6 +1,7 @@
 """The `nostall` command.
 
     nostall train {ppo,appo} [--env-id ID] [--ARG VALUE ...]  train, with progress, logs, plots
+    nostall train grpo [--model tiny|PATH] [--task copy] [--ARG VALUE ...]  GRPO on a causal LM
     nostall profile SCRIPT [options] [-- ARGS...]   run a script under SyncWatch, print a report
     nostall trace TRACE.json [--json]               device idle breakdown of a torch.profiler trace
     nostall bench                                   run every benchmark, side by side with peers
@@ -26,7 +27,7 @@ from pathlib import Path
 EXIT_SCRIPT_FAILED, EXIT_USAGE, EXIT_SYNC_FOUND = 1, 2, 3
 
 
-ALGORITHMS = ("ppo", "appo")
+ALGORITHMS = ("ppo", "appo", "grpo")
 
 
 def _field_docs(cls: type) -> dict[str, str]:
@@ -63,22 +64,23 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def _algorithm(name: str):
-    from nostall.algos import appo, ppo
+    import importlib
 
-    return {"ppo": ppo, "appo": appo}[name]
+    return importlib.import_module(f"nostall.algos.{name}")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nostall", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train a policy on a native environment")
-    algos = train.add_subparsers(dest="algorithm", required=True, metavar="{ppo,appo}")
+    train = commands.add_parser("train", help="train a policy (PPO, APPO) or a language model")
+    algos = train.add_subparsers(dest="algorithm", required=True, metavar="{ppo,appo,grpo}")
     for name in ALGORITHMS:
         sub = algos.add_parser(name, help=_algorithm(name).__doc__.splitlines()[0])
         _add_dataclass_flags(sub, _algorithm(name).Args)
-        sub.add_argument("--env", dest="env_id", help="alias of --env-id")
-        sub.add_argument("--out", default=None, help="output folder (default: runs/ALGO-ENV-SEED)")
+        if name != "grpo":
+            sub.add_argument("--env", dest="env_id", help="alias of --env-id")
+        sub.add_argument("--out", default=None, help="output folder (default: runs/ALGO-...)")
         sub.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     commands.add_parser("bench", help="run every benchmark (installs the peers they measure)")
@@ -162,7 +164,42 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_grpo(args: argparse.Namespace) -> int:
+    from nostall.algos import grpo
+    from nostall.train.checkpoint import CheckpointError
+    from nostall.train.lm_output import LMProgress, write_outputs
+
+    names = {f.name for f in dataclasses.fields(grpo.Args)}
+    train_args = grpo.Args(**{k: v for k, v in vars(args).items() if k in names})
+    try:
+        setup = grpo.build(train_args)
+    except ValueError as e:
+        print(f"nostall train grpo: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    source = Path(train_args.dataset).stem if train_args.dataset else train_args.task
+    label = f"{Path(train_args.model).name}-{source}-{train_args.seed}"
+    out_dir = Path(args.out or f"runs/grpo-{label}")
+    progress = None if args.no_progress else LMProgress(train_args.steps, out_dir)
+    try:
+        result = grpo.train(train_args, log=progress, setup=setup)
+    except CheckpointError as e:
+        print(f"nostall train grpo: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if progress is not None:
+            progress.close()
+    print(write_outputs(result, out_dir))
+    grpo.save_model(setup, out_dir / "model")
+    print(
+        f"  outputs in {out_dir}/ (report, reward_curve.png, timeline.png, tensorboard/, "
+        "model/ for from_pretrained)"
+    )
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
+    if args.algorithm == "grpo":
+        return _train_grpo(args)
     from nostall.envs import ENVS
     from nostall.training_output import Progress, write_outputs
 

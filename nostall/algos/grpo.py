@@ -34,7 +34,7 @@ import torch
 import nostall
 from nostall.algos.optim import ClippedAdam
 from nostall.lm.decoder import Decoder
-from nostall.lm.generation import GenerationEngine, SamplingConfig, positions_of
+from nostall.lm.generation import GenerationEngine, SamplingConfig
 from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
 from nostall.lm.tasks import Rewards, answer_reward, dataset_source, load_reward, task_source
@@ -202,14 +202,19 @@ class TrainResult:
 
 
 def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
-                     banned: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                     banned: torch.Tensor, group_size: int) -> torch.Tensor:  # fmt: skip
     """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
-    model's, at `temperature`, renormalised over the tokens the sampler may draw)."""
-    P = batch.prompt_ids.shape[1]
-    ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
-    keys = torch.cat([batch.prompt_mask, batch.completion_mask], 1)
-    hidden = decoder.hidden(ids, keys, positions_of(keys))  # (B, P + C, H)
-    hidden = hidden[:, P - 1 : -1] / temperature  # the states that predict the completion
+    model's, at `temperature`, renormalised over the tokens the sampler may draw); each
+    group's prompt is run once."""
+    hidden = (
+        decoder.grouped_hidden(
+            batch.prompt_ids[::group_size],
+            batch.prompt_mask[::group_size],
+            batch.completion_ids,
+            batch.completion_mask,
+        )
+        / temperature
+    )  # (B, C, H): the states that predict the completion tokens
     weight = decoder.output_weight
     tokens = batch.completion_ids
     log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)  # (B, C)
@@ -232,38 +237,51 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str,
     return (per_token * m).sum() / m.sum().clamp(min=1)
 
 
+def grpo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor,
+              mask: torch.Tensor, args: Args, behavior_log_prob: torch.Tensor | None = None,
+              ref_log_prob: torch.Tensor | None = None):  # fmt: skip
+    """(loss, clip_fraction, approx_kl, kl) of [B, C] token log-probs: the clipped surrogate
+    aggregated as `args.loss_type`, weighted by the capped behaviour ratio when
+    `behavior_log_prob` is given (decoupled objective), plus beta * k3 KL to `ref_log_prob`."""
+    C = mask.shape[1]
+    out = nostall.clipped_policy_loss(
+        log_prob, old_log_prob, advantage, mask, args.clip_low, args.clip_high,
+        AGGREGATIONS[args.loss_type], C, behavior_log_prob=behavior_log_prob,
+        is_cap=args.is_cap,
+    )  # fmt: skip
+    loss, kl = out.loss, torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    if ref_log_prob is not None:
+        delta = ref_log_prob - log_prob
+        kl = aggregate(delta.exp() - delta - 1, mask, args.loss_type, C)
+        loss = loss + args.beta * kl
+    return loss, out.clip_fraction, out.approx_kl, kl
+
+
 def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: Args,
                 banned: torch.Tensor, reference: Decoder | None, decoupled: bool,
                 group_index: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
     """updates_per_batch optimizer steps on one batch; metrics as tensors (not read here)."""
     advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
                                          args.scale_rewards)  # fmt: skip
-    mask = batch.completion_mask
-    C = mask.shape[1]
+    G = args.num_generations
     ref_log_prob = None
     if reference is not None:
         with torch.no_grad():
-            ref_log_prob = policy_log_probs(reference, batch, args.temperature, banned)
+            ref_log_prob = policy_log_probs(reference, batch, args.temperature, banned, G)
     totals = torch.zeros(len(METRICS))
     old_log_prob = None
     for _ in range(args.updates_per_batch):
-        log_prob = policy_log_probs(decoder, batch, args.temperature, banned)
+        log_prob = policy_log_probs(decoder, batch, args.temperature, banned, G)
         if old_log_prob is None:  # the proximal policy: the weights before this update
             old_log_prob = log_prob.detach()
-        out = nostall.clipped_policy_loss(
-            log_prob, old_log_prob, advantage, mask, args.clip_low, args.clip_high,
-            AGGREGATIONS[args.loss_type], C,
-            behavior_log_prob=batch.log_probs if decoupled else None, is_cap=args.is_cap,
+        loss, clip_fraction, approx_kl, kl = grpo_loss(
+            log_prob, old_log_prob, advantage, batch.completion_mask, args,
+            batch.log_probs if decoupled else None, ref_log_prob,
         )  # fmt: skip
-        loss, kl = out.loss, torch.zeros(())
-        if ref_log_prob is not None:
-            delta = ref_log_prob - log_prob
-            kl = aggregate(delta.exp() - delta - 1, mask, args.loss_type, C)
-            loss = loss + args.beta * kl
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        totals += torch.stack([loss.detach(), out.clip_fraction, out.approx_kl, kl.detach()])
+        totals += torch.stack([loss.detach(), clip_fraction, approx_kl, kl.detach()])
     return dict(zip(METRICS, (totals / args.updates_per_batch).unbind(), strict=True))
 
 
@@ -276,7 +294,9 @@ def _rewards(args: Args) -> Rewards:
         try:
             weights = [float(w) for w in args.reward_weights.split(",")]
         except ValueError:
-            raise ValueError(f"--reward-weights must be numbers, got {args.reward_weights!r}")
+            raise ValueError(
+                f"--reward-weights must be numbers, got {args.reward_weights!r}"
+            ) from None
     return Rewards(functions, weights)
 
 
@@ -307,8 +327,10 @@ def build(args: Args) -> Setup:
     banned_ids = lm.banned_token_ids()
     sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                               args.stop_check_every)  # fmt: skip
-    engine = GenerationEngine(Decoder(rollout_model), sampling, eos_token_id=lm.eos_token_id,
-                              pad_token_id=lm.pad_token_id, banned_token_ids=banned_ids)  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(rollout_model), sampling, eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id, banned_token_ids=banned_ids,
+    )  # fmt: skip
     generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
                                num_generations=args.num_generations, seed=args.seed)  # fmt: skip
     slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens)
@@ -412,8 +434,10 @@ def train(args: Args, log: Callable[[int, dict[str, float]], None] | None = None
                 with allow("metrics every log_interval steps"):
                     values = {k: float(v) for k, v in metrics.items()}  # sync: logging
                 recent = result.rewards[-10:]
-                values.update(reward=sum(recent) / len(recent), version_lag=float(lags[-1]),
-                              tokens_per_second=new_tokens / (time.perf_counter() - run_start))  # fmt: skip
+                values.update(
+                    reward=sum(recent) / len(recent), version_lag=float(lags[-1]),
+                    tokens_per_second=new_tokens / (time.perf_counter() - run_start),
+                )  # fmt: skip
                 result.metrics = values
                 if log is not None:
                     log(step, values)

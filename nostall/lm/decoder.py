@@ -1,18 +1,26 @@
 """A lean forward pass for Llama-family decoders (Qwen2, Llama, Mistral without a sliding
-window), over the Hugging Face model's own parameters, with a static KV cache.
+window), over the Hugging Face model's own parameters, with a static KV cache and prompts shared
+by their group.
 
 Why not call the `transformers` module: at the sizes RL on a CPU (or a small GPU model) runs,
-its forward is mostly Python (mask builders, cache objects, output classes, hooks): several ms
-a call for a 2-layer model, where the arithmetic takes a fraction of that. This module does the
-same arithmetic (RMSNorm in float32, rotary embeddings from the model's own rotary module,
-grouped-query attention, SwiGLU MLP) in a few dozen tensor ops a layer, reading the parameters
-of the `transformers` model, so gradients, optimizers and `save_pretrained` all act on that
-model. Tests check it against the `transformers` forward and `generate`.
+its forward is mostly Python (mask builders, cache objects, output classes, hooks) and a CPU
+flash-attention kernel with a high fixed cost: several ms a call for a 2-layer model, where the
+arithmetic takes a fraction of that. This module does the same arithmetic (RMSNorm, rotary
+embeddings from the model's own rotary module, grouped-query attention, SwiGLU MLP) in about
+thirty tensor ops a layer, reading the parameters of the `transformers` model, so gradients,
+optimizers and `save_pretrained` all act on that model. Tests check it against the
+`transformers` forward and `generate`.
+
+GRPO samples G completions of each prompt. The prompt is run once per group, not G times: its
+keys and values are broadcast to the group's completions, in generation (the cache is filled
+from the unique prompts) and in training (gradients from the G completions add up in the one
+prompt pass). With 7 prompt and 5 completion tokens and G = 8, that halves the tokens a
+training forward and backward touch.
 
 Shapes are fixed per batch: the cache is [B, H_kv, S, D] per layer with S = prompt + new
 tokens, and a decode step attends over all S slots with a mask (slots not yet written are
-masked), writing its keys at a slot given as a device tensor. So a decode step has no
-data-dependent shape and no host read, and can be compiled or captured in a CUDA graph.
+masked), writing its keys at a slot given as a device tensor. A decode step has no
+data-dependent shape and no host read, so it can be compiled or captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -40,25 +48,21 @@ def supports(model: torch.nn.Module) -> bool:
     return rope.get("rope_type", "default") in ("default", "linear", "llama3")
 
 
-def _rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x.to(dtype)
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _causal_mask(key_mask: Tensor) -> Tensor:
+def causal_mask(key_mask: Tensor) -> Tensor:
     """[B, S, S]: query i sees key j <= i that is not padding (and a padding query sees itself,
-    so its row is not all masked: that would give NaN)."""
+    so its row is not all masked, which would give NaN)."""
     S = key_mask.shape[1]
     causal = torch.ones(S, S, dtype=torch.bool, device=key_mask.device).tril()
     eye = torch.eye(S, dtype=torch.bool, device=key_mask.device)
     return (causal[None] & key_mask[:, None, :]) | eye[None]
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """softmax(q k^T * scale, masked) v over [B, heads, S, D]: a handful of ops, where the CPU
+    flash-attention kernel costs hundreds of microseconds a call at these sizes."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v)
 
 
 class KVCache:
@@ -110,67 +114,119 @@ class Decoder:
         return KVCache(len(self.layers), batch, self.kv_heads, slots, self.head_dim, w.dtype,
                        w.device)  # fmt: skip
 
-    def _attention(self, layer, x: Tensor, positions: Tensor, mask: Tensor, cache: KVCache | None,
-                   index: int, slot: Tensor | None) -> Tensor:  # fmt: skip
+    # -- pieces of a layer ---------------------------------------------------------------------
+    @staticmethod
+    def _norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
+        return F.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
+
+    def _qkv(self, layer, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated queries, keys and values [B, heads, S, D] of normed input x [B, S, H]."""
         attn = layer.self_attn
         B, S, _ = x.shape
-        q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, S, -1, self.head_dim)
-        k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, S, -1, self.head_dim)
-        v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, S, -1, self.head_dim)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, D)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, S, D)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if cache is not None:
-            if slot is None:  # prefill: the first S slots
-                cache.keys[index, :, :, :S] = k
-                cache.values[index, :, :, :S] = v
-                keys, values = k, v
-            else:  # one decode step at `slot` (a device tensor): all slots, masked
-                cache.keys[index].index_copy_(2, slot, k)
-                cache.values[index].index_copy_(2, slot, v)
-                keys, values = cache.keys[index], cache.values[index]
-        else:
-            keys, values = k, v
-        if self.groups > 1:
-            keys = keys.repeat_interleave(self.groups, dim=1)
-            values = values.repeat_interleave(self.groups, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.transpose(1, 2).reshape(B, S, -1)
-        return F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        weight = torch.cat([p.weight for p in projections])  # one GEMM for all three
+        bias = None
+        if attn.q_proj.bias is not None:
+            bias = torch.cat([p.bias for p in projections])
+        qkv = F.linear(x, weight, bias).view(B, S, -1, self.head_dim)
+        heads = self.num_heads + self.kv_heads
+        qk, v = qkv[:, :, :heads], qkv[:, :, heads:]
+        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
+        half = self.head_dim // 2
+        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
+        q = qk[:, :, : self.num_heads].transpose(1, 2)
+        k = qk[:, :, self.num_heads :].transpose(1, 2)
+        return q, k, v.transpose(1, 2)
 
-    def _layers(self, ids: Tensor, positions: Tensor, mask: Tensor, cache: KVCache | None,
-                slot: Tensor | None) -> Tensor:  # fmt: skip
-        x = self.embed(ids)
-        for index, layer in enumerate(self.layers):
-            x = x + self._attention(
-                layer, _rms_norm(x, layer.input_layernorm), positions, mask, cache, index, slot
-            )
-            h = _rms_norm(x, layer.post_attention_layernorm)
-            mlp = layer.mlp
-            x = x + F.linear(
-                F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
-                mlp.down_proj.weight,
-            )
-        return _rms_norm(x, self.norm)
+    def _expand_kv(self, t: Tensor) -> Tensor:
+        return t if self.groups == 1 else t.repeat_interleave(self.groups, dim=1)
 
-    def hidden(self, ids: Tensor, key_mask: Tensor, positions: Tensor,
-               cache: KVCache | None = None) -> Tensor:  # fmt: skip
+    def _out(self, layer, x: Tensor, attended: Tensor) -> Tensor:
+        """The residual stream after attention output [B, heads, S, D] and the MLP."""
+        B, _, S, _ = attended.shape
+        o_proj = layer.self_attn.o_proj
+        x = x + F.linear(attended.transpose(1, 2).reshape(B, S, -1), o_proj.weight, o_proj.bias)
+        h = self._norm(x, layer.post_attention_layernorm)
+        mlp = layer.mlp
+        gate, up = F.linear(h, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+
+    # -- whole sequences -----------------------------------------------------------------------
+    def hidden(self, ids: Tensor, key_mask: Tensor, positions: Tensor) -> Tensor:
         """Final (normed) hidden states [B, S, H] of whole sequences, differentiable: ids and
-        positions [B, S], key_mask bool [B, S] (False: padding, never attended to). With
-        `cache`, its first S slots are filled too (a prefill)."""
-        return self._layers(ids, positions, _causal_mask(key_mask)[:, None], cache, None)
+        positions [B, S], key_mask bool [B, S] (False: padding, never attended to)."""
+        mask = causal_mask(key_mask)[:, None]
+        x = self.embed(ids)
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, self._norm(x, layer.input_layernorm), positions)
+            x = self._out(layer, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
+                                            self.scale))  # fmt: skip
+        return self._norm(x, self.norm)
 
-    def prefill(self, ids: Tensor, key_mask: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
-        """Fills the cache's first P slots from prompts [B, P]; the last position's logits."""
-        hidden = self.hidden(ids, key_mask, positions, cache)
-        return F.linear(hidden[:, -1], self.output_weight)
+    def grouped_hidden(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                       completion_mask: Tensor) -> Tensor:  # fmt: skip
+        """The hidden states that predict each completion token, [B, C, H], differentiable.
+
+        prompt_ids, prompt_mask [Bp, P] are each group's prompt (left-padded), completion_ids,
+        completion_mask [B, C] the completions, B = Bp * G, grouped in order. The prompt is run
+        once per group; its keys and values are broadcast to the group's completions."""
+        Bp, P = prompt_ids.shape
+        G = completion_ids.shape[0] // Bp
+        prompt_positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
+        completion_positions = prompt_positions[:, -1:].repeat_interleave(
+            G, 0
+        ) + completion_mask.long().cumsum(1).clamp(min=1)
+        prompt_attn = causal_mask(prompt_mask)[:, None]  # (Bp, 1, P, P)
+        C = completion_ids.shape[1]
+        keys = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
+        completion_attn = torch.cat(
+            [keys[:, None, :P].expand(-1, C, -1), causal_mask(completion_mask)], 2
+        )[:, None]  # (B, 1, C, P + C)
+        xp, xc = self.embed(prompt_ids), self.embed(completion_ids)
+        for layer in self.layers:
+            qp, kp, vp = self._qkv(layer, self._norm(xp, layer.input_layernorm), prompt_positions)
+            qc, kc, vc = self._qkv(layer, self._norm(xc, layer.input_layernorm),
+                                   completion_positions)  # fmt: skip
+            kp, vp = self._expand_kv(kp), self._expand_kv(vp)
+            kc, vc = self._expand_kv(kc), self._expand_kv(vc)
+            xp_next = self._out(layer, xp, _attend(qp, kp, vp, prompt_attn, self.scale))
+            k = torch.cat([kp.repeat_interleave(G, 0), kc], 2)
+            v = torch.cat([vp.repeat_interleave(G, 0), vc], 2)
+            xc = self._out(layer, xc, _attend(qc, k, v, completion_attn, self.scale))
+            xp = xp_next
+        last_prompt = self._norm(xp[:, -1:], self.norm).repeat_interleave(G, 0)  # (B, 1, H)
+        return torch.cat([last_prompt, self._norm(xc[:, :-1], self.norm)], 1)
+
+    # -- generation ----------------------------------------------------------------------------
+    def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, cache: KVCache,
+                group_size: int = 1) -> Tensor:  # fmt: skip
+        """Runs each group's prompt [Bp, P] once, writes its keys and values into the cache's
+        first P slots of the group's G rows, and returns the next-token logits [Bp * G, V]."""
+        P = prompt_ids.shape[1]
+        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
+        mask = causal_mask(prompt_mask)[:, None]
+        x = self.embed(prompt_ids)
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, self._norm(x, layer.input_layernorm), positions)
+            cache.keys[index, :, :, :P] = k.repeat_interleave(group_size, 0)
+            cache.values[index, :, :, :P] = v.repeat_interleave(group_size, 0)
+            x = self._out(layer, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
+                                            self.scale))  # fmt: skip
+        last = self._norm(x[:, -1], self.norm)
+        return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)
 
     def decode(self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor,
                cache: KVCache) -> Tensor:  # fmt: skip
         """One step: token and position [B], slot a one-element int64 device tensor, slot_mask
         bool [B, S] (the keys this step may attend to, its own slot included); the logits
         [B, V]."""
-        hidden = self._layers(token[:, None], position[:, None], slot_mask[:, None, None], cache,
-                              slot)  # fmt: skip
-        return F.linear(hidden[:, 0], self.output_weight)
+        mask = slot_mask[:, None, None]
+        x = self.embed(token[:, None])
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, self._norm(x, layer.input_layernorm), position[:, None])
+            keys, values = cache.keys[index], cache.values[index]
+            keys.index_copy_(2, slot, k)
+            values.index_copy_(2, slot, v)
+            x = self._out(layer, x, _attend(q, self._expand_kv(keys), self._expand_kv(values),
+                                            mask, self.scale))  # fmt: skip
+        return F.linear(self._norm(x[:, 0], self.norm), self.output_weight)

@@ -91,8 +91,11 @@ class GenerationEngine:
         return self._cache
 
     @torch.no_grad()
-    def generate(self, batch: Completions, generator: torch.Generator) -> Completions:
-        """Fills `batch`'s completion fields from its prompt fields (in place), and returns it."""
+    def generate(self, batch: Completions, generator: torch.Generator,
+                 group_size: int = 1) -> Completions:  # fmt: skip
+        """Fills `batch`'s completion fields from its prompt fields (in place), and returns it.
+        With `group_size` G, rows come in groups of G copies of one prompt: each prompt is
+        prefilled once."""
         B, P = batch.prompt_ids.shape
         C = self.sampling.max_new_tokens
         if batch.completion_ids.shape != (B, C):
@@ -100,9 +103,9 @@ class GenerationEngine:
                              f"tokens per row, the engine generates {C}")  # fmt: skip
         cache = self._buffers(B, P)
         cfg = self.sampling
-        positions = positions_of(batch.prompt_mask)
-        logits = self.decoder.prefill(batch.prompt_ids, batch.prompt_mask, positions, cache)
-        next_position = positions[:, -1] + 1  # (B,)
+        prompts, prompt_mask = batch.prompt_ids[::group_size], batch.prompt_mask[::group_size]
+        logits = self.decoder.prefill(prompts, prompt_mask, cache, group_size)
+        next_position = batch.prompt_mask.sum(1)  # (B,): each row's first completion position
         slot_mask, finished = self._slot_mask, self._finished
         slot_mask.zero_()
         slot_mask[:, :P] = batch.prompt_mask

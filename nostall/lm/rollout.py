@@ -108,7 +108,7 @@ class GroupGenerator:
         rows = self.source.batch(self.num_prompts)
         prompts = [row["prompt"] for row in rows]
         self.encoder.encode_into(prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations)
-        self.engine.generate(batch.completions(), self.generator)
+        self.engine.generate(batch.completions(), self.generator, self.num_generations)
         texts, lengths = self.decode(batch)
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]

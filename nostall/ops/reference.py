@@ -208,3 +208,27 @@ def ppo_loss_from_log_prob(
         cut = ((ratio < 1 - clip_coef) & (adv < 0)) | ((ratio > 1 + clip_coef) & (adv > 0))
         clip_fraction = cut.to(new_log_prob.dtype).mean()
     return loss, pg_loss.detach(), v_loss.detach(), entropy.mean().detach(), kl, clip_fraction
+
+
+def sample_tokens(
+    logits, uniform, finished, allowed, temperature, top_k, top_p, eos_token_id, pad_token_id
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(token, log_prob, finished after the step): temperature, HF-style top-k then top-p (on
+    the top-k renormalised distribution), Gumbel-max with the given noise."""
+    x = (logits / temperature).masked_fill(~allowed, float("-inf"))
+    if top_k > 0:
+        kth = x.topk(min(top_k, x.shape[-1]), dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, _ = x.sort(-1, descending=True)
+        probs = sorted_x.softmax(-1)
+        reach = probs.cumsum(-1) >= top_p * probs.sum(-1, keepdim=True)
+        last = reach.float().argmax(-1, keepdim=True)  # the first value reaching top_p
+        threshold = sorted_x.gather(-1, last)
+        x = x.masked_fill(x < threshold, float("-inf"))
+    gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+    token = torch.where(torch.isinf(x), float("-inf"), x + gumbel).argmax(-1)
+    log_prob = x.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+    token = torch.where(finished, pad_token_id, token)
+    log_prob = torch.where(finished, 0.0, log_prob)
+    return token, log_prob, finished | (token == eos_token_id)

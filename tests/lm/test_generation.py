@@ -1,0 +1,136 @@
+"""The lean decoder and the generation engine against transformers: the forward's logits, the
+grouped (shared-prompt) forward, greedy generation token for token against `model.generate`,
+behaviour log-probs against the trainer's recomputed ones, no host sync per decode step."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nostall.algos.grpo import policy_log_probs
+from nostall.lm.decoder import Decoder
+from nostall.lm.generation import Completions, GenerationEngine, SamplingConfig, positions_of
+from nostall.lm.rollout import LMBatch
+from nostall.profiler import SyncWatch
+
+PROMPTS = ["efffb=", "abc=", "h=", "0123="]
+
+
+def _encode(lm, prompts, repeat=1):
+    enc = lm.tokenizer(prompts, padding=True, return_tensors="pt", padding_side="left")
+    ids = enc.input_ids.repeat_interleave(repeat, 0)
+    return ids, enc.attention_mask.bool().repeat_interleave(repeat, 0)
+
+
+def test_forward_matches_transformers(varied_tiny):
+    model, lm = varied_tiny
+    ids, mask = _encode(lm, PROMPTS)
+    with torch.no_grad():
+        ours = F.linear(Decoder(model).hidden(ids, mask, positions_of(mask)), model.lm_head.weight)
+        theirs = model(input_ids=ids, attention_mask=mask.long(),
+                       position_ids=positions_of(mask)).logits  # fmt: skip
+    torch.testing.assert_close(ours[mask], theirs[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_forward_matches_the_full_forward(varied_tiny):
+    model, lm = varied_tiny
+    G, C = 3, 4
+    prompt_ids, prompt_mask = _encode(lm, PROMPTS)
+    g = torch.Generator().manual_seed(0)
+    completion_ids = torch.randint(3, 22, (len(PROMPTS) * G, C), generator=g)
+    completion_mask = torch.ones(len(PROMPTS) * G, C, dtype=torch.bool)
+    completion_mask[0, 2:] = False  # one completion ended early
+    decoder = Decoder(model)
+    grouped = decoder.grouped_hidden(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
+    keys = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
+    full = decoder.hidden(ids, keys, positions_of(keys))[:, prompt_ids.shape[1] - 1 : -1]
+    torch.testing.assert_close(grouped[completion_mask], full[completion_mask], rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_greedy_generation_matches_generate_token_for_token(varied_tiny, group_size):
+    model, lm = varied_tiny
+    C = 10
+    ids, mask = _encode(lm, PROMPTS, group_size)
+    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C, top_k=1),
+                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
+                              banned_token_ids=[])  # fmt: skip
+    batch = Completions.empty(*ids.shape, C)
+    batch.prompt_ids.copy_(ids)
+    batch.prompt_mask.copy_(mask)
+    engine.generate(batch, torch.Generator().manual_seed(0), group_size)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=C,
+                             do_sample=False, pad_token_id=lm.pad_token_id,
+                             eos_token_id=lm.eos_token_id)[:, ids.shape[1] :]  # fmt: skip
+    assert out.shape[1] >= 2 and len(set(out[:, 0].tolist())) > 1  # the outputs do vary
+    expected = torch.full((len(ids), C), lm.pad_token_id)
+    expected[:, : out.shape[1]] = out
+    assert torch.equal(batch.completion_ids, expected)
+    # The mask covers each completion up to and including its <eos>.
+    ended = (expected == lm.eos_token_id).long().cumsum(1)
+    assert torch.equal(batch.completion_mask, (ended - (expected == lm.eos_token_id).long()) == 0)
+
+
+def test_behaviour_log_probs_equal_the_trainers(varied_tiny):
+    model, lm = varied_tiny
+    G, C = 4, 6
+    ids, mask = _encode(lm, PROMPTS, G)
+    banned = lm.banned_token_ids()
+    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C, temperature=0.8),
+                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
+                              banned_token_ids=banned)  # fmt: skip
+    batch = LMBatch.empty(len(ids), ids.shape[1], C)
+    batch.prompt_ids.copy_(ids)
+    batch.prompt_mask.copy_(mask)
+    engine.generate(batch.completions(), torch.Generator().manual_seed(3), G)
+    with torch.no_grad():
+        recomputed = policy_log_probs(Decoder(model), batch, 0.8, torch.tensor(banned), G)
+    m = batch.completion_mask
+    assert m.sum() > len(ids)  # several tokens per row
+    # Stated tolerance: float32 rounding of a cached one-token decode against a full forward,
+    # with logits of magnitude ~10 (these weights are large on purpose): 1e-4.
+    torch.testing.assert_close(recomputed[m], batch.log_probs[m], rtol=1e-4, atol=1e-4)
+
+
+def test_no_host_sync_per_decode_step(varied_tiny):
+    model, lm = varied_tiny
+    ids, mask = _encode(lm, PROMPTS, 2)
+    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=6),
+                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
+                              banned_token_ids=lm.banned_token_ids())  # fmt: skip
+    batch = Completions.empty(*ids.shape, 6)
+    batch.prompt_ids.copy_(ids)
+    batch.prompt_mask.copy_(mask)
+    generator = torch.Generator().manual_seed(0)
+    engine.generate(batch, generator, 2)  # allocates the cache
+    with SyncWatch(model) as watch:
+        watch.mark(*batch.tensors().values(), engine._cache.keys, engine._cache.values,
+                   engine.allowed)  # fmt: skip
+        engine.generate(batch, generator, 2)
+    assert watch.report().unintended_count == 0, watch.report().table()
+
+
+def test_early_stop_is_checked_every_k_tokens(varied_tiny):
+    model, lm = varied_tiny
+    ids, mask = _encode(lm, PROMPTS)
+    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=12, stop_check_every=2),
+                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
+                              banned_token_ids=[])  # fmt: skip
+    batch = Completions.empty(*ids.shape, 12)
+    batch.prompt_ids.copy_(ids)
+    batch.prompt_mask.copy_(mask)
+    with SyncWatch(model) as watch:
+        watch.mark(*batch.tensors().values())
+        engine.generate(batch, torch.Generator().manual_seed(0))
+    # One read every 2 tokens at most: 5 checks for 12 tokens.
+    assert watch.report().unintended_count <= 5
+
+
+def test_unsupported_architecture_is_named():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=30))
+    with pytest.raises(ValueError, match="'gpt2' is not a Llama-family decoder"):
+        Decoder(model)
