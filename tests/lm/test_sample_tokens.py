@@ -31,8 +31,10 @@ def _both(logits, uniform, finished, allowed, **kw):
     token, log_prob = ops.sample_tokens(logits, uniform, mine_finished, allowed, kw["temperature"],
                                         kw["top_k"], kw["top_p"], kw["eos_token_id"],
                                         kw["pad_token_id"])  # fmt: skip
-    ref = reference.sample_tokens(logits, uniform, finished, allowed, kw["temperature"],
-                                  kw["top_k"], kw["top_p"], kw["eos_token_id"], kw["pad_token_id"])  # fmt: skip
+    ref = reference.sample_tokens(
+        logits, uniform, finished, allowed, kw["temperature"], kw["top_k"], kw["top_p"],
+        kw["eos_token_id"], kw["pad_token_id"],
+    )  # fmt: skip
     return (token, log_prob, mine_finished), ref
 
 
@@ -51,8 +53,10 @@ def test_matches_reference(dtype, kw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(B=st.integers(1, 9), V=st.integers(3, 300), top_k=st.integers(0, 8),
-       top_p=st.floats(0.05, 1.0), temperature=st.floats(0.3, 3.0), seed=st.integers(0, 99))  # fmt: skip
+@given(
+    B=st.integers(1, 9), V=st.integers(3, 300), top_k=st.integers(0, 8),
+    top_p=st.floats(0.05, 1.0), temperature=st.floats(0.3, 3.0), seed=st.integers(0, 99),
+)  # fmt: skip
 def test_matches_reference_fuzzed(B, V, top_k, top_p, temperature, seed):
     mine, ref = _both(*_inputs(B, V, seed=seed), top_k=top_k, top_p=top_p,
                       temperature=temperature)  # fmt: skip
