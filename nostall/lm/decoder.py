@@ -104,6 +104,30 @@ class Decoder:
         with torch.no_grad():
             cos, sin = base.rotary_emb(probe, positions[None])
         self.cos, self.sin = cos[0], sin[0]  # (max_positions, head_dim)
+        self._fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None
+
+    def freeze(self) -> None:
+        """For generation (no gradients): concatenates each layer's q/k/v and gate/up weights
+        once, until the next `freeze` (call it after the weights change), instead of once per
+        forward."""
+        with torch.no_grad():
+            self._fused = [self._fuse(layer) for layer in self.layers]
+
+    def thaw(self) -> None:
+        self._fused = None
+
+    @staticmethod
+    def _fuse(layer) -> tuple[Tensor, Tensor | None, Tensor]:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        bias = None
+        if attn.q_proj.bias is not None:
+            bias = torch.cat([p.bias for p in projections])
+        weight = torch.cat([p.weight for p in projections])  # one GEMM for all three
+        return weight, bias, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+
+    def _weights(self, index: int) -> tuple[Tensor, Tensor | None, Tensor]:
+        return self._fused[index] if self._fused is not None else self._fuse(self.layers[index])
 
     @property
     def output_weight(self) -> Tensor:
@@ -119,15 +143,11 @@ class Decoder:
     def _norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
         return F.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
 
-    def _qkv(self, layer, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Rotated queries, keys and values [B, heads, S, D] of normed input x [B, S, H]."""
-        attn = layer.self_attn
+    def _qkv(self, index: int, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated queries, keys and values [B, heads, S, D] of layer `index`, from its normed
+        input x [B, S, H]."""
         B, S, _ = x.shape
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        weight = torch.cat([p.weight for p in projections])  # one GEMM for all three
-        bias = None
-        if attn.q_proj.bias is not None:
-            bias = torch.cat([p.bias for p in projections])
+        weight, bias, _ = self._weights(index)
         qkv = F.linear(x, weight, bias).view(B, S, -1, self.head_dim)
         heads = self.num_heads + self.kv_heads
         qk, v = qkv[:, :, :heads], qkv[:, :, heads:]
@@ -141,15 +161,16 @@ class Decoder:
     def _expand_kv(self, t: Tensor) -> Tensor:
         return t if self.groups == 1 else t.repeat_interleave(self.groups, dim=1)
 
-    def _out(self, layer, x: Tensor, attended: Tensor) -> Tensor:
-        """The residual stream after attention output [B, heads, S, D] and the MLP."""
+    def _out(self, index: int, x: Tensor, attended: Tensor) -> Tensor:
+        """The residual stream of layer `index` after its attention output [B, heads, S, D]
+        and its MLP."""
+        layer = self.layers[index]
         B, _, S, _ = attended.shape
         o_proj = layer.self_attn.o_proj
         x = x + F.linear(attended.transpose(1, 2).reshape(B, S, -1), o_proj.weight, o_proj.bias)
         h = self._norm(x, layer.post_attention_layernorm)
-        mlp = layer.mlp
-        gate, up = F.linear(h, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])).chunk(2, -1)
-        return x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+        gate, up = F.linear(h, self._weights(index)[2]).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
 
     # -- whole sequences -----------------------------------------------------------------------
     def hidden(self, ids: Tensor, key_mask: Tensor, positions: Tensor) -> Tensor:
@@ -157,9 +178,9 @@ class Decoder:
         positions [B, S], key_mask bool [B, S] (False: padding, never attended to)."""
         mask = causal_mask(key_mask)[:, None]
         x = self.embed(ids)
-        for layer in self.layers:
-            q, k, v = self._qkv(layer, self._norm(x, layer.input_layernorm), positions)
-            x = self._out(layer, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), positions)
+            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
                                             self.scale))  # fmt: skip
         return self._norm(x, self.norm)
 
@@ -183,16 +204,16 @@ class Decoder:
             [keys[:, None, :P].expand(-1, C, -1), causal_mask(completion_mask)], 2
         )[:, None]  # (B, 1, C, P + C)
         xp, xc = self.embed(prompt_ids), self.embed(completion_ids)
-        for layer in self.layers:
-            qp, kp, vp = self._qkv(layer, self._norm(xp, layer.input_layernorm), prompt_positions)
-            qc, kc, vc = self._qkv(layer, self._norm(xc, layer.input_layernorm),
+        for index, layer in enumerate(self.layers):
+            qp, kp, vp = self._qkv(index, self._norm(xp, layer.input_layernorm), prompt_positions)
+            qc, kc, vc = self._qkv(index, self._norm(xc, layer.input_layernorm),
                                    completion_positions)  # fmt: skip
             kp, vp = self._expand_kv(kp), self._expand_kv(vp)
             kc, vc = self._expand_kv(kc), self._expand_kv(vc)
-            xp_next = self._out(layer, xp, _attend(qp, kp, vp, prompt_attn, self.scale))
+            xp_next = self._out(index, xp, _attend(qp, kp, vp, prompt_attn, self.scale))
             k = torch.cat([kp.repeat_interleave(G, 0), kc], 2)
             v = torch.cat([vp.repeat_interleave(G, 0), vc], 2)
-            xc = self._out(layer, xc, _attend(qc, k, v, completion_attn, self.scale))
+            xc = self._out(index, xc, _attend(qc, k, v, completion_attn, self.scale))
             xp = xp_next
         last_prompt = self._norm(xp[:, -1:], self.norm).repeat_interleave(G, 0)  # (B, 1, H)
         return torch.cat([last_prompt, self._norm(xc[:, :-1], self.norm)], 1)
@@ -207,10 +228,10 @@ class Decoder:
         mask = causal_mask(prompt_mask)[:, None]
         x = self.embed(prompt_ids)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, self._norm(x, layer.input_layernorm), positions)
+            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), positions)
             cache.keys[index, :, :, :P] = k.repeat_interleave(group_size, 0)
             cache.values[index, :, :, :P] = v.repeat_interleave(group_size, 0)
-            x = self._out(layer, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
+            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
                                             self.scale))  # fmt: skip
         last = self._norm(x[:, -1], self.norm)
         return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)
@@ -223,10 +244,13 @@ class Decoder:
         mask = slot_mask[:, None, None]
         x = self.embed(token[:, None])
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, self._norm(x, layer.input_layernorm), position[:, None])
+            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), position[:, None])
             keys, values = cache.keys[index], cache.values[index]
             keys.index_copy_(2, slot, k)
             values.index_copy_(2, slot, v)
-            x = self._out(layer, x, _attend(q, self._expand_kv(keys), self._expand_kv(values),
-                                            mask, self.scale))  # fmt: skip
+            keys, values = self._expand_kv(keys), self._expand_kv(values)
+            # One query: elementwise products and sums beat many tiny batched GEMMs.
+            scores = (q * keys).sum(-1, keepdim=True) * self.scale  # (B, heads, S, 1)
+            weights = scores.masked_fill(~mask.transpose(-1, -2), float("-inf")).softmax(-2)
+            x = self._out(index, x, (weights * values).sum(-2, keepdim=True))
         return F.linear(self._norm(x[:, 0], self.norm), self.output_weight)

@@ -102,6 +102,7 @@ class GenerationEngine:
             raise ValueError(f"the batch holds {batch.completion_ids.shape[1]} completion "
                              f"tokens per row, the engine generates {C}")  # fmt: skip
         cache = self._buffers(B, P)
+        self.decoder.freeze()  # the weights are fixed for this batch
         cfg = self.sampling
         prompts, prompt_mask = batch.prompt_ids[::group_size], batch.prompt_mask[::group_size]
         logits = self.decoder.prefill(prompts, prompt_mask, cache, group_size)
