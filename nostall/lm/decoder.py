@@ -57,12 +57,17 @@ def causal_mask(key_mask: Tensor) -> Tensor:
     return (causal[None] & key_mask[:, None, :]) | eye[None]
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """softmax(q k^T * scale, masked) v over [B, heads, S, D]: a handful of ops, where the CPU
+def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean attention mask as 0 / -inf, built once per forward and added in each layer."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """softmax(q k^T * scale + bias) v over [B, heads, S, D]: a handful of ops, where the CPU
     flash-attention kernel costs hundreds of microseconds a call at these sizes."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1), v)
+    return torch.matmul((torch.matmul(q, k.transpose(-1, -2)) * scale + bias).softmax(-1), v)
 
 
 class KVCache:
@@ -103,7 +108,10 @@ class Decoder:
         probe = torch.zeros(1, dtype=self.embed.weight.dtype, device=positions.device)
         with torch.no_grad():
             cos, sin = base.rotary_emb(probe, positions[None])
-        self.cos, self.sin = cos[0], sin[0]  # (max_positions, head_dim)
+        # rotate_half(x) * sin == x.roll(D / 2) * sin with its first half negated: one op less.
+        half = self.head_dim // 2
+        self.cos = cos[0]  # (max_positions, head_dim)
+        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
         self._fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None
 
     def freeze(self) -> None:
@@ -141,9 +149,18 @@ class Decoder:
     # -- pieces of a layer ---------------------------------------------------------------------
     @staticmethod
     def _norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
-        return F.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
+        """RMSNorm as transformers computes it (F.rms_norm decomposes into ~20 ops on a CPU)."""
+        if x.dtype != torch.float32:
+            return F.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
+        return norm.weight * (
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        )
 
-    def _qkv(self, index: int, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and signed sin [B, S, 1, D] at positions [B, S], gathered once per forward."""
+        return self.cos[positions][:, :, None], self.sin[positions][:, :, None]
+
+    def _qkv(self, index: int, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
         """Rotated queries, keys and values [B, heads, S, D] of layer `index`, from its normed
         input x [B, S, H]."""
         B, S, _ = x.shape
@@ -151,9 +168,8 @@ class Decoder:
         qkv = F.linear(x, weight, bias).view(B, S, -1, self.head_dim)
         heads = self.num_heads + self.kv_heads
         qk, v = qkv[:, :, :heads], qkv[:, :, heads:]
-        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
-        half = self.head_dim // 2
-        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
+        cos, sin = rotary
+        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
         q = qk[:, :, : self.num_heads].transpose(1, 2)
         k = qk[:, :, self.num_heads :].transpose(1, 2)
         return q, k, v.transpose(1, 2)
@@ -176,11 +192,12 @@ class Decoder:
     def hidden(self, ids: Tensor, key_mask: Tensor, positions: Tensor) -> Tensor:
         """Final (normed) hidden states [B, S, H] of whole sequences, differentiable: ids and
         positions [B, S], key_mask bool [B, S] (False: padding, never attended to)."""
-        mask = causal_mask(key_mask)[:, None]
         x = self.embed(ids)
+        bias = additive(causal_mask(key_mask)[:, None], x.dtype)
+        rotary = self._rotary(positions)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), positions)
-            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
+            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
+            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias,
                                             self.scale))  # fmt: skip
         return self._norm(x, self.norm)
 
@@ -197,23 +214,26 @@ class Decoder:
         completion_positions = prompt_positions[:, -1:].repeat_interleave(
             G, 0
         ) + completion_mask.long().cumsum(1).clamp(min=1)
-        prompt_attn = causal_mask(prompt_mask)[:, None]  # (Bp, 1, P, P)
+        xp, xc = self.embed(prompt_ids), self.embed(completion_ids)
+        prompt_bias = additive(causal_mask(prompt_mask)[:, None], xp.dtype)  # (Bp, 1, P, P)
         C = completion_ids.shape[1]
         keys = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
-        completion_attn = torch.cat(
-            [keys[:, None, :P].expand(-1, C, -1), causal_mask(completion_mask)], 2
+        completion_bias = additive(
+            torch.cat([keys[:, None, :P].expand(-1, C, -1), causal_mask(completion_mask)], 2),
+            xc.dtype,
         )[:, None]  # (B, 1, C, P + C)
-        xp, xc = self.embed(prompt_ids), self.embed(completion_ids)
+        prompt_rotary = self._rotary(prompt_positions)
+        completion_rotary = self._rotary(completion_positions)
         for index, layer in enumerate(self.layers):
-            qp, kp, vp = self._qkv(index, self._norm(xp, layer.input_layernorm), prompt_positions)
+            qp, kp, vp = self._qkv(index, self._norm(xp, layer.input_layernorm), prompt_rotary)
             qc, kc, vc = self._qkv(index, self._norm(xc, layer.input_layernorm),
-                                   completion_positions)  # fmt: skip
+                                   completion_rotary)  # fmt: skip
             kp, vp = self._expand_kv(kp), self._expand_kv(vp)
             kc, vc = self._expand_kv(kc), self._expand_kv(vc)
-            xp_next = self._out(index, xp, _attend(qp, kp, vp, prompt_attn, self.scale))
+            xp_next = self._out(index, xp, _attend(qp, kp, vp, prompt_bias, self.scale))
             k = torch.cat([kp.repeat_interleave(G, 0), kc], 2)
             v = torch.cat([vp.repeat_interleave(G, 0), vc], 2)
-            xc = self._out(index, xc, _attend(qc, k, v, completion_attn, self.scale))
+            xc = self._out(index, xc, _attend(qc, k, v, completion_bias, self.scale))
             xp = xp_next
         last_prompt = self._norm(xp[:, -1:], self.norm).repeat_interleave(G, 0)  # (B, 1, H)
         return torch.cat([last_prompt, self._norm(xc[:, :-1], self.norm)], 1)
@@ -224,14 +244,14 @@ class Decoder:
         """Runs each group's prompt [Bp, P] once, writes its keys and values into the cache's
         first P slots of the group's G rows, and returns the next-token logits [Bp * G, V]."""
         P = prompt_ids.shape[1]
-        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
-        mask = causal_mask(prompt_mask)[:, None]
+        rotary = self._rotary((prompt_mask.long().cumsum(1) - 1).clamp(min=0))
         x = self.embed(prompt_ids)
+        bias = additive(causal_mask(prompt_mask)[:, None], x.dtype)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), positions)
+            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
             cache.keys[index, :, :, :P] = k.repeat_interleave(group_size, 0)
             cache.values[index, :, :, :P] = v.repeat_interleave(group_size, 0)
-            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), mask,
+            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias,
                                             self.scale))  # fmt: skip
         last = self._norm(x[:, -1], self.norm)
         return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)
@@ -241,16 +261,17 @@ class Decoder:
         """One step: token and position [B], slot a one-element int64 device tensor, slot_mask
         bool [B, S] (the keys this step may attend to, its own slot included); the logits
         [B, V]."""
-        mask = slot_mask[:, None, None]
         x = self.embed(token[:, None])
+        bias = additive(slot_mask[:, None, :, None], x.dtype)  # (B, 1, S, 1)
+        rotary = self._rotary(position[:, None])
         for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), position[:, None])
+            q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
             keys, values = cache.keys[index], cache.values[index]
             keys.index_copy_(2, slot, k)
             values.index_copy_(2, slot, v)
             keys, values = self._expand_kv(keys), self._expand_kv(values)
             # One query: elementwise products and sums beat many tiny batched GEMMs.
-            scores = (q * keys).sum(-1, keepdim=True) * self.scale  # (B, heads, S, 1)
-            weights = scores.masked_fill(~mask.transpose(-1, -2), float("-inf")).softmax(-2)
+            scores = (q * keys).sum(-1, keepdim=True) * self.scale + bias  # (B, heads, S, 1)
+            weights = scores.softmax(-2)
             x = self._out(index, x, (weights * values).sum(-2, keepdim=True))
         return F.linear(self._norm(x[:, 0], self.norm), self.output_weight)
