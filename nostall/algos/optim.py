@@ -77,8 +77,13 @@ class ClippedAdam(torch.optim.Adam):
 
     def state_dict(self) -> dict:
         state = super().state_dict()
-        for entry in state["state"].values():  # Adam keeps one step tensor per parameter
-            entry["step"] = entry["step"].clone()
+        # Adam keeps one step tensor per parameter; ours share one. Give each entry a copy in
+        # new dicts: Optimizer.state_dict returns the live per-parameter dicts, and writing
+        # the copy into them would detach the optimizer's state from its step counter.
+        state["state"] = {
+            index: {**entry, "step": entry["step"].clone()}
+            for index, entry in state["state"].items()
+        }
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:

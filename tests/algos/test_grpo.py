@@ -1,0 +1,212 @@
+"""GRPO (nostall/algos/grpo.py): each loss type against TRL's formula written out, the
+decoupled objective against its formula, staleness 0 against a plain generate-then-train loop
+(bit for bit), exact resume from the k-th checkpoint, learning the copy task, no host sync in
+an update, and bad input named."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import nostall
+from nostall.algos import grpo
+from nostall.train.checkpoint import CheckpointError
+
+
+def _batch(seed=0, B=12, C=5):
+    g = torch.Generator().manual_seed(seed)
+    log_prob = (torch.randn(B, C, generator=g) * 0.3 - 1.0).requires_grad_()
+    old = log_prob.detach() + torch.randn(B, C, generator=g) * 0.2
+    behaviour = old + torch.randn(B, C, generator=g) * 0.3
+    ref = log_prob.detach() + torch.randn(B, C, generator=g) * 0.1
+    advantage = torch.randn(B, generator=g)
+    mask = torch.rand(B, C, generator=g) < 0.8
+    mask[:, 0] = True
+    return log_prob, old, behaviour, ref, advantage, mask
+
+
+def trl_loss(log_prob, old, advantage, mask, loss_type, eps_low, eps_high, beta, ref, max_len):
+    """TRL GRPOTrainer._compute_loss (1.16), written out."""
+    coef_1 = torch.exp(log_prob - old)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token = -torch.min(coef_1 * advantage[:, None], coef_2 * advantage[:, None])
+    if beta:
+        per_token = per_token + beta * (torch.exp(ref - log_prob) - (ref - log_prob) - 1)
+    m = mask.float()
+    if loss_type == "grpo":
+        return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo" or loss_type == "dapo":  # one process: num_items_in_batch = mask sum
+        return (per_token * m).sum() / m.sum().clamp(min=1.0)
+    return (per_token * m).sum() / (per_token.size(0) * max_len)  # dr_grpo
+
+
+@pytest.mark.parametrize("loss_type", list(grpo.AGGREGATIONS))
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("clip_high", [None, 0.28])
+def test_each_loss_type_matches_trls_formula(loss_type, beta, clip_high):
+    log_prob, old, _, ref, advantage, mask = _batch()
+    args = grpo.Args(loss_type=loss_type, beta=beta, clip_high=clip_high)
+    loss = grpo.grpo_loss(log_prob, old, advantage, mask, args,
+                          ref_log_prob=ref if beta else None)[0]  # fmt: skip
+    ours = torch.autograd.grad(loss, log_prob)[0]
+    expected = trl_loss(log_prob, old, advantage, mask, loss_type, 0.2,
+                        clip_high if clip_high is not None else 0.2, beta, ref, 5)  # fmt: skip
+    theirs = torch.autograd.grad(expected, log_prob)[0]
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_decoupled_loss_matches_its_formula():
+    """AReaL's decoupled PPO objective: the clip against the proximal policy, each token weighted
+    by min(pi_prox / pi_behaviour, cap) (a constant)."""
+    log_prob, proximal, behaviour, _, advantage, mask = _batch(seed=3)
+    args = grpo.Args(loss_type="grpo", is_cap=1.5)
+    loss = grpo.grpo_loss(log_prob, proximal, advantage, mask, args, behavior_log_prob=behaviour)[0]
+    ratio = torch.exp(log_prob - proximal)
+    clipped = torch.clamp(ratio, 0.8, 1.2)
+    weight = torch.clamp(torch.exp(proximal - behaviour), max=1.5)
+    per_token = -torch.min(ratio * advantage[:, None], clipped * advantage[:, None]) * weight
+    m = mask.float()
+    expected = ((per_token * m).sum(-1) / m.sum(-1)).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    grad = torch.autograd.grad(loss, log_prob)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(expected, log_prob)[0], rtol=1e-5,
+                               atol=1e-6)  # fmt: skip
+
+
+FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2)
+
+
+def _parameters(setup) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()}
+
+
+def test_staleness_zero_is_a_plain_generate_then_train_loop():
+    args = grpo.Args(**FAST)
+    run = grpo.build(args)
+    result = grpo.train(args, setup=run)
+
+    plain = grpo.build(args)  # the same seeds; no runtime: generate, then train, in turn
+    batch = plain.loop.slots[0]
+    rewards = []
+    for _ in range(args.steps):
+        plain.generator(batch)  # with the rollout copy, synced after every update below
+        grpo.grpo_update(plain.decoder, plain.optimizer, batch, args, plain.banned, None, False,
+                         plain.group_index)  # fmt: skip
+        plain.loop.rollout_model.load_state_dict(plain.lm.model.state_dict())
+        rewards.append(batch.reward_mean)
+    assert result.rewards == rewards
+    mine, theirs = _parameters(run), _parameters(plain)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
+    args = grpo.Args(**FAST, checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2)
+    full = grpo.build(args)
+    result = grpo.train(args, setup=full)
+    resumed_args = dataclasses.replace(args, resume=str(tmp_path / f"ckpt-{k}.pt"),
+                                       checkpoint=str(tmp_path / "again-{step}.pt"))  # fmt: skip
+    resumed = grpo.build(resumed_args)
+    again = grpo.train(resumed_args, setup=resumed)
+    assert again.rewards == result.rewards
+    mine, theirs = _parameters(full), _parameters(resumed)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    # And the optimizer state, which a resume from a later checkpoint depends on.
+    a, b = full.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
+
+
+def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
+    args = grpo.Args(**FAST, staleness=1, checkpoint=str(tmp_path / "c-{step}.pt"),
+                     checkpoint_every=3)  # fmt: skip
+    first = grpo.train(args)
+    resumed = grpo.train(dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"),
+                                             checkpoint=None))  # fmt: skip
+    # The batch trained on right after the checkpoint was already generated then: it is the
+    # same batch, restored from the checkpoint.
+    assert resumed.rewards[:4] == first.rewards[:4]
+    assert len(resumed.rewards) == args.steps
+
+
+def test_resume_refuses_conflicting_arguments(tmp_path):
+    args = grpo.Args(**FAST, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=6)
+    grpo.train(args)
+    bad = dataclasses.replace(args, resume=str(tmp_path / "c.pt"), learning_rate=1e-4,
+                              num_generations=8)  # fmt: skip
+    with pytest.raises(CheckpointError, match="learning_rate .*num_generations"):
+        grpo.train(bad)
+
+
+def test_tiny_model_learns_copy():
+    """Chance is about 0.1 (1 in 8 letters per position); a fixed seed must get well above."""
+    args = grpo.Args(steps=120, watch_syncs=False, log_interval=40, seed=1)
+    result = grpo.train(args)
+    assert sum(result.rewards[:10]) / 10 < 0.2
+    assert sum(result.rewards[-10:]) / 10 > 0.4, result.rewards[-10:]
+
+
+def test_no_unintended_sync_in_an_update():
+    args = grpo.Args(**dict(FAST, watch_syncs=True))
+    result = grpo.train(args)
+    assert result.syncs_per_update == 0, result.sync_sites
+
+
+def _reward_raises(prompts, completions, **kw):
+    raise RuntimeError("the reward server is down")
+
+
+def _reward_wrong_length(prompts, completions, **kw):
+    return [0.0]
+
+
+def _reward_nan(prompts, completions, **kw):
+    return [float("nan")] * len(completions)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(task="nope"), "unknown task 'nope'"),
+        (dict(model="/no/such/model"), "neither a built-in"),
+        (dict(num_generations=1), "--num-generations must be at least 2"),
+        (dict(max_new_tokens=70), "exceed the model's context of 64"),
+        (dict(loss_type="ppo"), "--loss-type must be one of"),
+        (dict(temperature=0.0), "--temperature must be a positive"),
+        (dict(learning_rate=float("nan")), "--learning-rate must be a positive"),
+        (dict(top_p=1.5), "--top-p must lie in"),
+        (dict(reward="tests.algos.test_grpo:missing"), "has no function 'missing'"),
+        (dict(reward="nomodule_xyz:f"), "cannot import"),
+        (dict(reward="tests.algos.test_grpo:_reward_raises", reward_weights="a"),
+         "--reward-weights must be numbers"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_named(change, message):
+    with pytest.raises(ValueError, match=message):
+        grpo.build(grpo.Args(**dict(FAST, **change)))
+
+
+@pytest.mark.parametrize(
+    "reward,message",
+    [("_reward_wrong_length", "returned 1 values for 16 completions"),
+     ("_reward_nan", "returned nan for completion 0"),
+     ("_reward_raises", "the reward server is down")],
+)  # fmt: skip
+def test_a_failing_reward_stops_the_run_with_its_cause(reward, message):
+    args = grpo.Args(**dict(FAST, reward=f"tests.algos.test_grpo:{reward}"))
+    with pytest.raises(nostall.runtime.RuntimeStopped, match=message) as info:
+        grpo.train(args)
+    assert info.value.__cause__ is not None  # the reward's own traceback is chained
+
+
+def test_tokenizer_without_eos_is_refused(tmp_path):
+    from nostall.lm.models import builtin_model, load_model
+
+    lm = builtin_model("tiny")
+    lm.model.save_pretrained(tmp_path)
+    tok = copy.deepcopy(lm.tokenizer)
+    tok.eos_token = None
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no <eos> token"):
+        load_model(str(tmp_path))
