@@ -135,7 +135,7 @@ def test_resume_refuses_conflicting_arguments(tmp_path):
     grpo.train(args)
     bad = dataclasses.replace(args, resume=str(tmp_path / "c.pt"), learning_rate=1e-4,
                               num_generations=8)  # fmt: skip
-    with pytest.raises(CheckpointError, match="learning_rate .*num_generations"):
+    with pytest.raises(CheckpointError, match=r"learning_rate .*num_generations"):
         grpo.train(bad)
 
 
