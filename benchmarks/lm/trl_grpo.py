@@ -62,9 +62,11 @@ def run(seed: int, max_steps: int, target: float, time_limit_s: float, prompts: 
         )  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer = GRPOTrainer(model=lm.model, reward_funcs=answer_reward, args=config,
-                                  train_dataset=Dataset.from_list(rows),
-                                  processing_class=lm.tokenizer, callbacks=[Recorder()])  # fmt: skip
+            trainer = GRPOTrainer(
+                model=lm.model, reward_funcs=answer_reward, args=config,
+                train_dataset=Dataset.from_list(rows), processing_class=lm.tokenizer,
+                callbacks=[Recorder()],
+            )  # fmt: skip
             trainer.train()
     return {"times": record["times"], "rewards": record["rewards"]}
 

@@ -379,9 +379,14 @@ def _restore(setup: Setup, state: dict, result: TrainResult) -> int:
     return int(state["step"])
 
 
-def train(args: Args, log: Callable[[int, dict[str, float]], None] | None = None,
-          setup: Setup | None = None) -> TrainResult:  # fmt: skip
-    """Trains, calling log(step, metrics) every log_interval steps."""
+def train(
+    args: Args,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+    setup: Setup | None = None,
+    time_limit_s: float | None = None,
+) -> TrainResult:
+    """Trains, calling log(step, metrics) every log_interval steps (and stopping at the first
+    log past `time_limit_s` seconds, when given)."""
     torch.set_num_threads(args.torch_threads)
     setup = setup or build(args)
     result = TrainResult(args=asdict(args))
@@ -442,6 +447,8 @@ def train(args: Args, log: Callable[[int, dict[str, float]], None] | None = None
                 if log is not None:
                     log(step, values)
                 if args.stop_when_solved and result.steps_to_target is not None:
+                    break
+                if time_limit_s is not None and result.step_times[-1] > time_limit_s:
                     break
     result.seconds = time.perf_counter() - run_start
     result.timeline = list(loop.timeline.spans)
