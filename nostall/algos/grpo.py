@@ -108,6 +108,10 @@ class Args:
     stop_check_every: int = 0
     """stop generating once every completion ended, checked every this many tokens (a host
     read); 0: always generate max_new_tokens"""
+    device: str = "cpu"
+    """where the model, generation and update run ("cpu", "cuda", "cuda:1")"""
+    cuda_graph: bool = True
+    """on a GPU, capture each decode step as a CUDA graph (one launch per token)"""
     seed: int = 0
     """seeds the model's initialisation (built-ins), the prompts and the sampling"""
     torch_threads: int = 1
@@ -160,6 +164,14 @@ class Args:
         if self.loss_type not in AGGREGATIONS:
             raise ValueError(f"--loss-type must be one of {', '.join(AGGREGATIONS)}, "
                              f"got {self.loss_type!r}")  # fmt: skip
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
         if self.scale_rewards not in nostall.ops.losses.GROUP_SCALES:
             raise ValueError(f"--scale-rewards must be group, batch or none, got "
                              f"{self.scale_rewards!r}")  # fmt: skip
@@ -268,7 +280,7 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
     if reference is not None:
         with torch.no_grad():
             ref_log_prob = policy_log_probs(reference, batch, args.temperature, banned, G)
-    totals = torch.zeros(len(METRICS))
+    totals = torch.zeros(len(METRICS), device=batch.rewards.device)
     old_log_prob = None
     for _ in range(args.updates_per_batch):
         log_prob = policy_log_probs(decoder, batch, args.temperature, banned, G)
@@ -320,20 +332,22 @@ def build(args: Args) -> Setup:
     source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
     rewards = _rewards(args)
     lm = load_model(args.model, seed=args.seed)
+    device = torch.device(args.device)
+    lm.model.to(device)
     encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
                             args.max_new_tokens)  # fmt: skip
     model = lm.model
     rollout_model = copy.deepcopy(model)
     banned_ids = lm.banned_token_ids()
     sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                              args.stop_check_every)  # fmt: skip
+                              args.stop_check_every, args.cuda_graph)  # fmt: skip
     engine = GenerationEngine(
         Decoder(rollout_model), sampling, eos_token_id=lm.eos_token_id,
         pad_token_id=lm.pad_token_id, banned_token_ids=banned_ids,
     )  # fmt: skip
     generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
                                num_generations=args.num_generations, seed=args.seed)  # fmt: skip
-    slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens)
+    slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)
              for _ in range(args.staleness + 2)]  # fmt: skip
     loop = RolloutLoop(slots, generator, rollout_model, model, staleness=args.staleness)
     optimizer = ClippedAdam(model.parameters(), lr=args.learning_rate,
@@ -341,8 +355,9 @@ def build(args: Args) -> Setup:
     reference = None
     if args.beta > 0:
         reference = Decoder(copy.deepcopy(model).requires_grad_(False))
-    group_index = torch.arange(args.num_prompts).repeat_interleave(args.num_generations)
-    banned = torch.tensor(banned_ids, dtype=torch.int64)
+    group_index = torch.arange(args.num_prompts, device=device)
+    group_index = group_index.repeat_interleave(args.num_generations)
+    banned = torch.tensor(banned_ids, dtype=torch.int64, device=device)
     return Setup(lm, Decoder(model), generator, loop, optimizer, banned, group_index, reference)
 
 

@@ -117,9 +117,17 @@ class Decoder:
     def freeze(self) -> None:
         """For generation (no gradients): concatenates each layer's q/k/v and gate/up weights
         once, until the next `freeze` (call it after the weights change), instead of once per
-        forward."""
+        forward. A refresh writes into the same buffers, so a captured CUDA graph that reads
+        them stays valid."""
         with torch.no_grad():
-            self._fused = [self._fuse(layer) for layer in self.layers]
+            fused = [self._fuse(layer) for layer in self.layers]
+            if self._fused is None:
+                self._fused = fused
+                return
+            for old, new in zip(self._fused, fused, strict=True):
+                for a, b in zip(old, new, strict=True):
+                    if a is not None:
+                        a.copy_(b)
 
     def thaw(self) -> None:
         self._fused = None

@@ -34,9 +34,10 @@ class LMBatch:
     tokens: int = 0  # completion tokens generated (host count, from the decoded lengths)
 
     @classmethod
-    def empty(cls, batch: int, prompt_len: int, max_new_tokens: int) -> LMBatch:
-        c = Completions.empty(batch, prompt_len, max_new_tokens)
-        return cls(**c.tensors(), rewards=torch.zeros(batch))
+    def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
+              device: torch.device | str = "cpu") -> LMBatch:  # fmt: skip
+        c = Completions.empty(batch, prompt_len, max_new_tokens, device)
+        return cls(**c.tensors(), rewards=torch.zeros(batch, device=device))
 
     def completions(self) -> Completions:
         return Completions(self.prompt_ids, self.prompt_mask, self.completion_ids,
@@ -77,18 +78,21 @@ class PromptEncoder:
             )
 
     def encode_into(self, prompts: list[str], ids: Tensor, mask: Tensor, repeat: int) -> None:
+        """Left-padded ids and mask of each prompt, `repeat` rows each, built on the host and
+        copied to the batch's device in one copy each."""
         rows = self.tokenizer(prompts).input_ids
-        ids.fill_(self.pad_token_id)
-        mask.zero_()
+        host_ids = torch.full((len(rows), self.length), self.pad_token_id, dtype=torch.int64)
+        host_mask = torch.zeros(len(rows), self.length, dtype=torch.bool)
         for i, row in enumerate(rows):
             if len(row) > self.length:
                 raise ValueError(
                     f"prompt {prompts[i]!r} has {len(row)} tokens, more than the {self.length} "
                     "the run was sized for"
                 )
-            block = slice(i * repeat, (i + 1) * repeat)
-            ids[block, self.length - len(row) :] = torch.tensor(row)
-            mask[block, self.length - len(row) :] = True
+            host_ids[i, self.length - len(row) :] = torch.tensor(row)
+            host_mask[i, self.length - len(row) :] = True
+        ids.copy_(host_ids.repeat_interleave(repeat, 0))
+        mask.copy_(host_mask.repeat_interleave(repeat, 0))
 
 
 class GroupGenerator:
@@ -99,7 +103,8 @@ class GroupGenerator:
                  seed: int):  # fmt: skip
         self.engine, self.encoder, self.source, self.rewards = engine, encoder, source, rewards
         self.num_prompts, self.num_generations = num_prompts, num_generations
-        self.generator = torch.Generator().manual_seed(seed)
+        # On the model's device: the sampler draws its noise there.
+        self.generator = torch.Generator(engine.allowed.device).manual_seed(seed)
         source.seed(seed)
         self.eos_token_id = engine.eos_token_id
 

@@ -210,3 +210,13 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
     tok.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="has no <eos> token"):
         load_model(str(tmp_path))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_trains_on_a_gpu(staleness):
+    result = grpo.train(grpo.Args(**dict(FAST, watch_syncs=True), device="cuda",
+                                  staleness=staleness))  # fmt: skip
+    assert len(result.rewards) == FAST["steps"]
+    assert result.syncs_per_update == 0, result.sync_sites

@@ -134,3 +134,26 @@ def test_unsupported_architecture_is_named():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=30))
     with pytest.raises(ValueError, match="'gpt2' is not a Llama-family decoder"):
         Decoder(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
+def test_cuda_graph_decode_matches_eager(varied_tiny):
+    model, lm = varied_tiny
+    model = model.cuda()
+    ids, mask = _encode(lm, PROMPTS, 2)
+    out = {}
+    for graph in (False, True):
+        sampling = SamplingConfig(max_new_tokens=8, cuda_graph=graph)
+        engine = GenerationEngine(Decoder(model), sampling, eos_token_id=lm.eos_token_id,
+                                  pad_token_id=lm.pad_token_id,
+                                  banned_token_ids=lm.banned_token_ids())  # fmt: skip
+        batch = Completions.empty(*ids.shape, 8, device="cuda")
+        batch.prompt_ids.copy_(ids)
+        batch.prompt_mask.copy_(mask)
+        for seed in (0, 1):  # the second batch replays the captured graph
+            engine.generate(batch, torch.Generator("cuda").manual_seed(seed), 2)
+            out[graph, seed] = batch.completion_ids.clone(), batch.log_probs.clone()
+    for seed in (0, 1):
+        assert torch.equal(out[False, seed][0], out[True, seed][0])
+        torch.testing.assert_close(out[False, seed][1], out[True, seed][1])
