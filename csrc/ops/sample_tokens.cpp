@@ -97,9 +97,9 @@ void sample_row(const S* x, int64_t xs, const S* u, int64_t us, const bool* allo
 
 }  // namespace
 
-SampleTokensOutput sample_tokens_cpu(Tensor logits, Tensor uniform, Tensor finished,
-                                     Tensor allowed, double temperature, int64_t top_k,
-                                     double top_p, int64_t eos_token_id, int64_t pad_token_id) {
+SampleTokensOutput sample_tokens_cpu(Tensor logits, Tensor uniform, Tensor finished, Tensor allowed,
+                                     double temperature, int64_t top_k, double top_p,
+                                     int64_t eos_token_id, int64_t pad_token_id) {
   check_sample_tokens_args(logits, uniform, finished, allowed, temperature, top_k, top_p,
                            eos_token_id, pad_token_id);
   const int64_t B = logits.size(0), V = logits.size(1);

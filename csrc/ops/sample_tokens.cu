@@ -93,10 +93,10 @@ __device__ S bisect(const Row<S>& r, S lo, S hi, S target, bool count, S m, S* s
 }
 
 template <typename S>
-__global__ void sample_tokens_kernel(const S* x, int64_t xs0, int64_t xs1, const S* u,
-                                     int64_t us0, int64_t us1, const bool* allowed, int64_t V,
-                                     S inv_t, int64_t top_k, double top_p, int64_t eos,
-                                     int64_t pad, bool* finished, int64_t* token, S* log_prob) {
+__global__ void sample_tokens_kernel(const S* x, int64_t xs0, int64_t xs1, const S* u, int64_t us0,
+                                     int64_t us1, const bool* allowed, int64_t V, S inv_t,
+                                     int64_t top_k, double top_p, int64_t eos, int64_t pad,
+                                     bool* finished, int64_t* token, S* log_prob) {
   __shared__ S shared[kRowThreads];
   __shared__ int64_t shared_index[kRowThreads];
   const int64_t b = blockIdx.x;
@@ -144,10 +144,10 @@ __global__ void sample_tokens_kernel(const S* x, int64_t xs0, int64_t xs1, const
     if (threadIdx.x < stride) {
       const S other = shared[threadIdx.x + stride];
       const int64_t other_index = shared_index[threadIdx.x + stride];
-      const bool better = other_index < V && (shared_index[threadIdx.x] == V ||
-                                              other > shared[threadIdx.x] ||
-                                              (other == shared[threadIdx.x] &&
-                                               other_index < shared_index[threadIdx.x]));
+      const bool better =
+          other_index < V &&
+          (shared_index[threadIdx.x] == V || other > shared[threadIdx.x] ||
+           (other == shared[threadIdx.x] && other_index < shared_index[threadIdx.x]));
       if (better) {
         shared[threadIdx.x] = other;
         shared_index[threadIdx.x] = other_index;

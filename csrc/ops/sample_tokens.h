@@ -38,8 +38,7 @@ inline void check_sample_tokens_args(const Tensor& logits, const Tensor& uniform
   STD_TORCH_CHECK(uniform.device() == logits.device(), "uniform must be on the device of logits");
   STD_TORCH_CHECK(finished.scalar_type() == ScalarType::Bool, "finished must be bool, got ",
                   torch::headeronly::toString(finished.scalar_type()));
-  STD_TORCH_CHECK(finished.dim() == 1 && finished.size(0) == B, "finished must be [B] = [", B,
-                  "]");
+  STD_TORCH_CHECK(finished.dim() == 1 && finished.size(0) == B, "finished must be [B] = [", B, "]");
   STD_TORCH_CHECK(finished.device() == logits.device(), "finished must be on the device of logits");
   STD_TORCH_CHECK(allowed.scalar_type() == ScalarType::Bool, "allowed must be bool, got ",
                   torch::headeronly::toString(allowed.scalar_type()));
@@ -56,9 +55,9 @@ inline void check_sample_tokens_args(const Tensor& logits, const Tensor& uniform
 
 using SampleTokensOutput = std::tuple<Tensor, Tensor>;
 
-SampleTokensOutput sample_tokens_cpu(Tensor logits, Tensor uniform, Tensor finished,
-                                     Tensor allowed, double temperature, int64_t top_k,
-                                     double top_p, int64_t eos_token_id, int64_t pad_token_id);
+SampleTokensOutput sample_tokens_cpu(Tensor logits, Tensor uniform, Tensor finished, Tensor allowed,
+                                     double temperature, int64_t top_k, double top_p,
+                                     int64_t eos_token_id, int64_t pad_token_id);
 SampleTokensOutput sample_tokens_cuda(Tensor logits, Tensor uniform, Tensor finished,
                                       Tensor allowed, double temperature, int64_t top_k,
                                       double top_p, int64_t eos_token_id, int64_t pad_token_id);
