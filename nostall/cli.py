@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import itertools
 import json
+import signal
 import subprocess
 import sys
 import typing
@@ -47,6 +48,31 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def _integer(text: str) -> int:
+    """An int, also written as a whole float (`1e5`, `2.0e6`): step counts are written so."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(value)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+_PARSERS = {int: _integer, float: _number}
+
+
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     docs = _field_docs(cls)
     hints = typing.get_type_hints(cls)
@@ -60,7 +86,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             )
             continue
         base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-        parser.add_argument(flag, type=base, default=f.default, help=help_text)
+        parser.add_argument(flag, type=_PARSERS.get(base, base), default=f.default,
+                            help=help_text)  # fmt: skip
 
 
 def _algorithm(name: str):
@@ -217,14 +244,23 @@ def _train(args: argparse.Namespace) -> int:
         if train_args.resume:
             from nostall.algos.ppo import load_checkpoint
 
-            load_checkpoint(train_args.resume)  # unreadable: a clear error now, not mid-run
+            # Unreadable or conflicting: a clear error now, not mid-run.
+            load_checkpoint(train_args.resume, args.algorithm, train_args)
     except ValueError as e:
         print(f"nostall train: {e}", file=sys.stderr)
         return EXIT_USAGE
+    steps = train_args.num_iterations * train_args.batch_size
+    if steps != train_args.total_timesteps:
+        print(f"nostall train: {train_args.total_timesteps} steps is not a whole number of "
+              f"batches of {train_args.batch_size} (num_envs * num_steps): training {steps} "
+              f"steps ({train_args.num_iterations} iterations)", file=sys.stderr)  # fmt: skip
     out_dir = Path(args.out or f"runs/{args.algorithm}-{train_args.env_id}-{train_args.seed}")
     progress = None if args.no_progress else Progress(train_args.total_timesteps, out_dir)
     try:
         result = module.train(train_args, log=progress)
+    except OSError as e:  # a checkpoint that cannot be written (a full disk, say)
+        print(f"nostall train: {e}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
     finally:
         if progress is not None:
             progress.close()
@@ -248,6 +284,10 @@ def _bench() -> int:
     return 1 if failed else 0
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Everything after "--" belongs to the profiled script.
@@ -257,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         argv, script_args = argv[:cut], argv[cut + 1 :]
     args = _parser().parse_args(argv)
     if args.command == "train":
-        return _train(args)
+        # SIGTERM unwinds like Ctrl-C: `with runtime:` blocks stop and join their rollout side,
+        # checkpoints already written stay intact.
+        signal.signal(signal.SIGTERM, _terminate)
+        try:
+            return _train(args)
+        except KeyboardInterrupt:
+            print("nostall train: interrupted", file=sys.stderr)
+            return 128 + signal.SIGINT
     if args.command == "bench":
         return _bench()
     if args.command == "profile":

@@ -47,7 +47,7 @@ def test_appo_runs_from_the_command_line(tmp_path):
         (["train", "ppo", "--num-envs", "-4"], "num_envs must be at least 1"),
         (["train", "ppo", "--total-timesteps", "0"], "total_timesteps must be at least 1"),
         (["train", "ppo", "--staleness", "-1"], "staleness must be at least 0"),
-        (["train", "ppo", "--resume", "/nonexistent/ckpt.pt"], "cannot read checkpoint"),
+        (["train", "ppo", "--resume", "/nonexistent/ckpt.pt"], "does not exist"),
         (["train", "dqn"], "invalid choice"),
     ],
 )

@@ -85,7 +85,9 @@ def race(seeds: int, time_limit: float, skip_trl: bool) -> None:
         for name in variants:
             ours = _median([r["time"] for r in runs[name]])
             ms = _median([r["ms_per_step"] for r in runs[name]])
-            ratio = f"{trl / ours:.2f}x" if trl and ours else "n/a (a side never reached it)"
+            every_seed = all(r["time"] is not None for r in runs[name])
+            ratio = (f"{trl / ours:.2f}x" if trl and ours and every_seed
+                     else "n/a (not every seed reached the target)")  # fmt: skip
             print(f"   {name} vs TRL: time to target {ratio}, per step {trl_ms / ms:.2f}x")
 
 

@@ -10,6 +10,8 @@ TRL logs them at logging_steps=1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import tempfile
@@ -67,7 +69,8 @@ def run(seed: int, max_steps: int, target: float, time_limit_s: float, prompts: 
                 train_dataset=Dataset.from_list(rows), processing_class=lm.tokenizer,
                 callbacks=[Recorder()],
             )  # fmt: skip
-            trainer.train()
+            with contextlib.redirect_stdout(io.StringIO()):  # its per-step log lines
+                trainer.train()
     return {"times": record["times"], "rewards": record["rewards"]}
 
 

@@ -17,18 +17,25 @@ Tensor cpu_empty(std::vector<int64_t> sizes, ScalarType dtype) {
 
 }  // namespace
 
+// More threads than this only adds contention (and each is a real thread).
+constexpr int64_t kMaxThreads = 256;
+
 int64_t env_create(std::string env_id, int64_t num_envs, int64_t num_threads, int64_t seed,
                    int64_t autoreset_mode, int64_t batch_size, int64_t max_episode_steps) {
   const EnvType& type = find_env_type(env_id);
   STD_TORCH_CHECK(num_envs >= 1, "num_envs must be at least 1, got ", num_envs);
-  STD_TORCH_CHECK(num_threads >= 1, "num_threads must be at least 1, got ", num_threads);
+  STD_TORCH_CHECK(num_threads >= 1 && num_threads <= kMaxThreads, "num_threads must lie in [1, ",
+                  kMaxThreads, "], got ", num_threads);
   STD_TORCH_CHECK(seed >= 0, "seed must be non-negative, got ", seed);
   STD_TORCH_CHECK(autoreset_mode == 0 || autoreset_mode == 1,
                   "autoreset_mode must be 0 (next-step) or 1 (same-step), got ", autoreset_mode);
   if (batch_size < 0) batch_size = num_envs;
   STD_TORCH_CHECK(batch_size >= 1 && batch_size <= num_envs, "batch_size must lie in [1, ",
                   num_envs, "], got ", batch_size);
-  if (max_episode_steps < 0) max_episode_steps = type.spec.max_episode_steps;
+  STD_TORCH_CHECK(max_episode_steps >= 1 || max_episode_steps == -1,
+                  "max_episode_steps must be at least 1 (or -1: the environment's), got ",
+                  max_episode_steps);
+  if (max_episode_steps == -1) max_episode_steps = type.spec.max_episode_steps;
   STD_TORCH_CHECK(max_episode_steps >= 1, "max_episode_steps must be at least 1, got ",
                   max_episode_steps);
   const EnvConfig config{num_envs,
@@ -49,6 +56,7 @@ std::vector<int64_t> env_describe(std::string env_id) {
 }
 
 Tensor env_reset(int64_t handle, int64_t seed) {
+  STD_TORCH_CHECK(seed >= -1, "seed must be non-negative (or -1: keep the generators), got ", seed);
   const auto env = env_for(handle);
   Tensor obs = cpu_empty({env->num_envs(), env->spec().obs_dim}, ScalarType::Float);
   env->reset(seed, obs.mutable_data_ptr<float>());

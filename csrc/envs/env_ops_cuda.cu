@@ -12,6 +12,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/cuda_launch.cuh"
@@ -102,9 +103,17 @@ void CUDART_CB run_step(void* data) {
 void CUDART_CB release(void* data) {
   Staging* s = static_cast<Staging*>(data);
   std::shared_ptr<VecEnv> env = std::move(s->env);
-  StagingPool& pool = pool_of(*env);
-  std::lock_guard<std::mutex> lock(pool.mutex);
-  pool.free.push_back(s);
+  {
+    StagingPool& pool = pool_of(*env);
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    pool.free.push_back(s);
+  }
+  if (env.use_count() == 1) {
+    // The environment was closed with this step in flight: this is its last owner. Its
+    // staging buffers are freed with cudaFreeHost, which a host function must not call:
+    // destroy it on a thread of its own.
+    std::thread([doomed = std::move(env)]() mutable { doomed.reset(); }).detach();
+  }
 }
 
 // Enqueues one step of `env` on the current stream: actions in, `device` outputs out.

@@ -72,6 +72,20 @@ inline void check_step_outputs(const VecEnv& env, const Tensor& actions, const S
   check(terminated, "terminated", ScalarType::Bool, n, -1);
   check(truncated, "truncated", ScalarType::Bool, n, -1);
   check(final_obs, "final_obs", ScalarType::Float, same_step ? n : 0, s.obs_dim);
+  // The step writes each output in turn: two that alias would silently hold one another's
+  // values (terminated overwritten by truncated, say).
+  const Tensor* all[] = {&obs, &reward, &terminated, &truncated, &final_obs};
+  const char* names[] = {"obs", "reward", "terminated", "truncated", "final_obs"};
+  for (int a = 0; a < 5; ++a) {
+    for (int b = a + 1; b < 5; ++b) {
+      const auto* pa = static_cast<const char*>(all[a]->data_ptr());
+      const auto* pb = static_cast<const char*>(all[b]->data_ptr());
+      const int64_t na = all[a]->numel() * static_cast<int64_t>(all[a]->element_size());
+      const int64_t nb = all[b]->numel() * static_cast<int64_t>(all[b]->element_size());
+      const bool overlap = na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+      STD_TORCH_CHECK(!overlap, s.id, ": ", names[a], " and ", names[b], " must not share memory");
+    }
+  }
 }
 
 inline StepOutput output_pointers(StepTensors& out) {

@@ -19,6 +19,8 @@ __global__ void episode_kernel(const double* reward, EpisodeLayout l, const bool
 
 void episode_update_cuda(Tensor reward, Tensor done, Tensor running_return, Tensor running_length,
                          Tensor returns, Tensor lengths, Tensor finished) {
+  // Kernels and GEMMs launch on the current device: make it the inputs' one.
+  torch::stable::accelerator::DeviceGuard guard(reward.get_device_index());
   check_episode_args(reward, done, running_return, running_length, returns, lengths, finished);
   episode_kernel<<<1, 1, 0, current_stream(reward)>>>(
       reward.const_data_ptr<double>(), episode_layout(reward, done), done.const_data_ptr<bool>(),

@@ -85,11 +85,15 @@ struct CudaBackend {
 
 MlpOutput mlp_cuda(Tensor input, std::vector<Tensor> weights, std::vector<Tensor> biases,
                    std::string activation) {
+  // Kernels and GEMMs launch on the current device: make it the inputs' one.
+  torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
   return mlp_forward<CudaBackend>(input, weights, biases, activation);
 }
 
 MlpGrads mlp_backward_cuda(Tensor grad_output, Tensor input, std::vector<Tensor> weights,
                            std::vector<Tensor> hidden, std::string activation, bool input_grad) {
+  // Kernels and GEMMs launch on the current device: make it the inputs' one.
+  torch::stable::accelerator::DeviceGuard guard(grad_output.get_device_index());
   return mlp_backward<CudaBackend>(grad_output, input, weights, hidden, activation, input_grad);
 }
 

@@ -23,6 +23,8 @@ __global__ void sample_kernel(const S* x, int64_t xs0, int64_t xs1, const S* u, 
 }  // namespace
 
 SampleOutput sample_categorical_cuda(Tensor logits, Tensor uniform) {
+  // Kernels and GEMMs launch on the current device: make it the inputs' one.
+  torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
   check_sample_args(logits, uniform);
   const int64_t N = logits.size(0), A = logits.size(1);
   Tensor action = torch::stable::new_empty(logits, {N}, ScalarType::Long);

@@ -14,6 +14,7 @@ With staleness 0 every chunk is on-policy and V-trace reduces to lambda = 1 retu
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +40,9 @@ class Args(ppo.Args):
 
 
 @torch.no_grad()
-def vtrace_advantages(agent: ActorCritic, chunk: Chunk, args: Args):
-    """(advantages, value targets) by V-trace, from the current (target) policy and critic."""
+def vtrace_advantages(agent: ActorCritic, chunk: Chunk, args: Args) -> ppo.Targets:
+    """Advantages and value targets by V-trace, from the current (target) policy and critic;
+    the chunk is left as it was collected."""
     obs = chunk.obs[:-1]
     target_log_prob, _ = agent.log_prob_entropy(obs, chunk.actions)  # (T, N)
     value = agent.value(obs)  # (T, N): the current critic, not the stale behaviour one
@@ -59,16 +61,14 @@ def vtrace_advantages(agent: ActorCritic, chunk: Chunk, args: Args):
     )
     # The PPO ratio and the clipped value loss are relative to the policy and critic at the
     # start of this update.
-    chunk.log_probs.copy_(target_log_prob)
-    chunk.values.copy_(value)
-    return pg_advantage, value_target
+    return ppo.Targets(pg_advantage, value_target, target_log_prob, value)
 
 
 def train(args: Args, log=None) -> ppo.TrainResult:
-    return ppo.train(args, advantage_fn=vtrace_advantages, log=log)
+    return ppo.train(args, advantage_fn=vtrace_advantages, log=log, algorithm="appo")
 
 
 if __name__ == "__main__":
     from nostall.cli import main
 
-    raise SystemExit(main(["train", "appo"]))
+    raise SystemExit(main(["train", "appo", *sys.argv[1:]]))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -146,6 +147,16 @@ class Args:
                 f"--num-generations must be at least 2 (a group of one has no relative "
                 f"advantage), got {self.num_generations}"
             )
+        caps = (("num_prompts", 1 << 16), ("num_generations", 1 << 12),
+                ("max_new_tokens", 1 << 20), ("updates_per_batch", 1 << 10), ("staleness", 64),
+                ("torch_threads", 1024), ("seed", (1 << 62) - 1))  # fmt: skip
+        for name, cap in caps:
+            if getattr(self, name) > cap:
+                raise ValueError(
+                    f"--{_flag(name)} must be at most {cap}, got {getattr(self, name)}"
+                )
+        if self.batch_size > 1 << 20:
+            raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
         for name in ("staleness", "top_k", "stop_check_every", "beta", "seed"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
@@ -488,4 +499,4 @@ def save_model(setup: Setup, out_dir) -> None:
 if __name__ == "__main__":
     from nostall.cli import main
 
-    raise SystemExit(main(["train", "grpo"]))
+    raise SystemExit(main(["train", "grpo", *sys.argv[1:]]))

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,9 +42,16 @@ from nostall.runtime import Chunk, Runtime
 from nostall.runtime.device import DeviceChunks
 from nostall.runtime.process import ProcessRuntime
 from nostall.runtime.storage import slot_layout
+from nostall.train import checkpoint
 
 # The update's statistics, averaged over its minibatches.
 METRICS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+
+# Arguments a resume may change; every other one must match the checkpoint's. The backend and
+# device may change: the checkpoint format does not depend on them.
+RESUMABLE = {"total_timesteps", "checkpoint", "checkpoint_every", "resume", "log_interval",
+             "stop_when_solved", "solved_return", "watch_syncs", "backend", "device",
+             "torch_threads"}  # fmt: skip
 
 # Iterations whose trainer side runs under SyncWatch, after warm-up (the optimizer's state
 # exists from the first update on), to report syncs per iteration.
@@ -128,6 +137,7 @@ class Args:
         return max(1, self.total_timesteps // self.batch_size)
 
     def check(self) -> None:
+        """ValueError naming the flag for any argument out of its range (NaN included)."""
         positive = (
             "total_timesteps",
             "num_envs",
@@ -143,10 +153,38 @@ class Args:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.staleness < 0:
-            raise ValueError(f"staleness must be at least 0, got {self.staleness}")
+        for name in ("staleness", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        # Sizes past these are typos, not experiments: say so rather than fail to allocate.
+        for name, cap in (("num_envs", 1 << 20), ("num_steps", 1 << 20), ("hidden", 1 << 16),
+                          ("staleness", 64), ("torch_threads", 1024), ("update_epochs", 1 << 16),
+                          ("num_minibatches", 1 << 24)):  # fmt: skip
+            if getattr(self, name) > cap:
+                raise ValueError(f"{name} must be at most {cap}, got {getattr(self, name)}")
+        if self.batch_size > 1 << 26:
+            raise ValueError(
+                f"num_envs * num_steps must be at most {1 << 26}, got {self.batch_size}"
+            )
+        if self.seed >= 2**62:
+            raise ValueError(f"seed must be below 2**62, got {self.seed}")
+        for name in ("learning_rate", "max_grad_norm", "clip_coef", "reward_scale"):
+            value = getattr(self, name)
+            if not (0 < value < math.inf):
+                raise ValueError(f"{name} must be a positive finite number, got {value}")
+        for name in ("ent_coef", "vf_coef"):
+            value = getattr(self, name)
+            if not (0 <= value < math.inf):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.solved_return is not None and not math.isfinite(self.solved_return):
+            raise ValueError(f"solved_return must be finite, got {self.solved_return}")
         if self.batch_size % self.num_minibatches:
             raise ValueError("num_envs * num_steps must be divisible by num_minibatches")
+        if self.norm_adv and self.batch_size // self.num_minibatches < 2:
+            raise ValueError(
+                "a minibatch (num_envs * num_steps / num_minibatches) needs at least 2 samples "
+                f"to normalise advantages, got {self.batch_size // self.num_minibatches}"
+            )
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
         if self.backend not in ("thread", "process"):
@@ -159,8 +197,6 @@ class Args:
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} asked for, but no CUDA device is present")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
 
 
 @dataclass
@@ -175,11 +211,13 @@ class TrainResult:
     timeline: list[tuple[str, float, float]] = field(default_factory=list)
     final_return: float | None = None
     first_iteration_at: tuple[int, float] | None = None  # (env steps, seconds) after iteration 1
+    resumed_at_steps: int = 0  # env steps already done by the run this one resumed
 
     @property
     def steps_per_second(self) -> float:
-        """Over the whole run, start-up included."""
-        return self.steps / self.seconds if self.seconds else 0.0
+        """Over this process's run, start-up included (a resumed run's earlier steps are not
+        counted: they took no time here)."""
+        return (self.steps - self.resumed_at_steps) / self.seconds if self.seconds else 0.0
 
     @property
     def steady_steps_per_second(self) -> float:
@@ -200,11 +238,21 @@ def bootstrap_values(agent: ActorCritic, chunk: Chunk) -> tuple[torch.Tensor, to
     return done, agent.value(next_obs)
 
 
+@dataclass
+class Targets:
+    """What the PPO update trains a chunk towards, all (T, N)."""
+
+    advantage: torch.Tensor
+    value_target: torch.Tensor
+    old_log_prob: torch.Tensor  # the policy the ratio is taken against
+    old_value: torch.Tensor  # the critic the value clip is taken against
+
+
 @torch.no_grad()
-def gae_advantages(agent: ActorCritic, chunk: Chunk, args: Args):
-    """(advantages, value targets) by GAE, for chunks from the current policy."""
+def gae_advantages(agent: ActorCritic, chunk: Chunk, args: Args) -> Targets:
+    """Advantages and value targets by GAE, for chunks from the current policy."""
     done, next_value = bootstrap_values(agent, chunk)
-    return nostall.gae(
+    advantage, value_target = nostall.gae(
         chunk.rewards.float() * args.reward_scale,
         chunk.values,
         next_value,
@@ -213,17 +261,17 @@ def gae_advantages(agent: ActorCritic, chunk: Chunk, args: Args):
         args.gamma,
         args.gae_lambda,
     )
+    return Targets(advantage, value_target, chunk.log_probs, chunk.values)
 
 
-AdvantageFn = Callable[[ActorCritic, Chunk, Any], tuple[torch.Tensor, torch.Tensor]]
+AdvantageFn = Callable[[ActorCritic, Chunk, Any], Targets]
 
 
 def ppo_update(
     agent: ActorCritic,
     optimizer: ClippedAdam,
     chunk: Chunk,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
+    targets: Targets,
     args: Args,
     generator: torch.Generator,
 ) -> dict[str, torch.Tensor]:
@@ -232,8 +280,8 @@ def ppo_update(
     b_obs = chunk.obs[:-1].reshape(T * N, -1)
     b_actions = chunk.actions.reshape(T * N, *chunk.actions.shape[2:])
     # The per-sample float targets side by side, so a minibatch gathers them in one op.
-    targets = (chunk.log_probs, chunk.values, advantages, returns)
-    b_targets = torch.stack([t.reshape(-1) for t in targets])  # (4, T * N)
+    per_sample = (targets.old_log_prob, targets.old_value, targets.advantage, targets.value_target)
+    b_targets = torch.stack([t.reshape(-1) for t in per_sample])  # (4, T * N)
     minibatch = T * N // args.num_minibatches
     totals = torch.zeros(len(METRICS), device=b_obs.device)
     for _ in range(args.update_epochs):
@@ -280,24 +328,18 @@ def minibatch_loss(
     return out.loss, out.stats.detach()
 
 
-def _checkpoint_state(
-    agent, optimizer, lr, runtime, env, generator, iteration, result, publishes: bool
-) -> dict:
-    """Taken between this iteration's update and its publish: a resumed run's rollout side
-    starts with the weights that publish would have given it (`publishes`), else with the last
-    published ones."""
-    runtime_state = runtime.state_dict()
-    if publishes:
-        runtime_state["rollout_weights"] = {k: v.clone() for k, v in agent.state_dict().items()}
+def _checkpoint_state(agent, optimizer, lr, runtime, generator, iteration, result) -> dict:
+    """Taken inside the runtime's boundary, after this iteration's publish: the rollout side
+    is between chunks, so its state (and the chunks it filled ahead) is exact on every
+    backend."""
     return {
-        "agent": agent.state_dict(),
+        "agent": {k: v.detach().clone() for k, v in agent.state_dict().items()},
         "optimizer": optimizer.state_dict(),
         "lr": lr.clone(),
-        "env": env.state_dict(),
-        "runtime": runtime_state,
+        "runtime": runtime.state_dict(),
         "trainer_generator": generator.get_state(),
         "iteration": iteration,
-        "curve": list(result.curve),
+        "curve": [list(point) for point in result.curve],
     }
 
 
@@ -328,13 +370,14 @@ def train(
     args: Args,
     advantage_fn: AdvantageFn = gae_advantages,
     log: Callable[[int, dict[str, float]], None] | None = None,
+    algorithm: str = "ppo",
 ) -> TrainResult:
     """Trains, calling log(env_steps, metrics) every log_interval iterations."""
     args.check()
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
     env = nostall.envs.make(args.env_id, args.num_envs, seed=args.seed, autoreset_mode="SameStep")
-    solved_return = args.solved_return or env.info.reward_threshold
+    solved_return = env.info.reward_threshold if args.solved_return is None else args.solved_return
     device = torch.device(args.device)
     agent = ActorCritic.for_env(env, args.hidden).to(device)
     # A tensor on the trainer's device: annealing it needs no host value.
@@ -347,18 +390,19 @@ def train(
     result = TrainResult(args=asdict(args))
     first_iteration = 1
     if args.resume:
-        state = load_checkpoint(args.resume)
+        state = load_checkpoint(args.resume, algorithm, args)
         agent.load_state_dict(state["agent"])
         optimizer.load_state_dict(state["optimizer"])
         lr.copy_(state["lr"])
         for group in optimizer.param_groups:  # loading replaced it with a copy: annealing
             group["lr"] = lr  # must keep acting on the optimizer's learning rate
-        env.load_state_dict(state["env"])
         generator.set_state(state["trainer_generator"])
         runtime.load_state_dict(state["runtime"], agent)
-        result.curve = list(state["curve"])
+        result.curve = [tuple(point) for point in state["curve"]]
         first_iteration = state["iteration"] + 1
+        result.resumed_at_steps = state["iteration"] * args.batch_size
     syncs: list[int] = []
+    steps = (first_iteration - 1) * args.batch_size  # a finished run resumed: nothing to do
     start = time.perf_counter()
     with runtime:
         for iteration in range(first_iteration, args.num_iterations + 1):
@@ -370,8 +414,8 @@ def train(
                 slot, host_chunk = runtime.next_chunk()
                 began = time.perf_counter()
                 chunk = device_chunks.to_device(host_chunk)
-                advantages, returns = advantage_fn(agent, chunk, args)
-                metrics = ppo_update(agent, optimizer, chunk, advantages, returns, args, generator)
+                targets = advantage_fn(agent, chunk, args)
+                metrics = ppo_update(agent, optimizer, chunk, targets, args, generator)
                 lag = runtime.lag(chunk)
                 device_chunks.wait_copied()
                 runtime.release(slot)
@@ -380,24 +424,28 @@ def train(
                 syncs.append(report.unintended_count)
                 result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
             publishes = iteration % args.publish_every == 0
-            if args.checkpoint and (
+            logging = iteration % args.log_interval == 0 or iteration == args.num_iterations
+            if logging:  # before the publish lets the rollout side run on (with staleness 0,
+                # the statistics are then exactly those of the chunks trained on so far)
+                with allow("episode statistics every log_interval iterations"):
+                    finished, mean_return, mean_length = runtime.episodes.recent(20)
+            saving = args.checkpoint and (
                 iteration % args.checkpoint_every == 0 or iteration == args.num_iterations
-            ):
-                # The rollout side waits for the next version (staleness 0): a quiet moment.
-                save_checkpoint(
-                    args.checkpoint.format(iteration=iteration),
-                    _checkpoint_state(
-                        agent, optimizer, lr, runtime, env, generator, iteration, result, publishes
-                    ),
-                )
-            runtime.publish(agent, weights=publishes)
+            )
+            with runtime.boundary() if saving else contextlib.nullcontext():
+                runtime.publish(agent, weights=publishes)
+                if saving:
+                    checkpoint.save(
+                        args.checkpoint.format(iteration=iteration), algorithm, asdict(args),
+                        _checkpoint_state(agent, optimizer, lr, runtime, generator, iteration,
+                                          result),
+                    )  # fmt: skip
             runtime.timeline.record("train", began, time.perf_counter())
             steps = iteration * args.batch_size
             if result.first_iteration_at is None:
                 result.first_iteration_at = (steps, time.perf_counter() - start)
-            if iteration % args.log_interval == 0 or iteration == args.num_iterations:
+            if logging:
                 with allow("metrics every log_interval iterations"):
-                    finished, mean_return, mean_length = runtime.episodes.recent(20)
                     values = {k: float(v) for k, v in metrics.items()}  # sync: logging
                     values.update(lr=float(lr), version_lag=float(lag), episodes=finished)
                 seconds = time.perf_counter() - start
@@ -410,7 +458,7 @@ def train(
                         and mean_return >= solved_return
                     ):
                         result.solved_at = (steps, seconds)
-                values["steps_per_second"] = steps / seconds
+                values["steps_per_second"] = (steps - result.resumed_at_steps) / seconds
                 if log is not None:
                     log(steps, values)
                 if args.stop_when_solved and result.solved_at is not None:
@@ -424,22 +472,25 @@ def train(
     return result
 
 
-def save_checkpoint(path: str | Path, state: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)  # never a half-written checkpoint
-
-
-def load_checkpoint(path: str | Path) -> dict:
-    try:
-        return torch.load(path, weights_only=False, map_location="cpu")
-    except Exception as e:  # torch.load fails in many ways on a bad file; all mean "unreadable"
-        raise ValueError(f"cannot read checkpoint {path}: {e}") from None
+def load_checkpoint(path: str | Path, algorithm: str = "ppo", args: Args | None = None) -> dict:
+    """The state of a checkpoint of `algorithm`; with `args`, refuses (CheckpointError, a
+    ValueError) a resume whose arguments conflict with the saved ones, naming the fields."""
+    saved_args, state = checkpoint.load(path, algorithm)
+    if args is not None:
+        checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
+    for key in ("agent", "optimizer", "lr", "runtime", "trainer_generator", "iteration", "curve"):
+        if key not in state:
+            raise checkpoint.CheckpointError(f"checkpoint {path} has no {key!r}")
+    iteration = state["iteration"]
+    if not isinstance(iteration, int) or iteration < 1:
+        raise checkpoint.CheckpointError(f"checkpoint {path}: bad iteration {iteration!r}")
+    for name, value in state["agent"].items():
+        if not torch.isfinite(value).all():  # sync: loading a checkpoint, once
+            raise checkpoint.CheckpointError(f"checkpoint {path}: {name} holds NaN or inf")
+    return state
 
 
 if __name__ == "__main__":
     from nostall.cli import main
 
-    raise SystemExit(main(["train", "ppo"]))
+    raise SystemExit(main(["train", "ppo", *sys.argv[1:]]))

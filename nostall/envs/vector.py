@@ -84,6 +84,8 @@ class VectorEnv(gym.vector.VectorEnv):
         render_mode: str | None = None,
     ):
         self.info = env_info(env_id)
+        if max_episode_steps is not None and max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be at least 1, got {max_episode_steps}")
         mode = _autoreset_mode(autoreset_mode)
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
@@ -140,7 +142,7 @@ class VectorEnv(gym.vector.VectorEnv):
         self._require_open()
         if options:
             raise ValueError("nostall environments take no reset options")
-        obs = ops.env_reset(self.handle, -1 if seed is None else seed)
+        obs = ops.env_reset(self.handle, _seed(seed))
         return _host(obs), {}
 
     def _action_tensor(self, actions) -> torch.Tensor:
@@ -187,7 +189,10 @@ class VectorEnv(gym.vector.VectorEnv):
     def send(self, actions, env_ids=None) -> None:
         """Queues one step for each env in `env_ids` (all envs when None); returns at once."""
         self._require_open()
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, np.int64)
+        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"{self.info.id}: env_ids must be integers, got {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False)
         ops.env_send(self.handle, self._action_tensor(actions), torch.as_tensor(ids))
 
     def recv(self):
@@ -265,7 +270,7 @@ class TorchVectorEnv:
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Resets every environment; returns obs float32 [num_envs, obs_dim] on the CPU."""
         self.env._require_open()
-        return ops.env_reset(self.handle, -1 if seed is None else seed)
+        return ops.env_reset(self.handle, _seed(seed))
 
     def step(self, actions: torch.Tensor, out: EnvStep | None = None) -> EnvStep:
         """Steps every environment. Actions: int64 [num_envs] (discrete) or float32
@@ -298,6 +303,15 @@ class TorchVectorEnv:
 
     def recv(self) -> EnvBatch:
         return EnvBatch(*ops.env_recv(self.handle))
+
+
+def _seed(seed: int | None) -> int:
+    """A reset seed for the native op (-1: keep each environment's generator)."""
+    if seed is None:
+        return -1
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    return int(seed)
 
 
 def make(env_id: str, num_envs: int = 1, **kwargs: Any) -> VectorEnv:

@@ -24,38 +24,50 @@ def pinned(device: torch.device) -> bool:
 
 
 class DeviceChunks:
-    """Copies host chunks into one device chunk, on a stream of its own."""
+    """Copies host chunks into two alternating device chunks, on a stream of its own: chunk k's
+    copy waits only for the update of chunk k - 2 (the last reader of its device buffer), so
+    the copy and the previous update overlap and `wait_copied` never waits for an update."""
 
     def __init__(self, like: Chunk, device: torch.device):
         self.device = device
         self.on_device = device.type != "cpu"
         if self.on_device:
-            self._chunk = Chunk(
-                **{k: torch.empty_like(v, device=device) for k, v in like.tensors().items()}
-            )
+            self._chunks = [
+                Chunk(**{k: torch.empty_like(v, device=device) for k, v in like.tensors().items()})
+                for _ in range(2)
+            ]
             self._copy_stream = torch.cuda.Stream(device)
-            self._copied = torch.cuda.Event()
+            self._copied = [torch.cuda.Event() for _ in range(2)]
+            self._consumed = [torch.cuda.Event() for _ in range(2)]
+            self._next = 0
 
     def to_device(self, chunk: Chunk) -> Chunk:
-        """The chunk on the device, ready in the current stream's order (on the CPU: itself)."""
+        """The chunk on the device, ready in the current stream's order (on the CPU: itself).
+        Call `wait_copied` after queueing the update that reads it."""
         if not self.on_device:
             return chunk
+        i = self._next
         compute = torch.cuda.current_stream(self.device)
-        # The previous update must be done with the device chunk before it is overwritten.
-        self._copy_stream.wait_stream(compute)
+        target = self._chunks[i]
+        # The update that last read this buffer (two chunks ago) must be done with it.
+        self._copy_stream.wait_event(self._consumed[i])
         with torch.cuda.stream(self._copy_stream):
             for name, source in chunk.tensors().items():
-                getattr(self._chunk, name).copy_(source, non_blocking=True)
-            self._copied.record()
-        compute.wait_event(self._copied)
-        self._chunk.version = chunk.version
-        return self._chunk
+                getattr(target, name).copy_(source, non_blocking=True)
+            self._copied[i].record(self._copy_stream)
+        compute.wait_event(self._copied[i])
+        target.version = chunk.version
+        return target
 
     def wait_copied(self) -> None:
-        """Before the host chunk is reused: its copies must be done. Called after the update
-        was queued, when they finished long ago."""
+        """After the update on the chunk was queued: marks its device buffer's last reader, and
+        waits (on the host) until the host chunk's copies are done, before the host chunk is
+        reused; they finished long ago."""
         if self.on_device:
-            self._copied.synchronize()  # sync: the copies only, finished before the update ran
+            i = self._next
+            self._consumed[i].record(torch.cuda.current_stream(self.device))
+            self._next = 1 - i
+            self._copied[i].synchronize()  # sync: the copies only, not the update
 
 
 class HostWeights:
@@ -66,6 +78,7 @@ class HostWeights:
     def __init__(self, state: dict[str, torch.Tensor]):
         devices = {v.device for v in state.values()}
         self.from_device = any(d.type == "cuda" for d in devices)
+        self._device = next((d for d in devices if d.type == "cuda"), None)
         self.tensors = {
             k: torch.empty(v.shape, dtype=v.dtype, pin_memory=self.from_device)
             for k, v in state.items()
@@ -79,7 +92,9 @@ class HostWeights:
             for name, value in state.items():
                 self.tensors[name].copy_(value, non_blocking=self.from_device)
         if self._event is not None:
-            self._event.record()
+            # On the stream that queued the copies: the current stream of the weights' device
+            # (not of whatever device is current).
+            self._event.record(torch.cuda.current_stream(self._device))
 
     def ready(self) -> dict[str, torch.Tensor]:
         if self._event is not None:

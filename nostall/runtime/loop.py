@@ -134,20 +134,23 @@ class RolloutLoop:
             "rollout_weights": {
                 k: v.detach().clone() for k, v in self.rollout_model.state_dict().items()
             },
+            "published_weights": self.weights.newest(),
+            "weights_version": self.weights.version,
             "queued": [clone_slot(self.slots[i]) for i in self._filled.peek()],
         }
 
     def load_state_dict(
         self, state: dict, trainer_model: torch.nn.Module, restore_slot: Callable[[Any, dict], None]
     ) -> None:
-        """Before `start`: restores a state_dict; the trainer's weights are published as the
-        saved version (the state is taken after a publish)."""
+        """Before `start`: restores a state_dict: the weights last published (which may be older
+        than the trainer's, when it publishes every K updates) and the trainer's progress."""
         if self._thread is not None:
             raise RuntimeError("load_state_dict must come before the loop starts")
         self.version = int(state["version"])
         self.rollout_version = int(state["rollout_version"])
         self.chunks_collected = int(state["chunks_collected"])
-        self.weights.publish(trainer_model, self.version)
+        self.weights.publish_state(state["published_weights"], int(state["weights_version"]))
+        self.weights.advance(self.version)
         with torch.no_grad():
             for name, value in self.rollout_model.state_dict().items():
                 value.copy_(state["rollout_weights"][name])

@@ -1,18 +1,28 @@
 """The rollout side in its own process: the same trainer-facing interface as Runtime, but no
 GIL shared between the two sides, so collecting and learning really overlap on two cores.
 
-Chunks, weights and episode counters live in shared memory; slot indices, failures and timing
-travel through multiprocessing queues. The rollout process builds its own environments and
-policy copy from picklable recipes. A failure there reaches the trainer within a poll interval
-with the child's traceback; leaving the context stops and joins the process. Checkpoints ask
-the rollout process for its state (environments, generator, next observation) while it waits
-for the next policy version, and a resumed run hands that state to the new process.
+Chunks, weights and episode counters live in shared memory; slot indices, failures, heartbeats
+and timing travel through multiprocessing queues and values. The rollout process builds its
+own environments and policy copy from picklable recipes.
+
+Failure, both ways, within about a second:
+- the child's exception reaches the trainer with the child's traceback (a death without one is
+  reported with the exit code, after the error queue is drained);
+- a child that stops making progress (stopped, deadlocked) is reported after
+  `liveness_timeout_s` without a heartbeat;
+- the child exits within a poll interval of its parent's death (it checks its parent), and the
+  trainer's SIGTERM/SIGINT unwinds `with runtime:`, which stops and joins it.
+
+Checkpoints (`with runtime.boundary(): publish; state_dict()`) take the child's state while it
+waits for the next policy version, plus the filled chunks not yet trained on: the same keys as
+the thread backend's, so a checkpoint resumes on either.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import queue
 import time
 import traceback
@@ -24,9 +34,15 @@ import torch.multiprocessing as mp
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.rollout import ActFn, Timeline, collect
+from nostall.runtime.runner import chunk_state, load_chunk_state
 from nostall.runtime.storage import Chunk, rollout_slots
 
 _POLL_S = 0.05
+_LOCK_TIMEOUT_S = 5.0
+
+
+class _ParentGone(Exception):
+    pass
 
 
 def _rollout_main(
@@ -37,6 +53,7 @@ def _rollout_main(
     weights: dict[str, torch.Tensor],
     version,
     weights_version,
+    heartbeat,
     lock,
     free,
     filled,
@@ -48,23 +65,33 @@ def _rollout_main(
     requests,
     responses,
     rollout: Callable | None,
+    parent_pid: int,
     initial_state: dict | None,
 ) -> None:
+    def alive() -> None:
+        heartbeat.value = time.monotonic()
+        if os.getppid() != parent_pid:  # the trainer died: nobody will ever read our chunks
+            raise _ParentGone
+
     try:
         torch.set_num_threads(1)
         env = make_env()
         agent = make_agent(env)
         generator = torch.Generator().manual_seed(seed)
         next_obs = env.torch.reset(seed=seed)
+        have, collected = -1, 0
         if initial_state is not None:  # a resumed run
             env.load_state_dict(initial_state["env"])
             generator.set_state(initial_state["generator"])
             next_obs = initial_state["next_obs"].clone()
-        have, collected = -1, 0
+            agent.load_state_dict(initial_state["rollout_weights"])
+            have = int(initial_state["rollout_version"])
+            collected = int(initial_state["chunks_collected"])
         while not stop.is_set():
             while version.value < collected - staleness and not stop.is_set():
                 # Waiting for the next version is the one point where this side's state is
                 # between chunks: checkpoints are taken here.
+                alive()
                 with contextlib.suppress(queue.Empty):
                     requests.get_nowait()
                     responses.put(
@@ -72,15 +99,25 @@ def _rollout_main(
                             "env": env.state_dict(),
                             "generator": generator.get_state(),
                             "next_obs": next_obs.clone(),
+                            "rollout_weights": {
+                                k: v.detach().clone() for k, v in agent.state_dict().items()
+                            },
+                            "rollout_version": max(have, 0),
+                            "chunks_collected": collected,
                         }
                     )
                 time.sleep(0.0005)
             if stop.is_set():
                 break
-            with lock:
+            alive()
+            if not lock.acquire(timeout=_LOCK_TIMEOUT_S):
+                raise RuntimeError("the weight lock was held for too long (did the trainer die?)")
+            try:
                 if weights_version.value > have:
                     agent.load_state_dict(weights)
                     have = weights_version.value
+            finally:
+                lock.release()
             try:
                 slot = free.get(timeout=_POLL_S)
             except queue.Empty:
@@ -95,6 +132,8 @@ def _rollout_main(
             collected += 1
             filled.put((slot, have, start, time.perf_counter()))
         env.close()
+    except _ParentGone:
+        return
     except BaseException as e:
         errors.put(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
         stop.set()
@@ -115,7 +154,8 @@ class ProcessRuntime:
         num_steps: int,
         staleness: int = 0,
         seed: int = 0,
-        join_timeout_s: float = 10.0,
+        join_timeout_s: float = 5.0,
+        liveness_timeout_s: float = 60.0,
         rollout: Callable | None = None,
     ):
         # Shared memory cannot also be pinned: a trainer on a GPU copies these chunks with a
@@ -135,46 +175,78 @@ class ProcessRuntime:
         }
         self._version = ctx.Value("q", 0)  # updates done
         self._weights_version = ctx.Value("q", 0)  # the version of the weights in self._weights
+        self._heartbeat = ctx.Value("d", time.monotonic())
         self._lock = ctx.Lock()
         self._free, self._filled, self._errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
         self._requests, self._responses = ctx.Queue(), ctx.Queue()
-        for i in range(len(self.slots)):
-            self._free.put(i)
+        self._free_slots = list(range(len(self.slots)))
         self._stop = ctx.Event()
         self.episodes = EpisodeTracker(num_envs).share_memory()
         self.timeline = Timeline()
         self._ctx = ctx
         self._process_args = (
             make_env, make_agent, act, self.slots, self._weights, self._version,
-            self._weights_version, self._lock,
+            self._weights_version, self._heartbeat, self._lock,
             self._free, self._filled, self._errors, self._stop, self.episodes, staleness, seed,
-            self._requests, self._responses, rollout,
+            self._requests, self._responses, rollout, os.getpid(),
         )  # fmt: skip
         self._initial_state: dict | None = None
+        self._queued: list[tuple[int, int]] = []  # restored (slot, version), handed out first
+        self._taken = 0  # chunks the child collected that the trainer has taken
+        self._ahead: list[tuple] = []  # taken off the queue for a checkpoint, handed out next
+        self._snapshot: dict | None = None
         self._process = None
         self._join_timeout_s = join_timeout_s
+        self._liveness_timeout_s = liveness_timeout_s
+
+    # -- failure -------------------------------------------------------------------------------
+    def _child_error(self, wait_s: float = 0.0) -> str | None:
+        try:
+            return self._errors.get(timeout=wait_s) if wait_s else self._errors.get_nowait()
+        except queue.Empty:
+            return None
 
     def _raise_if_failed(self) -> None:
         if self._process is None:
             raise RuntimeStopped("the rollout process was not started (use `with runtime:`)")
-        try:
-            message = self._errors.get_nowait()
-        except queue.Empty:
-            if not self._process.is_alive():
-                raise RuntimeStopped("the rollout process exited unexpectedly") from None
-            return
-        raise RuntimeStopped(f"the rollout process failed: {message}")
+        message = self._child_error()
+        if message is None and not self._process.is_alive():
+            # A dying child's last message may still be in flight: give it a moment.
+            message = self._child_error(wait_s=0.5)
+            if message is None:
+                raise RuntimeStopped(
+                    f"the rollout process exited unexpectedly (exit code "
+                    f"{self._process.exitcode}) without an error message"
+                )
+        if message is not None:
+            raise RuntimeStopped(f"the rollout process failed: {message}")
+        silent = time.monotonic() - self._heartbeat.value
+        if silent > self._liveness_timeout_s:
+            raise RuntimeStopped(
+                f"the rollout process (pid {self._process.pid}) made no progress for "
+                f"{silent:.1f} s (stopped or hung); liveness timeout {self._liveness_timeout_s} s"
+            )
 
+    # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Chunk]:
+        if self._queued:  # chunks restored from a checkpoint come first, in order
+            slot, version = self._queued.pop(0)
+        elif self._ahead:
+            slot, version, start, end = self._ahead.pop(0)
+            self.timeline.record("rollout", start, end)
+        else:
+            slot, version, start, end = self._get_filled()
+            self.timeline.record("rollout", start, end)
+        self._taken += 1
+        self.slots[slot].version = version
+        return slot, self.slots[slot]
+
+    def _get_filled(self) -> tuple:
         while True:
             try:
-                slot, version, start, end = self._filled.get(timeout=_POLL_S)
+                return self._filled.get(timeout=_POLL_S)
             except queue.Empty:
                 self._raise_if_failed()
-                continue
-            self.timeline.record("rollout", start, end)
-            self.slots[slot].version = version
-            return slot, self.slots[slot]
 
     def release(self, slot: int) -> None:
         self._free.put(slot)
@@ -182,47 +254,104 @@ class ProcessRuntime:
     def publish(self, agent: torch.nn.Module, weights: bool = True) -> int:
         """As Runtime.publish: one more update, and its weights with `weights`."""
         self.version += 1
-        with self._lock, torch.no_grad():
-            if weights:
-                # From a GPU this copy waits for the update: another process cannot wait on
-                # this process's CUDA stream, so the weights must be complete in shared memory.
-                for name, value in agent.state_dict().items():
-                    self._weights[name].copy_(value)  # sync: cross-process weights (on a GPU)
-                self._weights_version.value = self.version
-            self._version.value = self.version
+        if not self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            self._raise_if_failed()
+            raise RuntimeStopped("the weight lock was held for too long by the rollout process")
+        try:
+            with torch.no_grad():
+                if weights:
+                    # From a GPU this copy waits for the update: another process cannot wait
+                    # on this process's CUDA stream, so the weights must be complete in shared
+                    # memory.
+                    for name, value in agent.state_dict().items():
+                        self._weights[name].copy_(value)  # sync: cross-process weights (GPU)
+                    self._weights_version.value = self.version
+                self._version.value = self.version
+        finally:
+            self._lock.release()
         return self.version
 
     def lag(self, chunk: Chunk) -> int:
         return self.version - chunk.version
 
+    @property
+    def chunks_collected(self) -> int:
+        raise AttributeError("the process backend counts chunks in the rollout process")
+
     # -- checkpoints ---------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The rollout side's resumable state, fetched from its process at the next point where
-        it waits for a policy version. Exact with staleness 0, between a release and the next
-        publish (as for the thread backend)."""
+    @contextlib.contextmanager
+    def boundary(self):
+        """Takes the rollout process's state at its next wait for a policy version (before the
+        block's publish lets it go on), and the filled chunks not yet trained on."""
         self._requests.put("state")
         while True:
             try:
                 state = self._responses.get(timeout=_POLL_S)
+                break
             except queue.Empty:
                 self._raise_if_failed()
-                continue
-            with self._lock:
-                weights = {k: v.clone() for k, v in self._weights.items()}
-            return {**state, "episodes": self.episodes.state_dict(), "rollout_weights": weights}
+        # The child is parked; every chunk it collected and the trainer has not taken is on its
+        # way through the queue (a put may still be in flight: wait for each, by count).
+        # They stay on this side (in order) rather than go back into the queue, where the
+        # child's next put could overtake them.
+        pending = state["chunks_collected"] - self._taken - len(self._queued) - len(self._ahead)
+        self._ahead += [self._get_filled() for _ in range(pending)]
+        in_order = self._queued + [(slot, version) for slot, version, _, _ in self._ahead]
+        state["queued"] = [
+            {**chunk_state(self.slots[slot]), "version": version} for slot, version in in_order
+        ]
+        self._snapshot = state
+        try:
+            yield
+        finally:
+            self._snapshot = None
+
+    def state_dict(self) -> dict:
+        """Inside `boundary()`: the same keys as Runtime.state_dict."""
+        if self._snapshot is None:
+            raise RuntimeError("ProcessRuntime.state_dict is taken inside `with boundary():`")
+        if not self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            raise RuntimeStopped("the weight lock was held for too long by the rollout process")
+        try:
+            published = {k: v.clone() for k, v in self._weights.items()}
+            weights_version = self._weights_version.value
+        finally:
+            self._lock.release()
+        return {**self._snapshot, "episodes": self.episodes.state_dict(), "version": self.version,
+                "published_weights": published, "weights_version": weights_version}  # fmt: skip
 
     def load_state_dict(self, state: dict, agent: torch.nn.Module) -> None:
-        """Restores a state_dict before the rollout process starts; its policy copy starts from
-        the weights last published (or `agent`'s, from a state without them)."""
+        """Restores a state_dict before the rollout process starts; `agent` is published as the
+        saved version."""
         if self._process is not None:
             raise RuntimeError("load_state_dict must come before the rollout process starts")
+        self.version = int(state["version"])
         with torch.no_grad():
-            for name, value in state.get("rollout_weights", agent.state_dict()).items():
+            for name, value in state["published_weights"].items():
                 self._weights[name].copy_(value)
+        self._weights_version.value = int(state["weights_version"])
+        self._version.value = self.version
         self.episodes.load_state_dict(state["episodes"])
-        self._initial_state = {k: state[k] for k in ("env", "generator", "next_obs")}
+        queued = state["queued"]
+        if len(queued) > len(self.slots) - 1:
+            raise ValueError(f"{len(queued)} queued chunks do not fit {len(self.slots)} slots")
+        for slot, saved in enumerate(queued):
+            load_chunk_state(self.slots[slot], saved)
+            self._queued.append((slot, int(saved["version"])))
+        self._free_slots = list(range(len(queued), len(self.slots)))
+        # The child's count includes the restored chunks; none of them has been taken yet.
+        self._taken = int(state["chunks_collected"]) - len(queued)
+        self._initial_state = {
+            k: state[k]
+            for k in ("env", "generator", "next_obs", "rollout_weights", "rollout_version",
+                      "chunks_collected")
+        }  # fmt: skip
 
+    # -- lifetime ------------------------------------------------------------------------------
     def __enter__(self) -> ProcessRuntime:
+        for i in self._free_slots:
+            self._free.put(i)
+        self._heartbeat.value = time.monotonic()
         self._process = self._ctx.Process(
             target=_rollout_main,
             args=(*self._process_args, self._initial_state),
@@ -237,6 +366,12 @@ class ProcessRuntime:
         if self._process is None:
             return
         self._process.join(timeout=self._join_timeout_s)
-        if self._process.is_alive():
+        if self._process.is_alive():  # hung, or stopped (SIGSTOP): SIGTERM, then SIGKILL
             self._process.terminate()
-            self._process.join()
+            self._process.join(timeout=1.0)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+        late = self._child_error()
+        if exc is None and late is not None:
+            raise RuntimeStopped(f"the rollout process failed: {late}")

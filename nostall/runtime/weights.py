@@ -22,6 +22,7 @@ class WeightBuffer:
         self._versions = [0, -1]
         self._newest = 0
         self._progress = 0  # updates the trainer has done
+        self._reading = [0, 0]  # rollout-side copies in progress from each half
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
 
@@ -30,9 +31,20 @@ class WeightBuffer:
         with self._lock:
             return self._versions[self._newest]
 
+    def publish_state(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Publishes saved weights (a checkpoint's) as `version`."""
+        holder = torch.nn.Module()
+        holder.state_dict = lambda: state  # publish reads only state_dict()
+        self.publish(holder, version)
+
     def publish(self, module: torch.nn.Module, version: int) -> None:
-        """Copies `module`'s weights in as `version` (the trainer side)."""
-        spare = 1 - self._newest
+        """Copies `module`'s weights in as `version` (the trainer side). Waits only in the rare
+        case that the rollout side is still reading the spare half (two publishes during one
+        of its pulls)."""
+        with self._lock:
+            spare = 1 - self._newest
+            while self._reading[spare]:
+                self._published.wait(timeout=0.05)
         self._buffers[spare].fill(module.state_dict())
         with self._lock:
             self._versions[spare] = version
@@ -59,10 +71,17 @@ class WeightBuffer:
             version = self._versions[newest]
             if version <= have:
                 return have
+            self._reading[newest] += 1
+        try:
+            # Outside the lock: waiting for a GPU trainer's copies must not hold up its publish.
             weights = self._buffers[newest].ready()
             with torch.no_grad():
                 for name, value in module.state_dict().items():
                     value.copy_(weights[name])
+        finally:
+            with self._lock:
+                self._reading[newest] -= 1
+                self._published.notify_all()
         return version
 
     def wait_for(self, version: int, stop: threading.Event, poll_s: float = 0.05) -> None:

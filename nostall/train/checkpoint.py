@@ -38,15 +38,21 @@ def save(path: str | Path, algorithm: str, args: dict, state: dict) -> None:
         "sha256": hashlib.sha256(payload).hexdigest(),
         "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
     }
+    outer = io.BytesIO()
+    torch.save(record, outer)  # in memory: a write error below is a plain OSError
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(record, f)
+            f.write(outer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write checkpoint {path} ({e.strerror}); the previous "
+                      "checkpoint there, if any, is intact") from e  # fmt: skip
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -62,7 +62,7 @@ def test_a_checkpoint_loads_only_before_the_process_starts(tmp_path):
     path = tmp_path / "c-{iteration}.pt"
     ppo.train(ppo.Args(backend="process", total_timesteps=2048, checkpoint=str(path)))
     state = ppo.load_checkpoint(tmp_path / "c-2.pt")
-    assert {"env", "generator", "next_obs", "episodes"} <= set(state["runtime"])
+    assert {"env", "generator", "next_obs", "episodes", "queued"} <= set(state["runtime"])
     env = nostall.envs.make("CartPole-v1", 8, seed=0, autoreset_mode="SameStep")
     agent = ActorCritic.for_env(env, 64)
     runtime = ppo._make_runtime(ppo.Args(backend="process"), env, agent)

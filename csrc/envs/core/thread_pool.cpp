@@ -1,22 +1,35 @@
 #include "envs/core/thread_pool.h"
 
+#include <torch/headeronly/util/Exception.h>
+
 #include <exception>
 
 namespace nostall::envs {
 
 ThreadPool::ThreadPool(int64_t num_workers) {
-  workers_.reserve(static_cast<size_t>(num_workers));
-  for (int64_t i = 0; i < num_workers; ++i) workers_.emplace_back([this] { work(); });
+  try {
+    workers_.reserve(static_cast<size_t>(num_workers));
+    for (int64_t i = 0; i < num_workers; ++i) workers_.emplace_back([this] { work(); });
+  } catch (const std::exception& e) {
+    // The destructor will not run: join the threads already started, or their std::thread
+    // objects would terminate the process. Then report the cause.
+    join_all();
+    STD_TORCH_CHECK(false, "could not start ", num_workers, " environment threads (",
+                    workers_.size(), " started): ", e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::join_all() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   has_task_.notify_all();
   for (std::thread& t : workers_) t.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { join_all(); }
 
 void ThreadPool::submit(std::function<void()> task) {
   {

@@ -29,6 +29,7 @@ class ThreadPool {
 
  private:
   void work();
+  void join_all();
 
   std::mutex mutex_;
   std::condition_variable has_task_;

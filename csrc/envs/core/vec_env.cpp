@@ -125,6 +125,9 @@ void VecEnv::step(const void* actions, const StepOutput& out) {
 
 void VecEnv::send(const void* actions, const int64_t* env_ids, int64_t num) {
   raise_deferred_error();
+  // Held for the whole call, as step() holds it: a send from one thread cannot slip in while
+  // another thread's step() is stepping the same environments.
+  std::lock_guard<std::mutex> call(call_mutex_);
   check_actions(actions, num);
   {
     std::lock_guard<std::mutex> lock(async_mutex_);
@@ -235,6 +238,23 @@ void VecEnv::load_checkpoint(const int64_t* in) {
   std::lock_guard<std::mutex> call(call_mutex_);
   require_idle("load_checkpoint()");
   std::vector<double> state(static_cast<size_t>(spec_.state_dim));
+  // Validate every row before changing anything: a damaged state is refused whole, and an
+  // out-of-range step count could overflow the next step's increment.
+  for (int64_t i = 0; i < num_envs(); ++i) {
+    const int64_t* row = in + i * (6 + spec_.state_dim);
+    STD_TORCH_CHECK(row[0] != 0 || row[1] != 0 || row[2] != 0 || row[3] != 0, spec_.id,
+                    ": loaded state of env ", i, " has an all-zero generator state");
+    STD_TORCH_CHECK(row[4] >= 0 && row[4] <= config_.max_episode_steps, spec_.id,
+                    ": loaded state of env ", i, " has step count ", row[4], " outside [0, ",
+                    config_.max_episode_steps, "]");
+    STD_TORCH_CHECK(row[5] == 0 || row[5] == 1, spec_.id, ": loaded state of env ", i,
+                    " has reset flag ", row[5], " (must be 0 or 1)");
+    std::memcpy(state.data(), row + 6, state.size() * sizeof(double));
+    for (int64_t d = 0; d < spec_.state_dim; ++d) {
+      STD_TORCH_CHECK(std::isfinite(state[d]), spec_.id, ": loaded state of env ", i,
+                      " is not finite (", state[d], " at ", d, ")");
+    }
+  }
   for (int64_t i = 0; i < num_envs(); ++i) {
     const int64_t* row = in + i * (6 + spec_.state_dim);
     rngs_[i].load(reinterpret_cast<const uint64_t*>(row));
