@@ -235,7 +235,8 @@ def _train(args: argparse.Namespace) -> int:
     train_args = module.Args(**{k: v for k, v in vars(args).items() if k in names})
     if train_args.env_id not in ENVS:
         print(
-            f"nostall train: unknown environment {train_args.env_id!r}; known: {', '.join(ENVS)}",
+            f"nostall train: --env-id: unknown environment {train_args.env_id!r}; known: "
+            f"{', '.join(ENVS)}",
             file=sys.stderr,
         )
         return EXIT_USAGE

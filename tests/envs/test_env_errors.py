@@ -118,17 +118,66 @@ def test_send_rejects_bad_env_ids(cartpole):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(num_threads=0), "num_threads must be at least 1, got 0"),
+        (dict(num_threads=0), "num_threads must lie in \\[1, 256\\], got 0"),
+        (dict(num_threads=100000), "num_threads must lie in \\[1, 256\\], got 100000"),
         (dict(num_envs=0), "num_envs must be at least 1"),
         (dict(batch_size=9), "batch_size must lie in \\[1, 4\\], got 9"),
         (dict(seed=-1), "seed must be non-negative"),
-        (dict(max_episode_steps=0), "max_episode_steps must be at least 1"),
     ],
 )
 def test_bad_construction_arguments(kwargs, message):
     args = dict(num_envs=4) | kwargs
     with pytest.raises(RuntimeError, match=message):
         nostall.envs.make("CartPole-v1", **args)
+
+
+@pytest.mark.parametrize("steps", [0, -3, -1])
+def test_a_bad_time_limit_is_refused_not_replaced(steps):
+    with pytest.raises(ValueError, match=f"max_episode_steps must be at least 1, got {steps}"):
+        nostall.envs.make("CartPole-v1", 2, max_episode_steps=steps)
+    with pytest.raises(RuntimeError, match="max_episode_steps must be at least 1"):
+        ops.env_create("CartPole-v1", 2, 1, 0, 0, -1, -3)
+
+
+def test_negative_and_non_integer_reset_seeds_and_env_ids(cartpole):
+    for seed in (-7, 1.5, True):
+        with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+            cartpole.reset(seed=seed)
+    with pytest.raises(RuntimeError, match="seed must be non-negative"):
+        ops.env_reset(cartpole.handle, -7)
+    with pytest.raises(TypeError, match="env_ids must be integers"):
+        cartpole.send(np.zeros(2, dtype=np.int64), [0.0, 1.7])
+    _healthy(cartpole)
+
+
+def test_aliased_step_outputs_are_refused(cartpole):
+    from nostall.envs import EnvStep
+
+    n = cartpole.num_envs
+    flags = torch.zeros(n, dtype=torch.bool)
+    rows = EnvStep(torch.zeros(n, 4), torch.zeros(n, dtype=torch.float64), flags, flags,
+                   torch.zeros(0, 4))  # fmt: skip
+    cartpole.torch.reset()
+    with pytest.raises(RuntimeError, match="terminated and truncated must not share memory"):
+        cartpole.torch.step(torch.zeros(n, dtype=torch.long), out=rows)
+
+
+def test_a_damaged_loaded_state_is_refused_whole(cartpole):
+    cartpole.reset(seed=0)
+    good = cartpole.state_dict()
+    for edit, message in [
+        (lambda w: w.view(cartpole.num_envs, -1)[:, 4].fill_(2**63 - 1), "step count"),
+        (lambda w: w.view(cartpole.num_envs, -1)[:, 5].fill_(7), "reset flag 7"),
+        (lambda w: w.view(cartpole.num_envs, -1)[:, :4].zero_(), "all-zero generator state"),
+        (lambda w: w.view(cartpole.num_envs, -1)[1, 6:].view(torch.float64).fill_(float("nan")),
+         "is not finite"),
+    ]:  # fmt: skip
+        bad = {**good, "words": good["words"].clone()}
+        edit(bad["words"])
+        with pytest.raises(RuntimeError, match=message):
+            cartpole.load_state_dict(bad)
+    cartpole.load_state_dict(good)  # unchanged by the refused loads
+    _healthy(cartpole)
 
 
 def test_unknown_environment_id():

@@ -121,3 +121,12 @@ def test_cuda_matches_cpu_without_sync():
     ref_action, ref_log_prob = sample_categorical(logits, uniform=uniform)
     assert torch.equal(action.cpu(), ref_action)
     torch.testing.assert_close(log_prob.cpu(), ref_log_prob, rtol=1e-5, atol=1e-5)
+
+
+def test_nan_or_all_masked_logits_are_visible_in_the_log_prob():
+    """No valid action exists: the action is 0 by convention, and the log-probability is NaN,
+    never a finite number a trainer would silently learn from."""
+    logits = torch.tensor([[float("nan")] * 3, [float("-inf")] * 3, [1.0, 2.0, 3.0]])
+    action, log_prob = sample_categorical(logits, torch.Generator().manual_seed(0))
+    assert torch.isnan(log_prob[:2]).all() and torch.isfinite(log_prob[2])
+    assert (action[:2] == 0).all()
