@@ -66,6 +66,18 @@ def extensions() -> list:
     return exts
 
 
+def write_build_info() -> None:
+    """Records the torch the native library is built against, for a clear error at import
+    when a different torch is installed."""
+    with open(os.path.join("nostall", "_build_info.py"), "w") as f:
+        f.write('"""Written by setup.py at build time."""\n\n')
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+        cuda = bool(torch.version.cuda) and os.environ.get("NOSTALL_NO_CUDA") != "1"
+        f.write(f"CUDA_KERNELS = {cuda}\n")
+
+
+write_build_info()
+
 setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension},

@@ -3,12 +3,22 @@
 Hot paths are C++ (and CUDA) kernels registered as PyTorch custom operators in the `nostall`
 namespace (`torch.ops.nostall.*`); `nostall.ops` holds their documented Python entry points,
 `nostall.envs` the native environments, `nostall.profiler` the sync-stall profiler (which
-loads no native code). Subpackages load on first use.
+needs no native code). Importing nostall loads the native library, so `torch.ops.nostall.*`
+exist at once; if it cannot load, `nostall.profiler` still works and the first use of an op
+raises the reason (the torch version it was built for, and how to rebuild it).
+Subpackages load on first use.
 """
 
 import importlib
 
 __version__ = "0.1.0"
+
+try:
+    from nostall import _native  # noqa: F401  (registers torch.ops.nostall.*)
+
+    NATIVE_ERROR: ImportError | None = None
+except ImportError as _error:  # re-raised, with its reason, by the first import that needs it
+    NATIVE_ERROR = _error
 
 _LAZY = {
     "gae": "nostall.ops",

@@ -13,6 +13,8 @@ import sys
 
 import torch
 
+from nostall.build_info import REBUILD, built_for
+
 
 def _load_core() -> None:
     # _C is loaded with RTLD_GLOBAL: the CUDA library's environment step calls into the engine
@@ -21,10 +23,16 @@ def _load_core() -> None:
     sys.setdlopenflags(flags | os.RTLD_GLOBAL)
     try:
         importlib.import_module("nostall._C")
+        # The autograd kernels attach to schemas that _C defines.
+        importlib.import_module("nostall._C_autograd")
+    except (ImportError, OSError) as e:
+        raise ImportError(
+            f"nostall's native library cannot load under torch {torch.__version__} (built for "
+            f"torch {built_for() or 'unknown: not built'}): {e}. Rebuild it against the torch "
+            f"installed: {REBUILD}"
+        ) from e
     finally:
         sys.setdlopenflags(flags)
-    # The autograd kernels attach to schemas that _C defines.
-    importlib.import_module("nostall._C_autograd")
 
 
 _load_core()

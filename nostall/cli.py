@@ -96,8 +96,23 @@ def _algorithm(name: str):
     return importlib.import_module(f"nostall.algos.{name}")
 
 
+def _version() -> str:
+    import torch
+
+    import nostall
+    from nostall.build_info import REBUILD, built_for
+
+    if nostall.NATIVE_ERROR is not None:
+        native = f"native library NOT loaded ({nostall.NATIVE_ERROR}); rebuild: {REBUILD}"
+    else:
+        cuda = "with CUDA kernels" if nostall.HAS_CUDA_KERNELS else "CPU kernels only"
+        native = f"native library built for torch {built_for() or 'unknown'}, {cuda}"
+    return f"nostall {nostall.__version__} (torch {torch.__version__}; {native})"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nostall", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a policy (PPO, APPO) or a language model")
