@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 NATIVE_LIB := nostall/_C.abi3.so
 NATIVE_SOURCES := $(shell find csrc -name "*.cpp" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh")
 
-.PHONY: all build test lint run bench cuda-check clean
+.PHONY: all build test lint run bench cuda-check sanitize clean
 
 all: test
 
@@ -56,6 +56,11 @@ bench: build $(BENCH_INSTALLED)
 # on a CPU-only machine.
 cuda-check: $(INSTALLED)
 	$(PY) tools/check_cuda_compiles.py
+
+# Native code under AddressSanitizer + UndefinedBehaviorSanitizer, then ThreadSanitizer, each
+# built in a copy of the tree (build/sanitize/) and running the tests that exercise it.
+sanitize: $(INSTALLED)
+	tools/sanitize.sh asan tsan
 
 clean:
 	rm -rf build $(NATIVE_LIB) nostall/_C_cuda*.so
