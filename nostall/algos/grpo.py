@@ -358,6 +358,7 @@ def build(args: Args) -> Setup:
     )  # fmt: skip
     generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
                                num_generations=args.num_generations, seed=args.seed)  # fmt: skip
+    generator.watch_syncs = args.watch_syncs
     slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)
              for _ in range(args.staleness + 2)]  # fmt: skip
     loop = RolloutLoop(slots, generator, rollout_model, model, staleness=args.staleness)
@@ -479,6 +480,8 @@ def train(
     result.seconds = time.perf_counter() - run_start
     result.timeline = list(loop.timeline.spans)
     result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
+    result.syncs_per_decode_step = setup.generator.syncs_per_decode_step
+    result.sync_sites += setup.generator.sync_sites
     result.mean_lag = sum(lags) / len(lags) if lags else None
     rollout = [e - s for side, s, e in result.timeline if side == "rollout"]
     train_spans = [e - s for side, s, e in result.timeline if side == "train"]

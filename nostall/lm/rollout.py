@@ -95,6 +95,10 @@ class PromptEncoder:
         mask.copy_(host_mask.repeat_interleave(repeat, 0))
 
 
+# The batch whose generation runs under SyncWatch (after warm-up), to report syncs per decode step.
+WATCHED_BATCH = 3
+
+
 class GroupGenerator:
     """Fills LMBatch slots: prompts, completions, behaviour log-probs and rewards."""
 
@@ -107,13 +111,21 @@ class GroupGenerator:
         self.generator = torch.Generator(engine.allowed.device).manual_seed(seed)
         source.seed(seed)
         self.eos_token_id = engine.eos_token_id
+        self.watch_syncs = True
+        self.syncs_per_decode_step: float | None = None
+        self.sync_sites: list[str] = []
+        self._filled = 0
 
     @torch.no_grad()
     def __call__(self, batch: LMBatch) -> None:
         rows = self.source.batch(self.num_prompts)
         prompts = [row["prompt"] for row in rows]
         self.encoder.encode_into(prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations)
-        self.engine.generate(batch.completions(), self.generator, self.num_generations)
+        self._filled += 1
+        if self.watch_syncs and self._filled == WATCHED_BATCH:
+            self._generate_watched(batch)
+        else:
+            self.engine.generate(batch.completions(), self.generator, self.num_generations)
         texts, lengths = self.decode(batch)
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]
@@ -122,6 +134,21 @@ class GroupGenerator:
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)
+
+    def _generate_watched(self, batch: LMBatch) -> None:
+        """One generation under SyncWatch, with the model, the KV cache and the batch marked as
+        device tensors: the unintended syncs it finds, per decode step."""
+        from nostall.profiler import SyncWatch
+
+        engine = self.engine
+        with SyncWatch(engine.decoder.model) as watch:
+            watch.mark(*batch.tensors().values(), engine.allowed)
+            if engine._cache is not None:
+                watch.mark(engine._cache.keys, engine._cache.values)
+            engine.generate(batch.completions(), self.generator, self.num_generations)
+        report = watch.report()
+        self.syncs_per_decode_step = report.unintended_count / engine.sampling.max_new_tokens
+        self.sync_sites = [f"{s.location} {s.kind}" for s in report.unintended]
 
     def decode(self, batch: LMBatch) -> tuple[list[str], list[int]]:
         """Each completion up to its first <eos>, without special tokens; and its length in

@@ -147,10 +147,11 @@ def test_tiny_model_learns_copy():
     assert sum(result.rewards[-10:]) / 10 > 0.4, result.rewards[-10:]
 
 
-def test_no_unintended_sync_in_an_update():
+def test_no_unintended_sync_in_an_update_or_a_decode_step():
     args = grpo.Args(**dict(FAST, watch_syncs=True))
     result = grpo.train(args)
     assert result.syncs_per_update == 0, result.sync_sites
+    assert result.syncs_per_decode_step == 0, result.sync_sites
 
 
 def _reward_raises(prompts, completions, **kw):
