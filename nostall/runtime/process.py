@@ -109,9 +109,12 @@ def _rollout_main(
                 time.sleep(0.0005)
             if stop.is_set():
                 break
-            alive()
-            if not lock.acquire(timeout=_LOCK_TIMEOUT_S):
-                raise RuntimeError("the weight lock was held for too long (did the trainer die?)")
+            waited = 0.0
+            while not lock.acquire(timeout=_POLL_S):  # the trainer may have died holding it
+                alive()
+                waited += _POLL_S
+                if waited > _LOCK_TIMEOUT_S:
+                    raise RuntimeError("the weight lock was held too long by the trainer")
             try:
                 if weights_version.value > have:
                     agent.load_state_dict(weights)
