@@ -30,15 +30,15 @@ for mode in $modes; do
     asan)
       flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fno-wrapv -g"
       preload="$($cxx -print-file-name=libasan.so):$($cxx -print-file-name=libstdc++.so)"
-      export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:symbolize=1"
-      export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$root/tools/sanitizers/ubsan.supp"
+      export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:symbolize=1:log_path=$work/report"
+      export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$work/report:suppressions=$root/tools/sanitizers/ubsan.supp"
       tests=(tests/envs tests/ops tests/runtime tests/algos/test_trainers.py tests/lm/test_sample_tokens.py)
       select=(-k "not peak_memory and not cuda and not solves and not learns and not improves")
       ;;
     tsan)
       flags="-fsanitize=thread -fno-omit-frame-pointer -g"
       preload="$($cxx -print-file-name=libtsan.so)"
-      export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:suppressions=$root/tools/sanitizers/tsan.supp"
+      export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:log_path=$work/report:suppressions=$root/tools/sanitizers/tsan.supp"
       tests=(tests/envs/test_env_threads.py tests/envs/test_vector_api.py tests/envs/test_env_errors.py)
       select=()
       ;;
@@ -48,7 +48,17 @@ for mode in $modes; do
   NOSTALL_NO_CUDA=1 CFLAGS="$flags" LDFLAGS="${flags%% *}" "$py" setup.py -q build_ext --inplace \
     >build.log 2>&1 || { tail -30 build.log; exit 1; }
   echo "== $mode: ${tests[*]}" >&2
-  # setarch -R: TSan needs the layout it expects (no high-entropy randomisation).
+  # setarch -R: TSan needs the layout it expects (no high-entropy randomisation). Reports go
+  # to files (pytest's capture would swallow a report that halts the process): shown on failure.
+  rm -f "$work"/report.*
+  status=0
   LD_PRELOAD="$preload" setarch "$(uname -m)" -R "$py" -m pytest -q -p no:cacheprovider \
-    -p no:randomly "${tests[@]}" "${select[@]}"
+    "${tests[@]}" "${select[@]}" || status=$?
+  if compgen -G "$work/report.*" >/dev/null; then
+    cat "$work"/report.* >&2
+    echo "== $mode: sanitizer reports above" >&2
+    exit 1
+  fi
+  [ "$status" -eq 0 ] || exit "$status"
+  echo "== $mode: clean" >&2
 done
