@@ -4,6 +4,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include "envs/env_ops.h"
+#include "ops/decode_step.h"
 #include "ops/discounted_returns.h"
 #include "ops/episodes.h"
 #include "ops/gae.h"
@@ -129,6 +130,17 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "float temperature, int top_k, float top_p, int eos_token_id, int pad_token_id) "
       "-> (Tensor token, Tensor log_prob)");
 
+  // One decode step of a Llama-family decoder over a static KV cache (see ops/decode_step.h):
+  // token, position int64 [B], slot int64 [1], slot_mask bool [B, S]; per-layer weights as lists
+  // (qkv_bias may be empty); keys, values [L, B, kv_heads, S, D] get this step's keys and values
+  // at slot. Returns the next-token logits [B, V]. Inference only.
+  m.def(
+      "decode_step(Tensor token, Tensor position, Tensor slot, Tensor slot_mask, Tensor embed, "
+      "Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, "
+      "Tensor[] post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, "
+      "Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int num_heads, "
+      "int kv_heads, float eps) -> Tensor logits");
+
   // One rollout step of episode statistics: running returns and lengths grow, and envs whose
   // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
   m.def(
@@ -209,6 +221,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));
   m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cpu));
+  m.impl("decode_step", TORCH_BOX(&nostall::decode_step_cpu));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));

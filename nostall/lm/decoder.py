@@ -42,7 +42,7 @@ def supports(model: torch.nn.Module) -> bool:
         config.model_type == "mistral" and getattr(config, "sliding_window", None)
     ):
         return False
-    if getattr(config, "hidden_act", "silu") != "silu":
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
         return False
     rope = getattr(config, "rope_parameters", None) or {}
     return rope.get("rope_type", "default") in ("default", "linear", "llama3")
@@ -84,7 +84,7 @@ class KVCache:
 class Decoder:
     """The forward of a supported `transformers` causal LM (see `supports`)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, native: bool = True):
         if not supports(model):
             raise ValueError(
                 f"model type {getattr(model.config, 'model_type', '?')!r} is not a Llama-family "
@@ -92,6 +92,7 @@ class Decoder:
                 "window, SiLU, default/linear/llama3 rotary)"
             )
         self.model = model
+        self.native = native  # decode steps as one native op where it applies
         config = model.config
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
@@ -264,11 +265,41 @@ class Decoder:
         last = self._norm(x[:, -1], self.norm)
         return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)
 
+    def _native_decode(self, token, position, slot, slot_mask, cache) -> Tensor | None:
+        """The whole step as one native op (`nostall::decode_step`), where it applies: float32
+        on the CPU, fused weights frozen, no gradients."""
+        if (
+            self._fused is None
+            or self.layers[0].self_attn.o_proj.bias is not None  # (Llama's attention_bias)
+            or self.embed.weight.dtype != torch.float32
+            or self.embed.weight.device.type != "cpu"
+            or torch.is_grad_enabled()
+        ):
+            return None
+        layers = self.layers
+        biases = [bias for _, bias, _ in self._fused]
+        return torch.ops.nostall.decode_step.default(
+            token, position, slot, slot_mask, self.embed.weight,
+            [layer.input_layernorm.weight for layer in layers],
+            [weight for weight, _, _ in self._fused],
+            [] if biases[0] is None else biases,
+            [layer.self_attn.o_proj.weight for layer in layers],
+            [layer.post_attention_layernorm.weight for layer in layers],
+            [gate_up for _, _, gate_up in self._fused],
+            [layer.mlp.down_proj.weight for layer in layers],
+            self.norm.weight, self.output_weight, self.cos, self.sin, cache.keys, cache.values,
+            self.num_heads, self.kv_heads, float(self.layers[0].input_layernorm.variance_epsilon),
+        )  # fmt: skip
+
     def decode(self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor,
                cache: KVCache) -> Tensor:  # fmt: skip
         """One step: token and position [B], slot a one-element int64 device tensor, slot_mask
         bool [B, S] (the keys this step may attend to, its own slot included); the logits
-        [B, V]."""
+        [B, V]. On the CPU in float32 (generation), one native op; elsewhere the ops below."""
+        if self.native:
+            logits = self._native_decode(token, position, slot, slot_mask, cache)
+            if logits is not None:
+                return logits
         x = self.embed(token[:, None])
         bias = additive(slot_mask[:, None, :, None], x.dtype)  # (B, 1, S, 1)
         rotary = self._rotary(position[:, None])

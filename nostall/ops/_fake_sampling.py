@@ -1,5 +1,6 @@
-"""Fake (meta) kernel of sample_tokens, with the argument checks of csrc/ops/sample_tokens.h
-(same messages, RuntimeError): under torch.compile it runs instead of the C++ one."""
+"""Fake (meta) kernels of the generation ops: sample_tokens, with the argument checks of
+csrc/ops/sample_tokens.h (same messages, RuntimeError), and decode_step: under torch.compile
+they run instead of the C++ ones."""
 
 import math
 
@@ -42,3 +43,12 @@ def _sample_tokens_fake(
     _check(0 <= eos_token_id < v, f"eos_token_id must lie in [0, {v}), got {eos_token_id}")
     _check(0 <= pad_token_id < v, f"pad_token_id must lie in [0, {v}), got {pad_token_id}")
     return logits.new_empty(b, dtype=torch.int64), logits.new_empty(b)
+
+
+@torch.library.register_fake("nostall::decode_step")
+def _decode_step_fake(token, position, slot, slot_mask, embed, input_norm, qkv_weight, qkv_bias,
+                      o_weight, post_norm, gate_up_weight, down_weight, final_norm, lm_head, cos,
+                      sin, keys, values, num_heads, kv_heads, eps):  # fmt: skip
+    _check(token.dim() == 1, "decode_step: token must be int64 [B]")
+    _check(embed.dtype == torch.float32, "decode_step: embed must be float32")
+    return embed.new_empty(token.shape[0], lm_head.shape[0])

@@ -157,3 +157,65 @@ def test_cuda_graph_decode_matches_eager(varied_tiny):
     for seed in (0, 1):
         assert torch.equal(out[False, seed][0], out[True, seed][0])
         torch.testing.assert_close(out[False, seed][1], out[True, seed][1])
+
+
+def test_native_decode_step_matches_the_python_one(varied_tiny):
+    """`nostall::decode_step` (the CPU generation path) against the decoder's tensor ops: the
+    logits and the cache it writes, over several steps."""
+    model, lm = varied_tiny
+    ids, mask = _encode(lm, PROMPTS, 2)
+    B, P = ids.shape
+    native, python = Decoder(model, native=True), Decoder(model, native=False)
+    native.freeze()
+    python.freeze()
+    caches = [d.new_cache(B, P + 4) for d in (native, python)]
+    with torch.no_grad():
+        for d, cache in zip((native, python), caches, strict=True):
+            d.prefill(ids[::2], mask[::2], cache, 2)
+        slot_mask = torch.zeros(B, P + 4, dtype=torch.bool)
+        slot_mask[:, :P] = mask
+        token = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10])
+        position = mask.sum(1)
+        slots = torch.arange(P + 4)
+        for t in range(4):
+            slot_mask[:, P + t] = True
+            out = [d.decode(token, position + t, slots[P + t : P + t + 1], slot_mask, c)
+                   for d, c in zip((native, python), caches, strict=True)]  # fmt: skip
+            torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
+            token = out[1].argmax(-1)
+    torch.testing.assert_close(caches[0].keys, caches[1].keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[0].values, caches[1].values, rtol=1e-5, atol=1e-5)
+
+
+def test_native_decode_step_opcheck_and_errors(varied_tiny):
+    model, _ = varied_tiny
+    decoder = Decoder(model)
+    decoder.freeze()
+    cache = decoder.new_cache(2, 6)
+    args = dict(token=torch.tensor([3, 4]), position=torch.tensor([0, 1]),
+                slot=torch.tensor([1]), slot_mask=torch.ones(2, 6, dtype=torch.bool))  # fmt: skip
+    with torch.no_grad():
+        logits = decoder.decode(**args, cache=cache)
+    assert logits.shape == (2, 22)
+    layers = decoder.layers
+    op_args = (
+        args["token"], args["position"], args["slot"], args["slot_mask"],
+        decoder.embed.weight.detach(), [x.input_layernorm.weight.detach() for x in layers],
+        [w.detach() for w, _, _ in decoder._fused], [b.detach() for _, b, _ in decoder._fused],
+        [x.self_attn.o_proj.weight.detach() for x in layers],
+        [x.post_attention_layernorm.weight.detach() for x in layers],
+        [g.detach() for _, _, g in decoder._fused],
+        [x.mlp.down_proj.weight.detach() for x in layers], decoder.norm.weight.detach(),
+        decoder.output_weight.detach(), decoder.cos, decoder.sin, cache.keys, cache.values, 4, 4,
+        1e-6,
+    )  # fmt: skip
+    torch.library.opcheck(torch.ops.nostall.decode_step.default, op_args,
+                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    for change, message in [
+        (dict(token=torch.tensor([3, 99])), "token 99 outside"),
+        (dict(position=torch.tensor([0, 64])), "position 64 outside"),
+        (dict(slot=torch.tensor([6])), "slot 6 outside"),
+        (dict(slot_mask=torch.ones(2, 5, dtype=torch.bool)), "slot_mask must be"),
+    ]:
+        with torch.no_grad(), pytest.raises(RuntimeError, match=message):
+            decoder.decode(**{**args, **change}, cache=cache)
