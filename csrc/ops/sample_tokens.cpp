@@ -32,12 +32,15 @@ S keep_threshold(std::vector<S>& values, int64_t top_k, double top_p) {
   }
   if (top_p < 1.0 && values.size() > 1) {
     std::sort(values.begin(), values.end(), std::greater<S>());
-    S sum = S(0);
-    for (S v : values) sum += std::exp(v - values[0]);
-    const S target = static_cast<S>(top_p) * sum;
-    S mass = S(0);
+    // In double: the scan must reach the total it is a share of (float rounding in the running
+    // sum could otherwise miss it when top_p is within an ulp of 1).
+    double sum = 0.0;
+    for (S v : values) sum += std::exp(static_cast<double>(v - values[0]));
+    const double target = top_p * sum;
+    double mass = 0.0;
+    threshold = std::max(threshold, values.back());  // reached at the last value at the latest
     for (S v : values) {  // the first value at which the mass reaches top_p is the last kept
-      mass += std::exp(v - values[0]);
+      mass += std::exp(static_cast<double>(v - values[0]));
       if (mass >= target) {
         threshold = std::max(threshold, v);
         break;

@@ -221,8 +221,9 @@ def sample_tokens(
         x = x.masked_fill(x < kth, float("-inf"))
     if top_p < 1.0:
         sorted_x, _ = x.sort(-1, descending=True)
-        probs = sorted_x.softmax(-1)
+        probs = sorted_x.double().softmax(-1)
         reach = probs.cumsum(-1) >= top_p * probs.sum(-1, keepdim=True)
+        reach[..., -1] = True  # the whole mass reaches any top_p <= 1
         last = reach.float().argmax(-1, keepdim=True)  # the first value reaching top_p
         threshold = sorted_x.gather(-1, last)
         x = x.masked_fill(x < threshold, float("-inf"))
