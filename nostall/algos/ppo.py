@@ -409,37 +409,43 @@ def train(
             if args.anneal_lr:
                 lr.fill_(args.learning_rate * (1.0 - (iteration - 1) / args.num_iterations))
             watched = args.watch_syncs and iteration in WATCHED_ITERATIONS
-            watch = SyncWatch(agent) if watched else contextlib.nullcontext()
-            with watch:
-                slot, host_chunk = runtime.next_chunk()
-                began = time.perf_counter()
-                chunk = device_chunks.to_device(host_chunk)
-                targets = advantage_fn(agent, chunk, args)
-                metrics = ppo_update(agent, optimizer, chunk, targets, args, generator)
-                lag = runtime.lag(chunk)
-                device_chunks.wait_copied()
-                runtime.release(slot)
-            if watched:
-                report = watch.report()
-                syncs.append(report.unintended_count)
-                result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
+            # The whole iteration, publish included, with the chunk's tensors marked as the
+            # device tensors they are on a GPU.
+            watch_scope = contextlib.ExitStack()
+            watch = watch_scope.enter_context(SyncWatch(agent)) if watched else None
+            slot, host_chunk = runtime.next_chunk()
+            if watch is not None:
+                watch.mark(*host_chunk.tensors().values())
+            began = time.perf_counter()
+            chunk = device_chunks.to_device(host_chunk)
+            targets = advantage_fn(agent, chunk, args)
+            metrics = ppo_update(agent, optimizer, chunk, targets, args, generator)
+            lag = runtime.lag(chunk)
+            device_chunks.wait_copied()
+            runtime.release(slot)
             publishes = iteration % args.publish_every == 0
             logging = iteration % args.log_interval == 0 or iteration == args.num_iterations
             if logging:  # before the publish lets the rollout side run on (with staleness 0,
                 # the statistics are then exactly those of the chunks trained on so far)
                 with allow("episode statistics every log_interval iterations"):
                     finished, mean_return, mean_length = runtime.episodes.recent(20)
+                    # sync: logging only (the tracker's counters, on the host)
             saving = args.checkpoint and (
                 iteration % args.checkpoint_every == 0 or iteration == args.num_iterations
             )
             with runtime.boundary() if saving else contextlib.nullcontext():
                 runtime.publish(agent, weights=publishes)
+                watch_scope.close()
                 if saving:
                     checkpoint.save(
                         args.checkpoint.format(iteration=iteration), algorithm, asdict(args),
                         _checkpoint_state(agent, optimizer, lr, runtime, generator, iteration,
                                           result),
                     )  # fmt: skip
+            if watch is not None:
+                report = watch.report()
+                syncs.append(report.unintended_count)
+                result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
             runtime.timeline.record("train", began, time.perf_counter())
             steps = iteration * args.batch_size
             if result.first_iteration_at is None:

@@ -210,3 +210,18 @@ def test_gpu_trainer_resumes_exactly(tmp_path):
     ppo.train(ppo.Args(**common, checkpoint=str(resumed), resume=str(tmp_path / "straight-4.pt")))
     for a, b in zip(_params(tmp_path / "straight-8.pt"), _params(resumed), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_iteration_sync_check_sees_chunk_tensors_and_the_publish():
+    """The watched iterations mark the chunk's tensors as device tensors (they are on a GPU)
+    and cover the publish: a sync on the chunk, which the check used to miss, is counted."""
+
+    def reads_the_chunk(agent, chunk, args):
+        if chunk.terminated.any():  # a host read of a device tensor on a GPU
+            pass
+        return ppo.gae_advantages(agent, chunk, args)
+
+    result = ppo.train(ppo.Args(total_timesteps=6 * 1024, log_interval=3),
+                       advantage_fn=reads_the_chunk)  # fmt: skip
+    assert result.syncs_per_iteration == 1, result.sync_sites
+    assert any("test_trainers.py" in site for site in result.sync_sites)
