@@ -153,9 +153,9 @@ class GroupGenerator:
     def decode(self, batch: LMBatch) -> tuple[list[str], list[int]]:
         """Each completion up to its first <eos>, without special tokens; and its length in
         tokens (<eos> included)."""
-        # sync: reward functions read text; on the host this is a plain read
-        lengths = batch.completion_mask.sum(1).tolist()
-        ids = batch.completion_ids.tolist()  # sync: as above
+        # Reward functions read text: a host read (on the CPU a plain one).
+        lengths = batch.completion_mask.sum(1).tolist()  # sync: rewards need the lengths
+        ids = batch.completion_ids.tolist()  # sync: and the token ids
         cut = [row[: n - 1] if n and row[n - 1] == self.eos_token_id else row[:n]
                for row, n in zip(ids, lengths, strict=True)]  # fmt: skip
         return self.encoder.tokenizer.batch_decode(cut, skip_special_tokens=True), lengths

@@ -83,7 +83,7 @@ def load(path: str | Path, algorithm: str) -> tuple[dict, dict]:
     payload = record.get("payload")
     if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
         raise CheckpointError(f"checkpoint {path} has no state")
-    data = payload.numpy().tobytes()
+    data = payload.numpy().tobytes()  # sync: none, a host tensor read from the file
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):
         raise CheckpointError(f"checkpoint {path} is damaged: its checksum does not match")
     try:
