@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from nostall.algos.ppo import TrainResult
+from nostall.train.results import TrainResult
 
 
 @dataclass

@@ -27,8 +27,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -43,15 +42,11 @@ from nostall.runtime.device import DeviceChunks
 from nostall.runtime.process import ProcessRuntime
 from nostall.runtime.storage import slot_layout
 from nostall.train import checkpoint
+from nostall.train.ppo_state import load_checkpoint, snapshot
+from nostall.train.results import TrainResult
 
 # The update's statistics, averaged over its minibatches.
 METRICS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
-
-# Arguments a resume may change; every other one must match the checkpoint's. The backend and
-# device may change: the checkpoint format does not depend on them.
-RESUMABLE = {"total_timesteps", "checkpoint", "checkpoint_every", "resume", "log_interval",
-             "stop_when_solved", "solved_return", "watch_syncs", "backend", "device",
-             "torch_threads"}  # fmt: skip
 
 # Iterations whose trainer side runs under SyncWatch, after warm-up (the optimizer's state
 # exists from the first update on), to report syncs per iteration.
@@ -199,36 +194,6 @@ class Args:
             raise ValueError(f"device {self.device!r} asked for, but no CUDA device is present")
 
 
-@dataclass
-class TrainResult:
-    args: dict
-    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, time, return)
-    steps: int = 0
-    seconds: float = 0.0
-    solved_at: tuple[int, float] | None = None  # (env steps, seconds) when first solved
-    syncs_per_iteration: float | None = None  # unintended, trainer side, WATCHED_ITERATIONS
-    sync_sites: list[str] = field(default_factory=list)
-    timeline: list[tuple[str, float, float]] = field(default_factory=list)
-    final_return: float | None = None
-    first_iteration_at: tuple[int, float] | None = None  # (env steps, seconds) after iteration 1
-    resumed_at_steps: int = 0  # env steps already done by the run this one resumed
-
-    @property
-    def steps_per_second(self) -> float:
-        """Over this process's run, start-up included (a resumed run's earlier steps are not
-        counted: they took no time here)."""
-        return (self.steps - self.resumed_at_steps) / self.seconds if self.seconds else 0.0
-
-    @property
-    def steady_steps_per_second(self) -> float:
-        """After the first iteration: the throughput without start-up (a rollout process's
-        spawn, first-call warm-up)."""
-        if self.first_iteration_at is None or self.seconds <= self.first_iteration_at[1]:
-            return 0.0
-        steps, seconds = self.first_iteration_at
-        return (self.steps - steps) / (self.seconds - seconds)
-
-
 def bootstrap_values(agent: ActorCritic, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
     """(done, next_value): V of the observation after each step, the finished episode's last
     observation where an episode ended (same-step autoreset puts the next episode's first
@@ -328,21 +293,6 @@ def minibatch_loss(
     return out.loss, out.stats.detach()
 
 
-def _checkpoint_state(agent, optimizer, lr, runtime, generator, iteration, result) -> dict:
-    """Taken inside the runtime's boundary, after this iteration's publish: the rollout side
-    is between chunks, so its state (and the chunks it filled ahead) is exact on every
-    backend."""
-    return {
-        "agent": {k: v.detach().clone() for k, v in agent.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
-        "lr": lr.clone(),
-        "runtime": runtime.state_dict(),
-        "trainer_generator": generator.get_state(),
-        "iteration": iteration,
-        "curve": [list(point) for point in result.curve],
-    }
-
-
 def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRuntime:
     rollout = native_rollout if args.native_rollout else None
     if args.backend == "thread":
@@ -439,8 +389,7 @@ def train(
                 if saving:
                     checkpoint.save(
                         args.checkpoint.format(iteration=iteration), algorithm, asdict(args),
-                        _checkpoint_state(agent, optimizer, lr, runtime, generator, iteration,
-                                          result),
+                        snapshot(agent, optimizer, lr, runtime, generator, iteration, result),
                     )  # fmt: skip
             if watch is not None:
                 report = watch.report()
@@ -476,24 +425,6 @@ def train(
     result.final_return = result.curve[-1][2] if result.curve else None
     env.close()
     return result
-
-
-def load_checkpoint(path: str | Path, algorithm: str = "ppo", args: Args | None = None) -> dict:
-    """The state of a checkpoint of `algorithm`; with `args`, refuses (CheckpointError, a
-    ValueError) a resume whose arguments conflict with the saved ones, naming the fields."""
-    saved_args, state = checkpoint.load(path, algorithm)
-    if args is not None:
-        checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
-    for key in ("agent", "optimizer", "lr", "runtime", "trainer_generator", "iteration", "curve"):
-        if key not in state:
-            raise checkpoint.CheckpointError(f"checkpoint {path} has no {key!r}")
-    iteration = state["iteration"]
-    if not isinstance(iteration, int) or iteration < 1:
-        raise checkpoint.CheckpointError(f"checkpoint {path}: bad iteration {iteration!r}")
-    for name, value in state["agent"].items():
-        if not torch.isfinite(value).all():  # sync: loading a checkpoint, once
-            raise checkpoint.CheckpointError(f"checkpoint {path}: {name} holds NaN or inf")
-    return state
 
 
 if __name__ == "__main__":

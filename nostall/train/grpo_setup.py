@@ -1,0 +1,130 @@
+"""What a GRPO run builds before its first step, and its checkpoint state: the model and
+tokenizer, the prompt source and reward functions, the generation side (engine, prompt encoder,
+group generator) and the rollout loop joining it to the trainer, the optimizer and the
+reference model. The algorithm itself is nostall/algos/grpo.py."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from nostall.algos.optim import ClippedAdam
+from nostall.lm.decoder import Decoder
+from nostall.lm.generation import GenerationEngine, SamplingConfig
+from nostall.lm.models import LanguageModel, load_model
+from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
+from nostall.lm.tasks import Rewards, answer_reward, dataset_source, load_reward, task_source
+from nostall.runtime.loop import RolloutLoop
+
+if TYPE_CHECKING:
+    from nostall.algos.grpo import Args, TrainResult
+
+
+def _rewards(args: Args) -> Rewards:
+    if not args.reward:
+        return Rewards([answer_reward])
+    functions = [load_reward(spec.strip()) for spec in args.reward.split(",")]
+    weights = None
+    if args.reward_weights:
+        try:
+            weights = [float(w) for w in args.reward_weights.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--reward-weights must be numbers, got {args.reward_weights!r}"
+            ) from None
+    return Rewards(functions, weights)
+
+
+@dataclass
+class Setup:
+    """Everything a run builds before its first step."""
+
+    lm: LanguageModel
+    decoder: Decoder
+    generator: GroupGenerator
+    loop: RolloutLoop
+    optimizer: ClippedAdam
+    banned: torch.Tensor
+    group_index: torch.Tensor
+    reference: Decoder | None
+
+
+def build(args: Args) -> Setup:
+    """Model, generation side, runtime and optimizer; ValueError for bad input."""
+    args.check()
+    source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
+    rewards = _rewards(args)
+    lm = load_model(args.model, seed=args.seed)
+    device = torch.device(args.device)
+    lm.model.to(device)
+    encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
+                            args.max_new_tokens)  # fmt: skip
+    model = lm.model
+    rollout_model = copy.deepcopy(model)
+    banned_ids = lm.banned_token_ids()
+    sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                              args.stop_check_every, args.cuda_graph)  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(rollout_model), sampling, eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id, banned_token_ids=banned_ids,
+    )  # fmt: skip
+    generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
+                               num_generations=args.num_generations, seed=args.seed)  # fmt: skip
+    generator.watch_syncs = args.watch_syncs
+    slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)
+             for _ in range(args.staleness + 2)]  # fmt: skip
+    loop = RolloutLoop(slots, generator, rollout_model, model, staleness=args.staleness)
+    optimizer = ClippedAdam(model.parameters(), lr=args.learning_rate,
+                            max_grad_norm=args.max_grad_norm)  # fmt: skip
+    reference = None
+    if args.beta > 0:
+        reference = Decoder(copy.deepcopy(model).requires_grad_(False))
+    group_index = torch.arange(args.num_prompts, device=device)
+    group_index = group_index.repeat_interleave(args.num_generations)
+    banned = torch.tensor(banned_ids, dtype=torch.int64, device=device)
+    return Setup(lm, Decoder(model), generator, loop, optimizer, banned, group_index, reference)
+
+
+def snapshot(setup: Setup, step: int, result: TrainResult) -> dict:
+    """Taken inside the loop's boundary, after the step's publish."""
+    state = {
+        "model": {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()},
+        "optimizer": setup.optimizer.state_dict(),
+        "loop": setup.loop.state_dict(LMBatch.state_dict),
+        "generator": setup.generator.generator.get_state(),
+        "prompts": setup.generator.source.state_dict(),
+        "step": step,
+        "rewards": list(result.rewards),
+        "step_times": list(result.step_times),
+    }
+    if setup.reference is not None:
+        state["reference"] = setup.reference.model.state_dict()
+    return state
+
+
+def restore(setup: Setup, state: dict, result: TrainResult) -> int:
+    model = setup.lm.model
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            value.copy_(state["model"][name])
+    setup.optimizer.load_state_dict(state["optimizer"])
+    setup.loop.load_state_dict(state["loop"], model, LMBatch.load_state_dict)
+    setup.generator.generator.set_state(state["generator"])
+    setup.generator.source.load_state_dict(state["prompts"])
+    if setup.reference is not None:
+        setup.reference.model.load_state_dict(state["reference"])
+    result.rewards = list(state["rewards"])
+    result.step_times = list(state["step_times"])
+    return int(state["step"])
+
+
+def save_model(setup: Setup, out_dir) -> None:
+    """The trained model and its tokenizer, loadable with transformers' from_pretrained."""
+    model = setup.lm.model
+    # The optimizer keeps parameters as views of one flat buffer: save standalone copies.
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.save_pretrained(out_dir, state_dict=state)
+    setup.lm.tokenizer.save_pretrained(out_dir)
