@@ -61,7 +61,13 @@ def plot_learning_curve(result: TrainResult, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float = 2.0) -> None:
+def plot_timeline(
+    result: TrainResult,
+    path: Path,
+    title: str,
+    window_s: float = 2.0,
+    rollout_label: str = "rollout",
+) -> None:
     """The first `window_s` seconds after warm-up: when each side was busy."""
     import matplotlib
 
@@ -79,7 +85,7 @@ def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float =
                 ax.broken_barh(
                     [(start - origin, end - start)], (rows[side] - 0.4, 0.8), color=colors[side]
                 )
-        ax.set_yticks([0, 1], ["trainer", "rollout"])
+        ax.set_yticks([0, 1], ["trainer", rollout_label])
         ax.set_xlim(0, window_s)
     ax.set_xlabel("seconds")
     ax.set_title(title)

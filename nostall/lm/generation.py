@@ -1,7 +1,7 @@
 """Batched generation without host syncs: prefill, then one decode step per token over a
 preallocated KV cache, each token drawn by the native `sample_tokens` op.
 
-Per token there is no `.item()`, no reduction read back and no data-dependent shape: the
+Per token there is no scalar read, no reduction read back and no data-dependent shape: the
 finished mask lives on the device and is updated by the sampler, finished rows emit padding,
 and the loop runs for `max_new_tokens` steps. An early stop, when every row has finished, is
 checked only every `stop_check_every` tokens (a host read, marked `# sync:`), 0 turning it

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from nostall.training_output import plot_timeline
+
 
 class LMProgress:
     """tqdm bar plus TensorBoard scalars, fed by the trainer's log callback."""
@@ -58,28 +60,6 @@ def plot_rewards(result, path: Path, title: str, target: float) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_timeline(result, path: Path, title: str, window_s: float = 1.0) -> None:
-    """One second past warm-up: when generation and training were busy."""
-    plt = _pyplot()
-    spans = result.timeline
-    fig, ax = plt.subplots(figsize=(9, 2.6))
-    if spans:
-        origin = spans[min(len(spans) - 1, 12)][1]
-        rows = {"rollout": 1, "train": 0}
-        colors = {"rollout": "tab:blue", "train": "tab:orange"}
-        for side, start, end in spans:
-            if origin <= start <= origin + window_s:
-                ax.broken_barh([(start - origin, end - start)], (rows[side] - 0.4, 0.8),
-                               color=colors[side])  # fmt: skip
-        ax.set_yticks([0, 1], ["trainer", "generation"])
-        ax.set_xlim(0, window_s)
-    ax.set_xlabel("seconds")
-    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -144,7 +124,8 @@ def write_outputs(result, out_dir: Path) -> str:
     summary = report(result)
     title = f"grpo on {summary['task']} ({summary['model']})"
     plot_rewards(result, out_dir / "reward_curve.png", title, summary["target_reward"])
-    plot_timeline(result, out_dir / "timeline.png", f"{title}: generation and training")
+    plot_timeline(result, out_dir / "timeline.png", f"{title}: generation and training",
+                  window_s=1.0, rollout_label="generation")  # fmt: skip
     (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
     text = format_report(summary)
     (out_dir / "report.txt").write_text(text + "\n")
