@@ -12,7 +12,7 @@
 3. Generation alone: completion tokens/s of nostall's engine against `model.generate` at the same
    batch and lengths (tiny model).
 
-    python -m benchmarks.lm.bench_grpo [--seeds 3] [--skip-trl]
+    python -m benchmarks.lm.bench_grpo [--seeds 3] [--skip-trl] [--parts generation,balanced,race]
 """
 
 from __future__ import annotations
@@ -166,7 +166,13 @@ if __name__ == "__main__":
     p.add_argument("--time-limit", type=float, default=90.0, help="seconds per run to target")
     p.add_argument("--balanced-steps", type=int, default=30)
     p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--parts", default="generation,balanced,race",
+                   help="which parts to run, comma-separated (generation, balanced, race)")  # fmt: skip
     a = p.parse_args()
-    generation_alone()
-    balanced(a.seeds, a.balanced_steps)
-    race(a.seeds, a.time_limit, a.skip_trl)
+    parts = set(a.parts.split(","))
+    if "generation" in parts:
+        generation_alone()
+    if "balanced" in parts:
+        balanced(a.seeds, a.balanced_steps)
+    if "race" in parts:
+        race(a.seeds, a.time_limit, a.skip_trl)
