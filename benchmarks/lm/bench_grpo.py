@@ -166,8 +166,7 @@ if __name__ == "__main__":
     p.add_argument("--time-limit", type=float, default=90.0, help="seconds per run to target")
     p.add_argument("--balanced-steps", type=int, default=30)
     p.add_argument("--skip-trl", action="store_true")
-    p.add_argument("--parts", default="generation,balanced,race",
-                   help="which parts to run, comma-separated (generation, balanced, race)")  # fmt: skip
+    p.add_argument("--parts", default="generation,balanced,race", help="comma-separated")
     a = p.parse_args()
     parts = set(a.parts.split(","))
     if "generation" in parts:
