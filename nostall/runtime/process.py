@@ -54,6 +54,7 @@ def _rollout_main(
     version,
     weights_version,
     heartbeat,
+    pulls,
     lock,
     free,
     filled,
@@ -119,6 +120,7 @@ def _rollout_main(
                 if weights_version.value > have:
                     agent.load_state_dict(weights)
                     have = weights_version.value
+                pulls.value += 1
             finally:
                 lock.release()
             try:
@@ -179,6 +181,7 @@ class ProcessRuntime:
         self._version = ctx.Value("q", 0)  # updates done
         self._weights_version = ctx.Value("q", 0)  # the version of the weights in self._weights
         self._heartbeat = ctx.Value("d", time.monotonic())
+        self._pulls = ctx.Value("q", 0)  # weight checks the child has made (one per chunk)
         self._lock = ctx.Lock()
         self._free, self._filled, self._errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
         self._requests, self._responses = ctx.Queue(), ctx.Queue()
@@ -189,7 +192,7 @@ class ProcessRuntime:
         self._ctx = ctx
         self._process_args = (
             make_env, make_agent, act, self.slots, self._weights, self._version,
-            self._weights_version, self._heartbeat, self._lock,
+            self._weights_version, self._heartbeat, self._pulls, self._lock,
             self._free, self._filled, self._errors, self._stop, self.episodes, staleness, seed,
             self._requests, self._responses, rollout, os.getpid(),
         )  # fmt: skip
@@ -362,6 +365,15 @@ class ProcessRuntime:
             daemon=True,
         )
         self._process.start()
+        state = self._initial_state
+        if state is not None and self.version >= int(state["chunks_collected"]) - self.staleness:
+            # A resumed run whose rollout side may start its next chunk at once: the original
+            # run's did so right after the checkpoint's publish, with those weights. Wait until
+            # the new process has taken them (it takes about a second to start), or the trainer
+            # would publish newer ones first and the resumed run would collect with those.
+            while self._pulls.value < 1:
+                self._raise_if_failed()
+                time.sleep(0.005)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
