@@ -209,6 +209,7 @@ def _trace(args: argparse.Namespace) -> int:
 def _train_grpo(args: argparse.Namespace) -> int:
     from nostall.algos import grpo
     from nostall.train.checkpoint import CheckpointError
+    from nostall.train.grpo_setup import save_model
     from nostall.train.lm_output import LMProgress, write_outputs
 
     names = {f.name for f in dataclasses.fields(grpo.Args)}
@@ -231,7 +232,7 @@ def _train_grpo(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
     print(write_outputs(result, out_dir))
-    grpo.save_model(setup, out_dir / "model")
+    save_model(setup, out_dir / "model")
     print(
         f"  outputs in {out_dir}/ (report, reward_curve.png, timeline.png, tensorboard/, "
         "model/ for from_pretrained)"
