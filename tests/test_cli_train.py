@@ -56,3 +56,11 @@ def test_bad_arguments_get_a_message_and_exit_2(args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_step_counts_as_whole_floats_and_the_rounding_is_said(tmp_path):
+    result = nostall("train", "ppo", "--total-timesteps", "3e3", "--no-progress",
+                     "--no-watch-syncs", "--out", str(tmp_path))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "3000 steps is not a whole number of batches of 1024" in result.stderr
+    assert "training 2048 steps (2 iterations)" in result.stderr
