@@ -180,7 +180,7 @@ class ProcessRuntime:
         }
         self._version = ctx.Value("q", 0)  # updates done
         self._weights_version = ctx.Value("q", 0)  # the version of the weights in self._weights
-        self._heartbeat = ctx.Value("d", time.monotonic())
+        self._heartbeat = ctx.Value("d", 0.0)  # the child's last sign of life (monotonic s)
         self._pulls = ctx.Value("q", 0)  # weight checks the child has made (one per chunk)
         self._lock = ctx.Lock()
         self._free, self._filled, self._errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
@@ -226,7 +226,15 @@ class ProcessRuntime:
                 )
         if message is not None:
             raise RuntimeStopped(f"the rollout process failed: {message}")
-        silent = time.monotonic() - self._heartbeat.value
+        beat = self._heartbeat.value
+        if beat == 0.0:  # not started yet: spawning and importing take a second or more
+            if time.monotonic() - self._started_at > max(self._liveness_timeout_s, 120.0):
+                raise RuntimeStopped(
+                    f"the rollout process (pid {self._process.pid}) did not start within "
+                    f"{max(self._liveness_timeout_s, 120.0):.0f} s"
+                )
+            return
+        silent = time.monotonic() - beat
         if silent > self._liveness_timeout_s:
             raise RuntimeStopped(
                 f"the rollout process (pid {self._process.pid}) made no progress for "
@@ -357,7 +365,8 @@ class ProcessRuntime:
     def __enter__(self) -> ProcessRuntime:
         for i in self._free_slots:
             self._free.put(i)
-        self._heartbeat.value = time.monotonic()
+        self._heartbeat.value = 0.0  # the child's first beat marks it started
+        self._started_at = time.monotonic()
         self._process = self._ctx.Process(
             target=_rollout_main,
             args=(*self._process_args, self._initial_state),
@@ -380,10 +389,12 @@ class ProcessRuntime:
         self._stop.set()
         if self._process is None:
             return
-        self._process.join(timeout=self._join_timeout_s)
+        # After a failure the child may be the reason (stopped, hung): do not wait long for it,
+        # the user is waiting for the error.
+        self._process.join(timeout=self._join_timeout_s if exc is None else 0.5)
         if self._process.is_alive():  # hung, or stopped (SIGSTOP): SIGTERM, then SIGKILL
             self._process.terminate()
-            self._process.join(timeout=1.0)
+            self._process.join(timeout=0.5)
             if self._process.is_alive():
                 self._process.kill()
                 self._process.join()
