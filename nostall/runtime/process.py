@@ -138,7 +138,9 @@ def _rollout_main(
             filled.put((slot, have, start, time.perf_counter()))
         env.close()
     except _ParentGone:
-        return
+        # Nobody is left to read or clean up after us: exit now, skipping the interpreter's
+        # teardown (about a second with torch loaded) and the queues' flush to a dead reader.
+        os._exit(0)
     except BaseException as e:
         errors.put(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
         stop.set()
