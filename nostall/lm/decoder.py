@@ -114,6 +114,7 @@ class Decoder:
         self.cos = cos[0]  # (max_positions, head_dim)
         self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
         self._fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None
+        self._native_weights: tuple | None = None
 
     def freeze(self) -> None:
         """For generation (no gradients): concatenates each layer's q/k/v and gate/up weights
@@ -129,6 +130,26 @@ class Decoder:
                 for a, b in zip(old, new, strict=True):
                     if a is not None:
                         a.copy_(b)
+        self._native_weights = None  # rebuilt on the next native step
+
+    def _weight_lists(self) -> tuple:
+        """decode_step's weight arguments, gathered once per freeze rather than per token (the
+        tensors are the model's and the fused buffers themselves: later copies show through)."""
+        if self._native_weights is None:
+            layers = self.layers
+            biases = [bias for _, bias, _ in self._fused]
+            self._native_weights = (
+                self.embed.weight,
+                [layer.input_layernorm.weight for layer in layers],
+                [weight for weight, _, _ in self._fused],
+                [] if biases[0] is None else biases,
+                [layer.self_attn.o_proj.weight for layer in layers],
+                [layer.post_attention_layernorm.weight for layer in layers],
+                [gate_up for _, _, gate_up in self._fused],
+                [layer.mlp.down_proj.weight for layer in layers],
+                self.norm.weight, self.output_weight, self.cos, self.sin,
+            )  # fmt: skip
+        return self._native_weights
 
     def thaw(self) -> None:
         self._fused = None
@@ -276,18 +297,8 @@ class Decoder:
             or torch.is_grad_enabled()
         ):
             return None
-        layers = self.layers
-        biases = [bias for _, bias, _ in self._fused]
         return torch.ops.nostall.decode_step.default(
-            token, position, slot, slot_mask, self.embed.weight,
-            [layer.input_layernorm.weight for layer in layers],
-            [weight for weight, _, _ in self._fused],
-            [] if biases[0] is None else biases,
-            [layer.self_attn.o_proj.weight for layer in layers],
-            [layer.post_attention_layernorm.weight for layer in layers],
-            [gate_up for _, _, gate_up in self._fused],
-            [layer.mlp.down_proj.weight for layer in layers],
-            self.norm.weight, self.output_weight, self.cos, self.sin, cache.keys, cache.values,
+            token, position, slot, slot_mask, *self._weight_lists(), cache.keys, cache.values,
             self.num_heads, self.kv_heads, float(self.layers[0].input_layernorm.variance_epsilon),
         )  # fmt: skip
 

@@ -290,10 +290,6 @@ class ProcessRuntime:
     def lag(self, chunk: Chunk) -> int:
         return self.version - chunk.version
 
-    @property
-    def chunks_collected(self) -> int:
-        raise AttributeError("the process backend counts chunks in the rollout process")
-
     # -- checkpoints ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def boundary(self):

@@ -31,21 +31,19 @@ class WeightBuffer:
         with self._lock:
             return self._versions[self._newest]
 
-    def publish_state(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Publishes saved weights (a checkpoint's) as `version`."""
-        holder = torch.nn.Module()
-        holder.state_dict = lambda: state  # publish reads only state_dict()
-        self.publish(holder, version)
-
     def publish(self, module: torch.nn.Module, version: int) -> None:
-        """Copies `module`'s weights in as `version` (the trainer side). Waits only in the rare
-        case that the rollout side is still reading the spare half (two publishes during one
-        of its pulls)."""
+        """Copies `module`'s weights in as `version` (the trainer side)."""
+        self.publish_state(module.state_dict(), version)
+
+    def publish_state(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Copies a state dict (the trainer's, or a checkpoint's) in as `version`. Waits only
+        in the rare case that the rollout side is still reading the spare half (two publishes
+        during one of its pulls)."""
         with self._lock:
             spare = 1 - self._newest
             while self._reading[spare]:
                 self._published.wait(timeout=0.05)
-        self._buffers[spare].fill(module.state_dict())
+        self._buffers[spare].fill(state)
         with self._lock:
             self._versions[spare] = version
             self._newest = spare
