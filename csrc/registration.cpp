@@ -5,6 +5,7 @@
 
 #include "envs/env_ops.h"
 #include "ops/decode_step.h"
+#include "ops/prefill_prompts.h"
 #include "ops/discounted_returns.h"
 #include "ops/episodes.h"
 #include "ops/gae.h"
@@ -141,6 +142,16 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int num_heads, "
       "int kv_heads, float eps) -> Tensor logits");
 
+  // The prefill of the same decoder (see ops/prefill_prompts.h): prompt_ids int64 and
+  // prompt_mask bool [Bp, P] (left-padded), each prompt's keys and values written into cache
+  // slots [0, P) of its group's group_size rows; the next-token logits [Bp * group_size, V].
+  m.def(
+      "prefill_prompts(Tensor prompt_ids, Tensor prompt_mask, int group_size, Tensor embed, "
+      "Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, "
+      "Tensor[] post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, "
+      "Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int num_heads, "
+      "int kv_heads, float eps) -> Tensor logits");
+
   // One rollout step of episode statistics: running returns and lengths grow, and envs whose
   // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
   m.def(
@@ -222,6 +233,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));
   m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cpu));
   m.impl("decode_step", TORCH_BOX(&nostall::decode_step_cpu));
+  m.impl("prefill_prompts", TORCH_BOX(&nostall::prefill_prompts_cpu));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));

@@ -32,7 +32,8 @@ for mode in $modes; do
       preload="$($cxx -print-file-name=libasan.so):$($cxx -print-file-name=libstdc++.so)"
       export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:symbolize=1:log_path=$work/report"
       export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$work/report:suppressions=$root/tools/sanitizers/ubsan.supp"
-      tests=(tests/envs tests/ops tests/runtime tests/algos/test_trainers.py tests/lm/test_sample_tokens.py)
+      tests=(tests/envs tests/ops tests/runtime tests/algos/test_trainers.py tests/lm/test_sample_tokens.py
+             tests/lm/test_generation.py)
       select=(-k "not peak_memory and not cuda and not solves and not learns and not improves")
       ;;
     tsan)

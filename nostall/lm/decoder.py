@@ -92,7 +92,7 @@ class Decoder:
                 "window, SiLU, default/linear/llama3 rotary)"
             )
         self.model = model
-        self.native = native  # decode steps as one native op where it applies
+        self.native = native  # prefill and decode steps as one native op each, where they apply
         config = model.config
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
@@ -272,7 +272,13 @@ class Decoder:
     def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, cache: KVCache,
                 group_size: int = 1) -> Tensor:  # fmt: skip
         """Runs each group's prompt [Bp, P] once, writes its keys and values into the cache's
-        first P slots of the group's G rows, and returns the next-token logits [Bp * G, V]."""
+        first P slots of the group's G rows, and returns the next-token logits [Bp * G, V].
+        On the CPU in float32 (generation), one native op; elsewhere the ops below."""
+        if self._native_applies():
+            return torch.ops.nostall.prefill_prompts.default(
+                prompt_ids, prompt_mask, group_size, *self._weight_lists(), cache.keys,
+                cache.values, *self._native_config(),
+            )  # fmt: skip
         P = prompt_ids.shape[1]
         rotary = self._rotary((prompt_mask.long().cumsum(1) - 1).clamp(min=0))
         x = self.embed(prompt_ids)
@@ -286,31 +292,32 @@ class Decoder:
         last = self._norm(x[:, -1], self.norm)
         return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)
 
-    def _native_decode(self, token, position, slot, slot_mask, cache) -> Tensor | None:
-        """The whole step as one native op (`nostall::decode_step`), where it applies: float32
-        on the CPU, fused weights frozen, no gradients."""
-        if (
-            self._fused is None
-            or self.layers[0].self_attn.o_proj.bias is not None  # (Llama's attention_bias)
-            or self.embed.weight.dtype != torch.float32
-            or self.embed.weight.device.type != "cpu"
-            or torch.is_grad_enabled()
-        ):
-            return None
-        return torch.ops.nostall.decode_step.default(
-            token, position, slot, slot_mask, *self._weight_lists(), cache.keys, cache.values,
-            self.num_heads, self.kv_heads, float(self.layers[0].input_layernorm.variance_epsilon),
-        )  # fmt: skip
+    def _native_applies(self) -> bool:
+        """Whether the native ops (`nostall::decode_step`, `nostall::prefill_prompts`) run this
+        model's generation: float32 on the CPU, fused weights frozen, no gradients."""
+        return (
+            self.native
+            and self._fused is not None
+            and self.layers[0].self_attn.o_proj.bias is None  # (Llama's attention_bias)
+            and self.embed.weight.dtype == torch.float32
+            and self.embed.weight.device.type == "cpu"
+            and not torch.is_grad_enabled()
+        )
+
+    def _native_config(self) -> tuple[int, int, float]:
+        eps = float(self.layers[0].input_layernorm.variance_epsilon)
+        return self.num_heads, self.kv_heads, eps
 
     def decode(self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor,
                cache: KVCache) -> Tensor:  # fmt: skip
         """One step: token and position [B], slot a one-element int64 device tensor, slot_mask
         bool [B, S] (the keys this step may attend to, its own slot included); the logits
         [B, V]. On the CPU in float32 (generation), one native op; elsewhere the ops below."""
-        if self.native:
-            logits = self._native_decode(token, position, slot, slot_mask, cache)
-            if logits is not None:
-                return logits
+        if self._native_applies():
+            return torch.ops.nostall.decode_step.default(
+                token, position, slot, slot_mask, *self._weight_lists(), cache.keys,
+                cache.values, *self._native_config(),
+            )  # fmt: skip
         x = self.embed(token[:, None])
         bias = additive(slot_mask[:, None, :, None], x.dtype)  # (B, 1, S, 1)
         rotary = self._rotary(position[:, None])

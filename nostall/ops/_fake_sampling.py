@@ -1,6 +1,6 @@
 """Fake (meta) kernels of the generation ops: sample_tokens, with the argument checks of
-csrc/ops/sample_tokens.h (same messages, RuntimeError), and decode_step: under torch.compile
-they run instead of the C++ ones."""
+csrc/ops/sample_tokens.h (same messages, RuntimeError), decode_step and prefill_prompts: under
+torch.compile they run instead of the C++ ones."""
 
 import math
 
@@ -52,3 +52,13 @@ def _decode_step_fake(token, position, slot, slot_mask, embed, input_norm, qkv_w
     _check(token.dim() == 1, "decode_step: token must be int64 [B]")
     _check(embed.dtype == torch.float32, "decode_step: embed must be float32")
     return embed.new_empty(token.shape[0], lm_head.shape[0])
+
+
+@torch.library.register_fake("nostall::prefill_prompts")
+def _prefill_prompts_fake(prompt_ids, prompt_mask, group_size, embed, input_norm, qkv_weight,
+                          qkv_bias, o_weight, post_norm, gate_up_weight, down_weight, final_norm,
+                          lm_head, cos, sin, keys, values, num_heads, kv_heads, eps):  # fmt: skip
+    _check(prompt_ids.dim() == 2, "prefill_prompts: prompt_ids must be int64 [Bp, P]")
+    _check(group_size >= 1, f"prefill_prompts: group_size must be at least 1, got {group_size}")
+    _check(embed.dtype == torch.float32, "prefill_prompts: embed must be float32")
+    return embed.new_empty(prompt_ids.shape[0] * group_size, lm_head.shape[0])

@@ -219,3 +219,64 @@ def test_native_decode_step_opcheck_and_errors(varied_tiny):
     ]:
         with torch.no_grad(), pytest.raises(RuntimeError, match=message):
             decoder.decode(**{**args, **change}, cache=cache)
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_native_prefill_matches_the_python_one(varied_tiny, group_size):
+    """`nostall::prefill_prompts` against the decoder's tensor-op prefill: the logits of every
+    row and the keys and values it writes (left padding of several lengths, groups sharing a
+    prompt), then a decode step from each cache."""
+    model, lm = varied_tiny
+    ids, mask = _encode(lm, PROMPTS)
+    Bp, P = ids.shape
+    B = Bp * group_size
+    native, python = Decoder(model, native=True), Decoder(model, native=False)
+    native.freeze()
+    python.freeze()
+    caches = [d.new_cache(B, P + 2) for d in (native, python)]
+    with torch.no_grad():
+        out = [d.prefill(ids, mask, c, group_size)
+               for d, c in zip((native, python), caches, strict=True)]  # fmt: skip
+        torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
+        # Only the slots real tokens wrote are read later; padding slots must be finite too.
+        for name in ("keys", "values"):
+            a, b = getattr(caches[0], name), getattr(caches[1], name)
+            torch.testing.assert_close(a[..., :P, :], b[..., :P, :], rtol=1e-5, atol=1e-5)
+            assert torch.isfinite(a).all()
+        slot_mask = torch.zeros(B, P + 2, dtype=torch.bool)
+        slot_mask[:, :P] = mask.repeat_interleave(group_size, 0)
+        slot_mask[:, P] = True
+        token = out[1].argmax(-1)
+        position = slot_mask[:, :P].sum(1)
+        step = [d.decode(token, position, torch.tensor([P]), slot_mask, c)
+                for d, c in zip((native, python), caches, strict=True)]  # fmt: skip
+    torch.testing.assert_close(step[0], step[1], rtol=1e-5, atol=1e-5)
+
+
+def test_native_prefill_opcheck_and_errors(varied_tiny):
+    model, lm = varied_tiny
+    decoder = Decoder(model)
+    decoder.freeze()
+    ids, mask = _encode(lm, PROMPTS[:2])
+    cache = decoder.new_cache(4, ids.shape[1] + 3)
+    op_args = (ids, mask, 2, *decoder._weight_lists(), cache.keys, cache.values,
+               *decoder._native_config())  # fmt: skip
+    op_args = tuple([t.detach() for t in a] if isinstance(a, list) else
+                    a.detach() if isinstance(a, torch.Tensor) else a for a in op_args)  # fmt: skip
+    torch.library.opcheck(torch.ops.nostall.prefill_prompts.default, op_args,
+                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    bad_ids = ids.clone()
+    bad_ids[0, -1] = 99
+    right_padded = mask.clone()
+    right_padded[0, -1] = False
+    for change, message in [
+        (dict(prompt_ids=bad_ids), "token 99 outside"),
+        (dict(prompt_mask=right_padded), "prompt 0 must end in a real token"),
+        (dict(prompt_mask=mask[:, 1:]), "prompt_mask must be a CPU bool"),
+        (dict(group_size=3), r"Bp \* group_size = 6, got 4 rows"),
+        (dict(group_size=0), "group_size must be at least 1"),
+        (dict(cache=decoder.new_cache(4, ids.shape[1] - 1)), "the cache has"),
+    ]:
+        args = dict(prompt_ids=ids, prompt_mask=mask, cache=cache, group_size=2) | change
+        with torch.no_grad(), pytest.raises(RuntimeError, match=message):
+            decoder.prefill(**args)

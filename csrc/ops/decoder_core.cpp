@@ -1,0 +1,255 @@
+#include "ops/decoder_core.h"
+
+#include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "common/tensor_utils.h"
+
+namespace nostall::decoder {
+
+namespace {
+
+void check_float(const char* op, const Tensor& t, const char* name, int64_t dims) {
+  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, op, ": ", name,
+                  " must be float32, got ", torch::headeronly::toString(t.scalar_type()));
+  STD_TORCH_CHECK(t.dim() == dims, op, ": ", name, " must have ", dims, " dimensions, got ",
+                  t.dim());
+  STD_TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+  STD_TORCH_CHECK(t.is_cpu(), op, ": ", name, " must be a CPU tensor");
+}
+
+void check_shape(const char* op, const Tensor& t, const char* name, int64_t i, int64_t rows,
+                 int64_t cols) {
+  const bool ok = cols < 0 ? t.size(0) == rows : (t.size(0) == rows && t.size(1) == cols);
+  STD_TORCH_CHECK(ok, op, ": ", name, "[", i, "] must be [", rows, cols < 0 ? "" : ", ",
+                  cols < 0 ? "" : std::to_string(cols), "]");
+}
+
+// out = x @ w^T (+ bias): x [N, K], w [M, K] (nn.Linear's layout), out [N, M].
+void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
+  const AOTITorchError err =
+      bias != nullptr
+          ? aoti_torch_cpu_addmm_out(out.get(), bias->get(), x.get(), transposed(w).get(), 1.0, 1.0)
+          : aoti_torch_cpu_mm_out(out.get(), x.get(), transposed(w).get());
+  STD_TORCH_CHECK(err == AOTI_TORCH_SUCCESS, "decoder: matrix product failed");
+}
+
+void rms_norm(float* out, const float* x, const float* weight, int64_t N, int64_t H, float eps) {
+  for (int64_t b = 0; b < N; ++b) {
+    const float* xb = x + b * H;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < H; ++j) sum += xb[j] * xb[j];
+    const float scale = 1.0f / std::sqrt(sum / static_cast<float>(H) + eps);
+    for (int64_t j = 0; j < H; ++j) out[b * H + j] = weight[j] * (xb[j] * scale);
+  }
+}
+
+// e^x to within about 1e-7 relative (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for
+// e^r, 2^n from the exponent bits), branch-free so the loop below vectorizes, where std::exp is a
+// libm call per element: the SiLU's exps were half of a small model's prefill.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;  // + 1.5 * 2^23: round to int
+  const float n = shifted - 12582912.0f;
+  float r = x - n * 0.693359375f;  // ln 2 in two parts, so r keeps its low bits
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// act [N, I] = silu(gate) * up, gate_up [N, 2I]: an AVX2 clone where the CPU has it (chosen
+// once at load), plain SSE otherwise.
+__attribute__((target_clones("avx2", "default"))) void silu_gate(const float* gate_up, float* act,
+                                                                  int64_t N, int64_t I,
+                                                                  float* scratch) {
+  for (int64_t b = 0; b < N; ++b) {
+    const float* gate = gate_up + b * 2 * I;
+    const float* up = gate + I;
+    float* out = act + b * I;
+    for (int64_t i = 0; i < I; ++i) scratch[i] = fast_exp(-gate[i]);
+    for (int64_t i = 0; i < I; ++i) out[i] = gate[i] / (1.0f + scratch[i]) * up[i];
+  }
+}
+
+}  // namespace
+
+Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
+              std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
+              std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
+              std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
+              Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, const Tensor& keys,
+              const Tensor& values, int64_t num_heads, int64_t kv_heads, double eps) {
+  const int64_t L = static_cast<int64_t>(input_norm.size());
+  STD_TORCH_CHECK(L >= 1, op, ": at least one layer");
+  STD_TORCH_CHECK(static_cast<int64_t>(qkv_weight.size()) == L &&
+                      static_cast<int64_t>(o_weight.size()) == L &&
+                      static_cast<int64_t>(post_norm.size()) == L &&
+                      static_cast<int64_t>(gate_up_weight.size()) == L &&
+                      static_cast<int64_t>(down_weight.size()) == L &&
+                      (qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == L),
+                  op, ": every per-layer list must have ", L, " entries");
+  check_float(op, embed, "embed", 2);
+  check_float(op, lm_head, "lm_head", 2);
+  check_float(op, final_norm, "final_norm", 1);
+  check_float(op, cos, "cos", 2);
+  check_float(op, sin, "sin", 2);
+  check_float(op, keys, "keys", 5);
+  check_float(op, values, "values", 5);
+  const int64_t H = embed.size(1), D = keys.size(4);
+  STD_TORCH_CHECK(num_heads >= 1 && kv_heads >= 1 && num_heads % kv_heads == 0, op,
+                  ": num_heads must be a multiple of kv_heads");
+  STD_TORCH_CHECK(D % 2 == 0, op, ": the head dimension must be even");
+  STD_TORCH_CHECK(keys.size(0) == L && keys.size(2) == kv_heads, op,
+                  ": keys must be [L, B, kv_heads, S, D] with L = ", L, ", kv_heads = ", kv_heads);
+  for (int64_t d = 0; d < 5; ++d) {
+    STD_TORCH_CHECK(values.size(d) == keys.size(d), op, ": values must match keys");
+  }
+  STD_TORCH_CHECK(lm_head.size(1) == H && final_norm.size(0) == H, op,
+                  ": lm_head must be [V, H] and final_norm [H], H = ", H);
+  STD_TORCH_CHECK(cos.size(1) == D && sin.size(1) == D && sin.size(0) == cos.size(0), op,
+                  ": cos and sin must be [positions, D], D = ", D);
+  const int64_t Q = (num_heads + 2 * kv_heads) * D;
+  int64_t I = -1;
+  for (int64_t l = 0; l < L; ++l) {
+    check_float(op, input_norm[l], "input_norm", 1);
+    check_float(op, post_norm[l], "post_norm", 1);
+    check_float(op, qkv_weight[l], "qkv_weight", 2);
+    check_float(op, o_weight[l], "o_weight", 2);
+    check_float(op, gate_up_weight[l], "gate_up_weight", 2);
+    check_float(op, down_weight[l], "down_weight", 2);
+    check_shape(op, input_norm[l], "input_norm", l, H, -1);
+    check_shape(op, post_norm[l], "post_norm", l, H, -1);
+    check_shape(op, qkv_weight[l], "qkv_weight", l, Q, H);
+    check_shape(op, o_weight[l], "o_weight", l, H, num_heads * D);
+    if (I < 0) I = gate_up_weight[l].size(0) / 2;
+    check_shape(op, gate_up_weight[l], "gate_up_weight", l, 2 * I, H);
+    check_shape(op, down_weight[l], "down_weight", l, H, I);
+    if (!qkv_bias.empty()) {
+      check_float(op, qkv_bias[l], "qkv_bias", 1);
+      check_shape(op, qkv_bias[l], "qkv_bias", l, Q, -1);
+    }
+  }
+  Weights w;
+  w.embed = embed;
+  w.input_norm = std::move(input_norm);
+  w.qkv_weight = std::move(qkv_weight);
+  w.qkv_bias = std::move(qkv_bias);
+  w.o_weight = std::move(o_weight);
+  w.post_norm = std::move(post_norm);
+  w.gate_up_weight = std::move(gate_up_weight);
+  w.down_weight = std::move(down_weight);
+  w.final_norm = final_norm;
+  w.lm_head = lm_head;
+  w.cos = cos;
+  w.sin = sin;
+  w.layers = L;
+  w.vocab = embed.size(0);
+  w.hidden = H;
+  w.qkv_width = Q;
+  w.intermediate = I;
+  w.head_dim = D;
+  w.num_heads = num_heads;
+  w.kv_heads = kv_heads;
+  w.slots = keys.size(3);
+  w.cache_rows = keys.size(1);
+  w.eps = static_cast<float>(eps);
+  return w;
+}
+
+void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x) {
+  const int64_t H = w.hidden;
+  float* xp = x.mutable_data_ptr<float>();
+  const float* ep = w.embed.const_data_ptr<float>();
+  for (int64_t b = 0; b < N; ++b) {
+    for (int64_t j = 0; j < H; ++j) xp[b * H + j] = ep[tokens[b] * H + j];
+  }
+}
+
+void run_layers(const Weights& w, Tensor& x, const Attend& attend) {
+  const int64_t N = x.size(0), H = w.hidden, I = w.intermediate;
+  Tensor h = new_contiguous(x, {N, H});
+  Tensor tmp = new_contiguous(x, {N, H});
+  Tensor qkv = new_contiguous(x, {N, w.qkv_width});
+  Tensor att = new_contiguous(x, {N, w.num_heads * w.head_dim});
+  Tensor gate_up = new_contiguous(x, {N, 2 * I});
+  Tensor act = new_contiguous(x, {N, I});
+  std::vector<float> scratch(static_cast<size_t>(I));
+  float* xp = x.mutable_data_ptr<float>();
+  const float* tp = tmp.const_data_ptr<float>();
+  for (int64_t l = 0; l < w.layers; ++l) {
+    rms_norm(h.mutable_data_ptr<float>(), xp, w.input_norm[l].const_data_ptr<float>(), N, H,
+             w.eps);
+    linear(qkv, h, w.qkv_weight[l], w.qkv_bias.empty() ? nullptr : &w.qkv_bias[l]);
+    attend(l, qkv.mutable_data_ptr<float>(), att.mutable_data_ptr<float>());
+    linear(tmp, att, w.o_weight[l], nullptr);
+    for (int64_t i = 0; i < N * H; ++i) xp[i] += tp[i];
+    rms_norm(h.mutable_data_ptr<float>(), xp, w.post_norm[l].const_data_ptr<float>(), N, H,
+             w.eps);
+    linear(gate_up, h, w.gate_up_weight[l], nullptr);
+    silu_gate(gate_up.const_data_ptr<float>(), act.mutable_data_ptr<float>(), N, I,
+              scratch.data());
+    linear(tmp, act, w.down_weight[l], nullptr);
+    for (int64_t i = 0; i < N * H; ++i) xp[i] += tp[i];
+  }
+}
+
+Tensor logits(const Weights& w, const Tensor& x) {
+  const int64_t N = x.size(0);
+  Tensor h = new_contiguous(x, {N, w.hidden});
+  rms_norm(h.mutable_data_ptr<float>(), x.const_data_ptr<float>(),
+           w.final_norm.const_data_ptr<float>(), N, w.hidden, w.eps);
+  Tensor out = new_contiguous(x, {N, w.vocab});
+  linear(out, h, w.lm_head, nullptr);
+  return out;
+}
+
+void rotate(float* x, const float* cos, const float* sin, int64_t D, float* scratch) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < D; ++d) scratch[d] = x[d];
+  for (int64_t d = 0; d < D; ++d) {
+    const float rolled = scratch[d < half ? d + half : d - half];
+    x[d] = scratch[d] * cos[d] + rolled * sin[d];
+  }
+}
+
+void attend_one(const float* q, const float* keys, const float* values, int64_t S, int64_t D,
+                float scale, const bool* allowed, float* scores, float* out) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < S; ++t) {
+    if (!allowed[t]) continue;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * keys[t * D + d];
+    scores[t] = dot * scale;
+    m = scores[t] > m ? scores[t] : m;
+  }
+  float total = 0.0f;
+  for (int64_t t = 0; t < S; ++t) {
+    if (!allowed[t]) continue;
+    scores[t] = std::exp(scores[t] - m);
+    total += scores[t];
+  }
+  for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+  for (int64_t t = 0; t < S; ++t) {
+    if (!allowed[t]) continue;
+    const float p = scores[t] / total;
+    for (int64_t d = 0; d < D; ++d) out[d] += p * values[t * D + d];
+  }
+}
+
+}  // namespace nostall::decoder

@@ -1,0 +1,53 @@
+// What the native decoder ops (decode_step, prefill_prompts) share: the checks on a Llama-family
+// decoder's weights and KV cache, and the layer loop (RMSNorm, fused q/k/v projection, an
+// attention the op supplies, output projection, RMSNorm, SiLU-gated MLP) over a residual stream
+// of N rows. GEMMs go through the C shim's addmm / mm; everything between them is plain loops.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "common/checks.h"
+
+namespace nostall::decoder {
+
+struct Weights {
+  Tensor embed;
+  std::vector<Tensor> input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
+      down_weight;
+  Tensor final_norm, lm_head, cos, sin;
+  int64_t layers = 0, vocab = 0, hidden = 0, qkv_width = 0, intermediate = 0, head_dim = 0;
+  int64_t num_heads = 0, kv_heads = 0, slots = 0, cache_rows = 0;
+  float eps = 0.0f;
+};
+
+// Checks every weight (float32, contiguous, CPU, the shapes a decoder's layers need) and the
+// cache (keys, values [L, rows, kv_heads, S, D]); `op` prefixes every message.
+Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
+              std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
+              std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
+              std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
+              Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, const Tensor& keys,
+              const Tensor& values, int64_t num_heads, int64_t kv_heads, double eps);
+
+// Fills x [N, H] with the embeddings of tokens[0..N).
+void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x);
+
+// Runs every layer over the residual stream x [N, H] in place. After layer l's q/k/v projection,
+// attend(l, qkv, att) gets qkv [N, (heads + 2 kv_heads) D] (unrotated, writable) and must fill
+// att [N, heads D] with the attention output.
+using Attend = std::function<void(int64_t layer, float* qkv, float* att)>;
+void run_layers(const Weights& w, Tensor& x, const Attend& attend);
+
+// logits [N, V] of x [N, H] after the final RMSNorm.
+Tensor logits(const Weights& w, const Tensor& x);
+
+// In place on one head's D values: x * cos + roll(x, D/2) * signed sin.
+void rotate(float* x, const float* cos, const float* sin, int64_t D, float* scratch);
+
+// out[D] = sum over the allowed slots t of softmax_t(q . k_t * scale) v_t: one query of one head
+// over that head's keys and values [S, D]; allowed [S] (at least one true), scores [S] scratch.
+void attend_one(const float* q, const float* keys, const float* values, int64_t S, int64_t D,
+                float scale, const bool* allowed, float* scores, float* out);
+
+}  // namespace nostall::decoder
