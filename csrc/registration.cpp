@@ -5,7 +5,6 @@
 
 #include "envs/env_ops.h"
 #include "ops/decode_step.h"
-#include "ops/prefill_prompts.h"
 #include "ops/discounted_returns.h"
 #include "ops/episodes.h"
 #include "ops/gae.h"
@@ -13,6 +12,7 @@
 #include "ops/mlp.h"
 #include "ops/policy_loss.h"
 #include "ops/ppo_loss.h"
+#include "ops/prefill_prompts.h"
 #include "ops/sample_categorical.h"
 #include "ops/sample_tokens.h"
 #include "ops/token_log_prob.h"

@@ -18,9 +18,8 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
                        int64_t kv_heads, double eps) {
   const decoder::Weights w = decoder::check(
       "decode_step", embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
-      std::move(o_weight), std::move(post_norm), std::move(gate_up_weight),
-      std::move(down_weight), final_norm, lm_head, cos, sin, keys, values, num_heads, kv_heads,
-      eps);
+      std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
+      final_norm, lm_head, cos, sin, keys, values, num_heads, kv_heads, eps);
   STD_TORCH_CHECK(token.scalar_type() == ScalarType::Long && token.dim() == 1,
                   "decode_step: token must be int64 [B]");
   const int64_t B = token.size(0);
@@ -31,8 +30,8 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
                   "decode_step: slot must be a one-element int64 tensor");
   STD_TORCH_CHECK(token.is_cpu() && position.is_cpu() && slot.is_cpu() && slot_mask.is_cpu(),
                   "decode_step: token, position, slot and slot_mask must be CPU tensors");
-  STD_TORCH_CHECK(w.cache_rows == B, "decode_step: keys must be [L, B, kv_heads, S, D] with B = ",
-                  B);
+  STD_TORCH_CHECK(w.cache_rows == B,
+                  "decode_step: keys must be [L, B, kv_heads, S, D] with B = ", B);
   const int64_t S = w.slots, D = w.head_dim, V = w.vocab;
   STD_TORCH_CHECK(slot_mask.scalar_type() == ScalarType::Bool && slot_mask.dim() == 2 &&
                       slot_mask.size(0) == B && slot_mask.size(1) == S && slot_mask.is_contiguous(),

@@ -17,8 +17,8 @@ namespace nostall::decoder {
 namespace {
 
 void check_float(const char* op, const Tensor& t, const char* name, int64_t dims) {
-  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, op, ": ", name,
-                  " must be float32, got ", torch::headeronly::toString(t.scalar_type()));
+  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, op, ": ", name, " must be float32, got ",
+                  torch::headeronly::toString(t.scalar_type()));
   STD_TORCH_CHECK(t.dim() == dims, op, ": ", name, " must have ", dims, " dimensions, got ",
                   t.dim());
   STD_TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
@@ -76,8 +76,8 @@ inline float fast_exp(float x) {
 // act [N, I] = silu(gate) * up, gate_up [N, 2I]: an AVX2 clone where the CPU has it (chosen
 // once at load), plain SSE otherwise.
 __attribute__((target_clones("avx2", "default"))) void silu_gate(const float* gate_up, float* act,
-                                                                  int64_t N, int64_t I,
-                                                                  float* scratch) {
+                                                                 int64_t N, int64_t I,
+                                                                 float* scratch) {
   for (int64_t b = 0; b < N; ++b) {
     const float* gate = gate_up + b * 2 * I;
     const float* up = gate + I;
@@ -193,17 +193,14 @@ void run_layers(const Weights& w, Tensor& x, const Attend& attend) {
   float* xp = x.mutable_data_ptr<float>();
   const float* tp = tmp.const_data_ptr<float>();
   for (int64_t l = 0; l < w.layers; ++l) {
-    rms_norm(h.mutable_data_ptr<float>(), xp, w.input_norm[l].const_data_ptr<float>(), N, H,
-             w.eps);
+    rms_norm(h.mutable_data_ptr<float>(), xp, w.input_norm[l].const_data_ptr<float>(), N, H, w.eps);
     linear(qkv, h, w.qkv_weight[l], w.qkv_bias.empty() ? nullptr : &w.qkv_bias[l]);
     attend(l, qkv.mutable_data_ptr<float>(), att.mutable_data_ptr<float>());
     linear(tmp, att, w.o_weight[l], nullptr);
     for (int64_t i = 0; i < N * H; ++i) xp[i] += tp[i];
-    rms_norm(h.mutable_data_ptr<float>(), xp, w.post_norm[l].const_data_ptr<float>(), N, H,
-             w.eps);
+    rms_norm(h.mutable_data_ptr<float>(), xp, w.post_norm[l].const_data_ptr<float>(), N, H, w.eps);
     linear(gate_up, h, w.gate_up_weight[l], nullptr);
-    silu_gate(gate_up.const_data_ptr<float>(), act.mutable_data_ptr<float>(), N, I,
-              scratch.data());
+    silu_gate(gate_up.const_data_ptr<float>(), act.mutable_data_ptr<float>(), N, I, scratch.data());
     linear(tmp, act, w.down_weight[l], nullptr);
     for (int64_t i = 0; i < N * H; ++i) xp[i] += tp[i];
   }

@@ -11,21 +11,20 @@
 
 namespace nostall {
 
-Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_size,
-                           Tensor embed, std::vector<Tensor> input_norm,
-                           std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
-                           std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-                           std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
-                           Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, Tensor keys,
-                           Tensor values, int64_t num_heads, int64_t kv_heads, double eps) {
+Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_size, Tensor embed,
+                           std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
+                           std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
+                           std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
+                           std::vector<Tensor> down_weight, Tensor final_norm, Tensor lm_head,
+                           Tensor cos, Tensor sin, Tensor keys, Tensor values, int64_t num_heads,
+                           int64_t kv_heads, double eps) {
   const decoder::Weights w = decoder::check(
-      "prefill_prompts", embed, std::move(input_norm), std::move(qkv_weight),
-      std::move(qkv_bias), std::move(o_weight), std::move(post_norm), std::move(gate_up_weight),
-      std::move(down_weight), final_norm, lm_head, cos, sin, keys, values, num_heads, kv_heads,
-      eps);
-  STD_TORCH_CHECK(prompt_ids.scalar_type() == ScalarType::Long && prompt_ids.dim() == 2 &&
-                      prompt_ids.is_cpu(),
-                  "prefill_prompts: prompt_ids must be a CPU int64 [Bp, P]");
+      "prefill_prompts", embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
+      std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
+      final_norm, lm_head, cos, sin, keys, values, num_heads, kv_heads, eps);
+  STD_TORCH_CHECK(
+      prompt_ids.scalar_type() == ScalarType::Long && prompt_ids.dim() == 2 && prompt_ids.is_cpu(),
+      "prefill_prompts: prompt_ids must be a CPU int64 [Bp, P]");
   // A group's rows share one prompt, so callers pass every G-th row: a strided view.
   prompt_ids = as_contiguous(prompt_ids);
   const int64_t Bp = prompt_ids.size(0), P = prompt_ids.size(1);
@@ -73,7 +72,9 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
   float* kc = keys.mutable_data_ptr<float>();
   float* vc = values.mutable_data_ptr<float>();
   // Row r of the cache, head kh: slots [0, S) of D floats each.
-  auto cache_at = [&](int64_t l, int64_t r, int64_t kh) { return ((l * Bp * G + r) * kv + kh) * S * D; };
+  auto cache_at = [&](int64_t l, int64_t r, int64_t kh) {
+    return ((l * Bp * G + r) * kv + kh) * S * D;
+  };
   decoder::run_layers(w, x, [&](int64_t l, float* qkv, float* att) {
     for (int64_t b = 0; b < Bp; ++b) {
       // Rotate, then write the prompt's keys and values into its group's first row.
