@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 NATIVE_LIB := nostall/_C.abi3.so
 NATIVE_SOURCES := $(shell find csrc -name "*.cpp" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh")
 
-.PHONY: all build test lint run bench cuda-check sanitize clean
+.PHONY: all build test lint run bench cuda-check sanitize install-check clean
 
 all: test
 
@@ -61,6 +61,11 @@ cuda-check: $(INSTALLED)
 # built in a copy of the tree (build/sanitize/) and running the tests that exercise it.
 sanitize: $(INSTALLED)
 	tools/sanitize.sh asan tsan
+
+# pip's build isolation and a wheel, in fresh venvs (build/install-check/): built under torch
+# 2.13.0, then installed under 2.14.1, a torch it was not built for (see the script).
+install-check:
+	tools/install_check.sh
 
 clean:
 	rm -rf build $(NATIVE_LIB) nostall/_C_cuda*.so

@@ -40,6 +40,32 @@ def cuda_sources() -> list[str]:
     return sorted(glob.glob("csrc/**/*.cu", recursive=True))
 
 
+# Compiled for when no GPU is visible (a Docker build, a CPU build host) and TORCH_CUDA_ARCH_LIST
+# is unset: Ampere, Hopper and Blackwell machine code (8.0 runs on 8.6 and 8.9 too), and PTX of
+# the newest for GPUs after it. With a GPU visible, torch targets that GPU.
+DEFAULT_CUDA_ARCHS = "8.0;9.0;10.0;12.0+PTX"
+
+
+def set_default_cuda_archs() -> None:
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.is_available():
+        return
+    os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS
+    print(f"nostall: no GPU visible and TORCH_CUDA_ARCH_LIST unset: building the CUDA kernels "
+          f"for {DEFAULT_CUDA_ARCHS}")  # fmt: skip
+
+
+def cudart_dirs() -> list[str]:
+    """Where libcudart.so may be besides CUDA_HOME/lib64 (which torch adds itself): some
+    toolkits keep it in lib/ or targets/<arch>/lib/."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None:
+        return []
+    candidates = [os.path.join(CUDA_HOME, "lib"),
+                  *glob.glob(os.path.join(CUDA_HOME, "targets", "*", "lib"))]  # fmt: skip
+    return [d for d in candidates if os.path.exists(os.path.join(d, "libcudart.so"))]
+
+
 def extensions() -> list:
     exts = [
         CppExtension(
@@ -60,11 +86,13 @@ def extensions() -> list:
     if torch.version.cuda and os.environ.get("NOSTALL_NO_CUDA") != "1":
         from torch.utils.cpp_extension import CUDAExtension
 
+        set_default_cuda_archs()
         exts.append(
             CUDAExtension(
                 "nostall._C_cuda",
                 cuda_sources(),
                 include_dirs=[os.path.abspath("csrc")],
+                library_dirs=cudart_dirs(),
                 extra_compile_args={
                     "cxx": [*CXX_FLAGS, "-DUSE_CUDA"],
                     "nvcc": ["-O3", "-std=c++17", "-DUSE_CUDA", *STABLE_ABI_FLAGS],

@@ -36,6 +36,7 @@ _LAZY = {
     "sample_categorical": "nostall.ops",
     "sample_tokens": "nostall.ops",
     "HAS_CUDA_KERNELS": "nostall._native",
+    "AUTOGRAD": "nostall._native",
 }
 
 
@@ -47,6 +48,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AUTOGRAD",
     "HAS_CUDA_KERNELS",
     "PPOLoss",
     "PolicyLoss",

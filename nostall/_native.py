@@ -1,6 +1,11 @@
 """Loads the native operator libraries, which register `torch.ops.nostall.*` on import.
 
-`_C` (schemas and CPU kernels) and `_C_autograd` (autograd kernels) are always required.
+`_C` (schemas and CPU kernels, stable ABI: any torch from 2.10 on) is required. `_C_autograd`
+(autograd kernels, regular ABI) loads under the torch it was built for; under another torch the
+same formulas are registered from Python instead (nostall._autograd_fallback), with a one-line
+notice: every op works, each differentiable call costs about 0.1-0.5 ms more (forward and
+backward; benchmarks/autograd_fallback.py). `AUTOGRAD` says
+which is in use ("native" or "python"; NOSTALL_AUTOGRAD=python asks for the Python one).
 `_C_cuda` exists only when nostall was built against a CUDA torch; without it a CUDA tensor
 passed to an op fails in the dispatcher with "could not run 'nostall::...' with arguments from
 the 'CUDA' backend", never silently.
@@ -10,10 +15,15 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 
 import torch
 
 from nostall.build_info import REBUILD, built_for
+
+
+class AutogradFallbackWarning(UserWarning):
+    """The native autograd kernels do not match this torch; the Python ones are in use."""
 
 
 def _load_core() -> None:
@@ -23,8 +33,6 @@ def _load_core() -> None:
     sys.setdlopenflags(flags | os.RTLD_GLOBAL)
     try:
         importlib.import_module("nostall._C")
-        # The autograd kernels attach to schemas that _C defines.
-        importlib.import_module("nostall._C_autograd")
     except (ImportError, OSError) as e:
         raise ImportError(
             f"nostall's native library cannot load under torch {torch.__version__} (built for "
@@ -35,7 +43,32 @@ def _load_core() -> None:
         sys.setdlopenflags(flags)
 
 
+def _load_autograd() -> str:
+    """Returns "native" when _C_autograd loads (it attaches to the schemas _C defined), else
+    "python"."""
+    from nostall import _autograd_fallback
+
+    if os.environ.get("NOSTALL_AUTOGRAD") == "python":
+        _autograd_fallback.register()
+        return "python"
+    try:
+        importlib.import_module("nostall._C_autograd")
+        return "native"
+    except (ImportError, OSError) as e:
+        reason = str(e).splitlines()[0]
+    _autograd_fallback.register()
+    warnings.warn(
+        f"nostall: the native autograd kernels were built for torch {built_for() or 'unknown'} "
+        f"and do not load under torch {torch.__version__} ({reason}); using the Python autograd "
+        f"registrations (about 0.1-0.5 ms more per differentiable call). To rebuild: {REBUILD}",
+        AutogradFallbackWarning,
+        stacklevel=2,
+    )
+    return "python"
+
+
 _load_core()
+AUTOGRAD = _load_autograd()
 
 
 def _load_cuda_kernels() -> bool:
