@@ -115,8 +115,6 @@ def write_build_info() -> None:
 
 write_build_info()
 
-setup(
-    ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExtension},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
-)
+# The wheel is tagged for the Python it was built with (cp311-cp311, say), not abi3: _C is
+# limited-API, but _C_autograd is built against this Python's full API.
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtension})

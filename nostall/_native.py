@@ -56,6 +56,7 @@ def _load_autograd() -> str:
         return "native"
     except (ImportError, OSError) as e:
         reason = str(e).splitlines()[0]
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."  # a mangled C++ symbol
     _autograd_fallback.register()
     warnings.warn(
         f"nostall: the native autograd kernels were built for torch {built_for() or 'unknown'} "

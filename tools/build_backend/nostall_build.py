@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 
-from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F403  (the hooks not overridden below)
 
 TESTED_TORCH = "torch==2.13.0"
@@ -39,13 +38,16 @@ def torch_requirement() -> str:
     return requirement
 
 
+# setuptools' own hooks would run setup.py to find setup_requires, and setup.py imports torch,
+# which is what these hooks are asked for: nostall has no setup_requires, so only torch is added
+# to build-system.requires.
 def get_requires_for_build_wheel(config_settings=None):
-    return [*_setuptools.get_requires_for_build_wheel(config_settings), torch_requirement()]
+    return [torch_requirement()]
 
 
 def get_requires_for_build_sdist(config_settings=None):
-    return [*_setuptools.get_requires_for_build_sdist(config_settings), torch_requirement()]
+    return [torch_requirement()]
 
 
 def get_requires_for_build_editable(config_settings=None):
-    return [*_setuptools.get_requires_for_build_editable(config_settings), torch_requirement()]
+    return [torch_requirement()]
