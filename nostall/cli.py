@@ -3,12 +3,13 @@
     nostall train {ppo,appo} [--env-id ID] [--ARG VALUE ...]  train, with progress, logs, plots
     nostall train grpo [--model tiny|PATH] [--task copy] [--ARG VALUE ...]  GRPO on a causal LM
     nostall profile SCRIPT [options] [-- ARGS...]   run a script under SyncWatch, print a report
+    nostall profile --diff BEFORE.json AFTER.json   what a change added or removed
     nostall trace TRACE.json [--json]               device idle breakdown of a torch.profiler trace
     nostall bench                                   run every benchmark, side by side with peers
 
 Exit codes: 0 success; 1 the profiled script failed; 2 bad usage (an unknown environment or
 algorithm, a bad size, a missing script, an unreadable trace or checkpoint); 3 unintended syncs
-found with --fail-on-sync.
+found with --fail-on-sync, or a sync site added (--diff).
 """
 
 from __future__ import annotations
@@ -130,7 +131,19 @@ def _parser() -> argparse.ArgumentParser:
     profile = commands.add_parser(
         "profile", help="run a script under SyncWatch and report its host-device syncs"
     )
-    profile.add_argument("script", help="the Python script to run (as __main__)")
+    profile.add_argument("script", nargs="?", help="the Python script to run (as __main__)")
+    profile.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help=f"compare two --json reports instead of running a script (exit {EXIT_SYNC_FOUND} if "
+        "AFTER has a sync site BEFORE had not)",
+    )
+    profile.add_argument(
+        "--only-user-code",
+        action="store_true",
+        help="report a sync inside an installed library at your line that called into it",
+    )
     profile.add_argument("--json", action="store_true", help="print the report as JSON")
     profile.add_argument(
         "--fail-on-sync", action="store_true", help=f"exit {EXIT_SYNC_FOUND} on unintended syncs"
@@ -161,9 +174,18 @@ def _profile(args: argparse.Namespace, script_args: list[str]) -> int:
     from nostall.profiler.runner import run_script
     from nostall.profiler.trace import TraceError
 
+    if args.diff is not None:
+        return _profile_diff(args)
+    if args.script is None:
+        print("nostall profile: a SCRIPT to run, or --diff BEFORE AFTER", file=sys.stderr)
+        return EXIT_USAGE
     try:
         run = run_script(
-            args.script, script_args, all_tensors=args.all_tensors, trace_path=args.trace
+            args.script,
+            script_args,
+            all_tensors=args.all_tensors,
+            trace_path=args.trace,
+            only_user_code=args.only_user_code,
         )
     except FileNotFoundError as e:
         print(f"nostall profile: {e}", file=sys.stderr)
@@ -184,6 +206,21 @@ def _profile(args: argparse.Namespace, script_args: list[str]) -> int:
     if args.fail_on_sync and report.unintended:
         return EXIT_SYNC_FOUND
     return 0
+
+
+def _profile_diff(args: argparse.Namespace) -> int:
+    from nostall.profiler import diff
+
+    if args.script is not None:
+        print("nostall profile: --diff compares two reports; give no SCRIPT", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        result = diff.diff(*(diff.load(path) for path in args.diff))
+    except ValueError as e:
+        print(f"nostall profile: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
+    return EXIT_SYNC_FOUND if result.added else 0
 
 
 def _trace(args: argparse.Namespace) -> int:

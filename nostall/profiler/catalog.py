@@ -134,3 +134,46 @@ PROFILER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 INTERNAL_DIRS = (TORCH_DIR, PROFILER_DIR)
 # A sync raised while torch.distributions validates its arguments gets its own kind.
 DISTRIBUTIONS_DIR = os.path.join(TORCH_DIR, "distributions") + os.sep
+
+
+def is_library(path: str) -> bool:
+    """Whether a source file belongs to an installed package (not the user's own code)."""
+    parts = path.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+# What removes each kind of sync, one line each (docs/sync_points.md shows each before and after;
+# tests/profiler/test_fix_hints.py runs those snippets).
+HINTS: dict[str, str] = {
+    "item": "keep the value a tensor (accumulate on the device); read it every N steps under "
+    "allow()",
+    "bool": "branch on the device (torch.where), or check every N steps under allow()",
+    "int": "keep it a tensor; size buffers by a static bound instead of a device count",
+    "float": "keep it a tensor (accumulate on the device); read it every N steps under allow()",
+    "index": "index with the tensor itself (index_select, gather), not a Python int",
+    "tolist": "keep the values on the device; read a batch every N steps under allow()",
+    "numpy": "copy into pinned memory with non_blocking=True and wait on an event when needed, "
+    "or step the environment on the device (nostall.envs)",
+    "copy to host": "copy into pinned memory with non_blocking=True and wait on an event when "
+    "needed, or keep the consumer on the device",
+    "print": "log every N steps under allow(), not every step",
+    "contains": "(t == v).any() stays on the device",
+    "nonzero": "a fixed-shape form: three-argument torch.where, masked_fill, "
+    "nonzero_static(size=n)",
+    "boolean mask indexing": "keep the shape: torch.where(mask, x, 0) and sums weighted by the "
+    "mask",
+    "boolean mask assignment": "x.masked_fill_(mask, v) or torch.where(mask, v, x)",
+    "masked_select": "keep the shape: torch.where(mask, x, 0) and sums weighted by the mask",
+    "unique": "a fixed-size mask or count over the known labels (scatter_ or scatter_add_ into "
+    "a tensor of that size), or move it off the hot path",
+    "repeat_interleave without output_size": "pass output_size= (the total, known on the host)",
+    "bincount": "scatter_add_ into a tensor of fixed size (bincount still syncs with minlength)",
+    "histc without bounds": "pass min= and max=",
+    "equal": "(a == b).all() stays on the device",
+    "allclose": "torch.isclose(a, b).all() stays on the device",
+    "linalg error check": "the _ex variant (cholesky_ex, inv_ex, solve_ex); check info every N "
+    "steps",
+    "multinomial": "Gumbel-max: (logits - log(-log(u))).argmax(-1), or nostall.sample_categorical",
+    "distributions validation": "validate_args=False on the distribution",
+    "scalar read": "a Python number is read from a device tensor here: keep it a tensor",
+}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import linecache
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class SyncEvent:
     step: int
     allowed: bool
     reason: str | None
+    caller: tuple[str, int] | None = None  # the nearest user line, when file is a library's
 
 
 @dataclass
@@ -31,6 +32,9 @@ class SyncSite:
     per_step: float | None
     reason: str | None = None
     code: str = ""
+    hint: str = ""  # what removes this kind of sync
+    library: bool = False  # the line is an installed package's, not the user's
+    called_from: str | None = None  # the user's line that led to it (a library site)
 
     @property
     def location(self) -> str:
@@ -47,13 +51,28 @@ class SyncReport:
 
     @classmethod
     def from_events(
-        cls, events: list[SyncEvent], steps: int, cuda_warnings: list[tuple[str, int]] = ()
+        cls,
+        events: list[SyncEvent],
+        steps: int,
+        cuda_warnings: list[tuple[str, int]] = (),
+        only_user_code: bool = False,
     ) -> SyncReport:
+        """Groups events by line, kind and calling user line. With `only_user_code`, a sync in
+        an installed library is reported at the user's line that led to it."""
+        from nostall.profiler.catalog import HINTS, is_library
+
+        if only_user_code:
+            events = [
+                replace(e, file=e.caller[0], line=e.caller[1], function="", caller=None)
+                if e.caller is not None
+                else e
+                for e in events
+            ]
         report = cls(steps=steps)
         groups: dict[tuple, list[SyncEvent]] = defaultdict(list)
         for e in events:
-            groups[(e.allowed, e.file, e.line, e.kind, e.reason)].append(e)
-        for (allowed, file, line, kind, reason), group in groups.items():
+            groups[(e.allowed, e.file, e.line, e.kind, e.reason, e.caller)].append(e)
+        for (allowed, file, line, kind, reason, caller), group in groups.items():
             site = SyncSite(
                 file=file,
                 line=line,
@@ -63,10 +82,14 @@ class SyncReport:
                 per_step=len(group) / steps if steps else None,
                 reason=reason,
                 code=linecache.getline(file, line).strip(),
+                hint=HINTS.get(kind, ""),
+                library=is_library(file),
+                called_from=None if caller is None else f"{_short(caller[0])}:{caller[1]}",
             )
             (report.intended if allowed else report.unintended).append(site)
         for sites in (report.unintended, report.intended):
-            sites.sort(key=lambda s: (-s.count, s.file, s.line))
+            # The user's own lines first, then the libraries', most frequent first in each.
+            sites.sort(key=lambda s: (s.library, -s.count, s.file, s.line))
         seen = {(e.file, e.line) for e in events}
         report.cuda_warnings_unmatched = [w for w in cuda_warnings if w not in seen]
         return report
@@ -129,11 +152,19 @@ def _short(path: str) -> str:
 
 def _rows(sites: list[SyncSite], title: str) -> str:
     out = [f"  {title}:", f"  {'count':>7} {'per step':>9}  {'kind':<34} location"]
+    library = False
     for s in sites:
+        if s.library and not library:
+            out.append("  in installed libraries (each with the line of yours that called it):")
+            library = True
         per_step = f"{s.per_step:9.2f}" if s.per_step is not None else f"{'-':>9}"
         kind = s.kind if s.reason is None else f"{s.kind} ({s.reason})"
         code = s.code if len(s.code) <= 60 else s.code[:57] + "..."
         out.append(f"  {s.count:7d} {per_step}  {kind:<34} {s.location}  {code}")
+        if s.called_from:
+            out.append(f"  {'':18}  called from {s.called_from}")
+        if s.hint and s.reason is None:
+            out.append(f"  {'':18}  fix: {s.hint}")
     return "\n".join(out)
 
 

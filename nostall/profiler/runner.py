@@ -54,6 +54,7 @@ def run_script(
     *,
     all_tensors: bool = False,
     trace_path: str | os.PathLike | None = None,
+    only_user_code: bool = False,
 ) -> ScriptRun:
     """Runs `script` as __main__ with `args`; FileNotFoundError if there is no such file."""
     path = Path(script)
@@ -77,7 +78,7 @@ def run_script(
             exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except Exception as e:
             exit_code, error = 1, _script_traceback(e)
-    report = watch.report()
+    report = watch.report(only_user_code)
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
         report.idle = analyze_trace(trace_path)

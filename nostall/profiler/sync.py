@@ -52,17 +52,34 @@ class _Source:
     line: int
     function: str
     in_distributions: bool
+    caller: tuple[str, int] | None = None  # the nearest user line, when file is a library's
+
+
+def _outside_torch(filename: str) -> bool:
+    return not filename.startswith(catalog.INTERNAL_DIRS) and not filename.startswith("<frozen")
 
 
 def _user_frame() -> _Source:
+    """The first frame outside torch and the profiler (where the sync is reported) and, when
+    that frame is an installed library's, the nearest frame of the user's own code below it."""
     frame = sys._getframe(1)
     in_distributions = False
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith(catalog.DISTRIBUTIONS_DIR):
             in_distributions = True
-        if not filename.startswith(catalog.INTERNAL_DIRS) and not filename.startswith("<frozen"):
-            return _Source(filename, frame.f_lineno, frame.f_code.co_name, in_distributions)
+        if _outside_torch(filename):
+            source = _Source(filename, frame.f_lineno, frame.f_code.co_name, in_distributions)
+            if catalog.is_library(filename):
+                caller = frame.f_back
+                while caller is not None and not (
+                    _outside_torch(caller.f_code.co_filename)
+                    and not catalog.is_library(caller.f_code.co_filename)
+                ):
+                    caller = caller.f_back
+                if caller is not None:
+                    source.caller = (caller.f_code.co_filename, caller.f_lineno)
+            return source
         frame = frame.f_back
     return _Source("<unknown>", 0, "<unknown>", in_distributions)
 
@@ -88,15 +105,25 @@ class _FunctionLayer(TorchFunctionMode):
         if kind is None and func in catalog.CONDITIONAL_FUNCTION_KINDS:
             candidate, applies = catalog.CONDITIONAL_FUNCTION_KINDS[func]
             kind = candidate if applies(args, kwargs) and not _called_from_torch() else None
-        if kind is None or not self.watch._touches_device(args, kwargs):
+        watch = self.watch
+        if kind is None or not watch._touches_device(args, kwargs):
             return func(*args, **kwargs)
-        self.watch._record(kind)
+        watch._record(kind)
         # The ATen ops underneath (_local_scalar_dense, say) are this same sync: not recorded.
-        self.watch._quiet += 1
+        watch._quiet += 1
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if kind == "copy to host" and any(out is t for t in _tensors(args)):
+                # On a CPU-only machine `.cpu()` returns the tensor itself; on a GPU it returns
+                # a new host tensor. A view stands in for that copy, so the tensor copied from
+                # stays a device tensor and the copy does not.
+                out = out.view_as(out)
         finally:
-            self.watch._quiet -= 1
+            watch._quiet -= 1
+        if kind == "copy to host":
+            # The copy is on the host: reading it (`.cpu().numpy()`) is not a second sync.
+            watch._set_host(out)
+        return out
 
 
 def _tensors(value) -> Iterator[torch.Tensor]:
@@ -156,6 +183,7 @@ class SyncWatch:
         cuda_cross_check: bool = True,
     ):
         self._device = WeakIdKeyDictionary()
+        self._host = WeakIdKeyDictionary()  # copies made to the host (even with all_tensors)
         self.all_tensors = all_tensors
         self.cuda_cross_check = cuda_cross_check and torch.cuda.is_available()
         self.events: list[SyncEvent] = []
@@ -175,9 +203,17 @@ class SyncWatch:
             self._device[t] = True
 
     def _is_device(self, t: torch.Tensor) -> bool:
+        if t in self._host:
+            return False
         return (
             self.all_tensors or t.is_cuda or isinstance(t, torch.nn.Parameter) or t in self._device
         )
+
+    def _set_host(self, value) -> None:
+        for t in _tensors(value):
+            if not t.is_cuda:
+                self._device.pop(t, None)
+                self._host[t] = True
 
     def _touches_device(self, args, kwargs) -> bool:
         return any(self._is_device(t) for t in _tensors((args, kwargs)))
@@ -187,7 +223,7 @@ class SyncWatch:
             self._device[t] = True
 
     # -- recording ---------------------------------------------------------------------------
-    def _record(self, kind: str) -> None:
+    def _record(self, kind: str) -> _Source:
         source = _user_frame()
         if source.in_distributions:
             kind = "distributions validation"
@@ -201,8 +237,10 @@ class SyncWatch:
                 step=self.steps,
                 allowed=allowed,
                 reason=self._allowed[-1] if allowed else None,
+                caller=source.caller,
             )
         )
+        return source
 
     def step(self) -> None:
         """Marks the end of one step of the loop, for per-step counts."""
@@ -260,8 +298,10 @@ class SyncWatch:
             if "synchroniz" in str(w.message):
                 self.cuda_warnings.append((w.filename, w.lineno))
 
-    def report(self) -> SyncReport:
-        return SyncReport.from_events(self.events, self.steps, self.cuda_warnings)
+    def report(self, only_user_code: bool = False) -> SyncReport:
+        """The syncs so far, by line; with `only_user_code`, those in installed libraries at the
+        user's line that called into them."""
+        return SyncReport.from_events(self.events, self.steps, self.cuda_warnings, only_user_code)
 
 
 # Module-level helpers: scripts annotate their loop once, and the annotations act on whatever

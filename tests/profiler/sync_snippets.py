@@ -22,6 +22,12 @@ SYNCING = [
     ("cpu", "d.cpu()", 1, "copy to host"),
     ("to_cpu", "d.to('cpu')", 1, "copy to host"),
     ("to_device_cpu_kw", "d.to(device=torch.device('cpu'))", 1, "copy to host"),
+    # A read of the host copy is not a second sync.
+    ("cpu_numpy", "d.detach().cpu().numpy()", 1, "copy to host"),
+    ("cpu_tolist", "d.cpu().tolist()", 1, "copy to host"),
+    ("to_cpu_item", "d.sum().to('cpu').item()", 1, "copy to host"),
+    ("cpu_then_later_read", "x = d.cpu()\nx.sum().item()", 1, "copy to host"),
+    ("cpu_then_read_source", "x = d.cpu()\nd.sum().item()", 2, None),
     ("print", "str(d)", 1, "print"),
     ("format", "f'{d.sum():.2f}'", 1, "print"),
     ("contains", "2.0 in d", 1, "contains"),
