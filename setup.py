@@ -55,15 +55,20 @@ def set_default_cuda_archs() -> None:
 
 
 def cudart_dirs() -> list[str]:
-    """Where libcudart.so may be besides CUDA_HOME/lib64 (which torch adds itself): some
-    toolkits keep it in lib/ or targets/<arch>/lib/."""
+    """Where libcudart.so may be besides CUDA_HOME/lib64 (which torch adds itself): lib/ or
+    targets/<arch>/lib/ of the toolkit. CUDA_HOME is where torch found nvcc, which need not be
+    the toolkit's root (an nvcc in /usr/local/bin gives /usr/local), so /usr/local/cuda is
+    searched too."""
     from torch.utils.cpp_extension import CUDA_HOME
 
-    if CUDA_HOME is None:
-        return []
-    candidates = [os.path.join(CUDA_HOME, "lib"),
-                  *glob.glob(os.path.join(CUDA_HOME, "targets", "*", "lib"))]  # fmt: skip
-    return [d for d in candidates if os.path.exists(os.path.join(d, "libcudart.so"))]
+    roots = [r for r in (CUDA_HOME, os.environ.get("CUDA_PATH"), "/usr/local/cuda") if r]
+    found: list[str] = []
+    for root in roots:
+        for d in [os.path.join(root, "lib"), os.path.join(root, "lib64"),
+                  *sorted(glob.glob(os.path.join(root, "targets", "*", "lib")))]:  # fmt: skip
+            if os.path.exists(os.path.join(d, "libcudart.so")) and d not in found:
+                found.append(d)
+    return found
 
 
 def extensions() -> list:
