@@ -22,14 +22,16 @@ import torch
 ops = torch.ops.nostall
 
 
-def _no_second_derivative(op: str):
-    def refuse(ctx, inputs, output):
-        raise RuntimeError(
-            f"nostall::{op} has no second derivative: nostall::{op}_backward is not "
-            "differentiable (an input of it requires grad)"
-        )
+def _refuse_second_derivative(op: str):
+    raise RuntimeError(
+        f"nostall::{op} has no second derivative: nostall::{op}_backward is not "
+        "differentiable (an input of it requires grad)"
+    )
 
-    return refuse
+
+def _no_second_derivative(op: str):
+    """A setup_context for op's backward op: called only when an input requires grad."""
+    return lambda ctx, inputs, output: _refuse_second_derivative(op)
 
 
 def _unused_backward(ctx, *grads):  # never reached: setup_context refuses first
@@ -163,7 +165,7 @@ def _policy_loss_backward(ctx, grad, *_):
     if grad is None:
         return (None,) * 11
     if torch.is_grad_enabled():
-        _no_second_derivative("clipped_policy_loss")(ctx, None, None)
+        _refuse_second_derivative("clipped_policy_loss")
     token_grad, mask = ctx.saved_tensors
     g = ops.clipped_policy_loss_backward(grad, token_grad, mask, ctx.aggregation, ctx.max_tokens)
     return (g,) + (None,) * 10
@@ -186,7 +188,7 @@ def _ppo_loss_backward(ctx, grad, *_):
     if grad is None:
         return (None,) * 12
     if torch.is_grad_enabled():
-        _no_second_derivative("ppo_loss")(ctx, None, None)
+        _refuse_second_derivative("ppo_loss")
     grad_logits, grad_value = ops.ppo_loss_backward(grad, *ctx.saved_tensors)
     return (grad_logits, None, grad_value) + (None,) * 9
 
@@ -195,7 +197,7 @@ def _ppo_log_prob_loss_backward(ctx, grad, *_):
     if grad is None:
         return (None,) * 12
     if torch.is_grad_enabled():
-        _no_second_derivative("ppo_loss_from_log_prob")(ctx, None, None)
+        _refuse_second_derivative("ppo_loss_from_log_prob")
     g_log_prob, g_entropy, g_value = ops.ppo_loss_from_log_prob_backward(
         grad, *ctx.saved_tensors, ctx.ent_coef
     )

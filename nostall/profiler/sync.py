@@ -114,14 +114,14 @@ class _FunctionLayer(TorchFunctionMode):
         try:
             out = func(*args, **kwargs)
             if kind == "copy to host" and any(out is t for t in _tensors(args)):
-                # On a CPU-only machine `.cpu()` returns the tensor itself; on a GPU it returns
+                # On a CPU-only machine Tensor.cpu returns the tensor itself; on a GPU it returns
                 # a new host tensor. A view stands in for that copy, so the tensor copied from
                 # stays a device tensor and the copy does not.
                 out = out.view_as(out)
         finally:
             watch._quiet -= 1
         if kind == "copy to host":
-            # The copy is on the host: reading it (`.cpu().numpy()`) is not a second sync.
+            # The copy is on the host: a later read of it (numpy, tolist) is not a second sync.
             watch._set_host(out)
         return out
 
