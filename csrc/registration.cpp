@@ -5,6 +5,7 @@
 
 #include "envs/env_ops.h"
 #include "ops/decode_step.h"
+#include "ops/decoder_train.h"
 #include "ops/discounted_returns.h"
 #include "ops/episodes.h"
 #include "ops/gae.h"
@@ -152,6 +153,29 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int num_heads, "
       "int kv_heads, float eps) -> Tensor logits");
 
+  // The training forward of the same decoder over GRPO's grouped batch (see
+  // ops/decoder_train.h): each group's prompt [Bp, P] once, its completions [Bp * G, C]; the
+  // normed hidden states that predict each completion token [B * C, H], and the activations
+  // decoder_train_backward takes. Differentiable (nostall/ops/decoder.py).
+  m.def(
+      "decoder_train(Tensor prompt_ids, Tensor prompt_mask, Tensor completion_ids, "
+      "Tensor completion_mask, Tensor embed, Tensor[] input_norm, Tensor[] qkv_weight, "
+      "Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, Tensor[] gate_up_weight, "
+      "Tensor[] down_weight, Tensor final_norm, Tensor cos, Tensor sin, int num_heads, "
+      "int kv_heads, float eps) -> (Tensor hidden, Tensor residuals, Tensor qkv, Tensor probs, "
+      "Tensor attended, Tensor gate_up)");
+  // Adjoint of decoder_train: the gradient of every weight from the hidden states' gradient.
+  m.def(
+      "decoder_train_backward(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask, "
+      "Tensor completion_ids, Tensor completion_mask, Tensor embed, Tensor[] input_norm, "
+      "Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, "
+      "Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, Tensor cos, Tensor sin, "
+      "Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up, "
+      "int num_heads, int kv_heads, float eps) -> (Tensor grad_embed, Tensor[] grad_input_norm, "
+      "Tensor[] grad_qkv_weight, Tensor[] grad_qkv_bias, Tensor[] grad_o_weight, "
+      "Tensor[] grad_post_norm, Tensor[] grad_gate_up_weight, Tensor[] grad_down_weight, "
+      "Tensor grad_final_norm)");
+
   // One rollout step of episode statistics: running returns and lengths grow, and envs whose
   // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
   m.def(
@@ -234,6 +258,8 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cpu));
   m.impl("decode_step", TORCH_BOX(&nostall::decode_step_cpu));
   m.impl("prefill_prompts", TORCH_BOX(&nostall::prefill_prompts_cpu));
+  m.impl("decoder_train", TORCH_BOX(&nostall::decoder_train_cpu));
+  m.impl("decoder_train_backward", TORCH_BOX(&nostall::decoder_train_backward_cpu));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));

@@ -70,6 +70,7 @@ def _load_autograd() -> str:
 
 _load_core()
 AUTOGRAD = _load_autograd()
+from nostall import _decoder_train  # noqa: E402, F401  (its fakes and Python autograd formula)
 
 
 def _load_cuda_kernels() -> bool:

@@ -32,6 +32,8 @@ void check_shape(const char* op, const Tensor& t, const char* name, int64_t i, i
                   cols < 0 ? "" : std::to_string(cols), "]");
 }
 
+}  // namespace
+
 // out = x @ w^T (+ bias): x [N, K], w [M, K] (nn.Linear's layout), out [N, M].
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
   const AOTITorchError err =
@@ -51,27 +53,12 @@ void rms_norm(float* out, const float* x, const float* weight, int64_t N, int64_
   }
 }
 
-// e^x to within about 1e-7 relative (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for
-// e^r, 2^n from the exponent bits), branch-free so the loop below vectorizes, where std::exp is a
-// libm call per element: the SiLU's exps were half of a small model's prefill.
-inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float shifted = x * 1.44269504088896341f + 12582912.0f;  // + 1.5 * 2^23: round to int
-  const float n = shifted - 12582912.0f;
-  float r = x - n * 0.693359375f;  // ln 2 in two parts, so r keeps its low bits
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+void mm(Tensor& out, const Tensor& a, const Tensor& b) {
+  STD_TORCH_CHECK(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()) == AOTI_TORCH_SUCCESS,
+                  "decoder: matrix product failed");
 }
+
+namespace {
 
 // act [N, I] = silu(gate) * up, gate_up [N, 2I]: an AVX2 clone where the CPU has it (chosen
 // once at load), plain SSE otherwise.
@@ -89,12 +76,12 @@ __attribute__((target_clones("avx2", "default"))) void silu_gate(const float* ga
 
 }  // namespace
 
-Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
-              std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
-              std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-              std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
-              Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, const Tensor& keys,
-              const Tensor& values, int64_t num_heads, int64_t kv_heads, double eps) {
+Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_norm,
+                     std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
+                     std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
+                     std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
+                     Tensor final_norm, Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads,
+                     double eps) {
   const int64_t L = static_cast<int64_t>(input_norm.size());
   STD_TORCH_CHECK(L >= 1, op, ": at least one layer");
   STD_TORCH_CHECK(static_cast<int64_t>(qkv_weight.size()) == L &&
@@ -105,24 +92,15 @@ Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
                       (qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == L),
                   op, ": every per-layer list must have ", L, " entries");
   check_float(op, embed, "embed", 2);
-  check_float(op, lm_head, "lm_head", 2);
   check_float(op, final_norm, "final_norm", 1);
   check_float(op, cos, "cos", 2);
   check_float(op, sin, "sin", 2);
-  check_float(op, keys, "keys", 5);
-  check_float(op, values, "values", 5);
-  const int64_t H = embed.size(1), D = keys.size(4);
+  const int64_t H = embed.size(1), D = cos.size(1);
   STD_TORCH_CHECK(num_heads >= 1 && kv_heads >= 1 && num_heads % kv_heads == 0, op,
                   ": num_heads must be a multiple of kv_heads");
-  STD_TORCH_CHECK(D % 2 == 0, op, ": the head dimension must be even");
-  STD_TORCH_CHECK(keys.size(0) == L && keys.size(2) == kv_heads, op,
-                  ": keys must be [L, B, kv_heads, S, D] with L = ", L, ", kv_heads = ", kv_heads);
-  for (int64_t d = 0; d < 5; ++d) {
-    STD_TORCH_CHECK(values.size(d) == keys.size(d), op, ": values must match keys");
-  }
-  STD_TORCH_CHECK(lm_head.size(1) == H && final_norm.size(0) == H, op,
-                  ": lm_head must be [V, H] and final_norm [H], H = ", H);
-  STD_TORCH_CHECK(cos.size(1) == D && sin.size(1) == D && sin.size(0) == cos.size(0), op,
+  STD_TORCH_CHECK(D >= 2 && D % 2 == 0, op, ": the head dimension (cos.size(1)) must be even");
+  STD_TORCH_CHECK(final_norm.size(0) == H, op, ": final_norm must be [H], H = ", H);
+  STD_TORCH_CHECK(sin.size(1) == D && sin.size(0) == cos.size(0), op,
                   ": cos and sin must be [positions, D], D = ", D);
   const int64_t Q = (num_heads + 2 * kv_heads) * D;
   int64_t I = -1;
@@ -155,7 +133,6 @@ Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
   w.gate_up_weight = std::move(gate_up_weight);
   w.down_weight = std::move(down_weight);
   w.final_norm = final_norm;
-  w.lm_head = lm_head;
   w.cos = cos;
   w.sin = sin;
   w.layers = L;
@@ -166,9 +143,36 @@ Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
   w.head_dim = D;
   w.num_heads = num_heads;
   w.kv_heads = kv_heads;
+  w.eps = static_cast<float>(eps);
+  return w;
+}
+
+Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
+              std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
+              std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
+              std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
+              Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, const Tensor& keys,
+              const Tensor& values, int64_t num_heads, int64_t kv_heads, double eps) {
+  Weights w =
+      check_layers(op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
+                   std::move(o_weight), std::move(post_norm), std::move(gate_up_weight),
+                   std::move(down_weight), final_norm, cos, sin, num_heads, kv_heads, eps);
+  check_float(op, lm_head, "lm_head", 2);
+  check_float(op, keys, "keys", 5);
+  check_float(op, values, "values", 5);
+  STD_TORCH_CHECK(keys.size(4) == w.head_dim, op,
+                  ": keys must be [L, B, kv_heads, S, D], D = ", w.head_dim,
+                  " (the rotary tables')");
+  STD_TORCH_CHECK(keys.size(0) == w.layers && keys.size(2) == kv_heads, op,
+                  ": keys must be [L, B, kv_heads, S, D] with L = ", w.layers,
+                  ", kv_heads = ", kv_heads);
+  for (int64_t d = 0; d < 5; ++d) {
+    STD_TORCH_CHECK(values.size(d) == keys.size(d), op, ": values must match keys");
+  }
+  STD_TORCH_CHECK(lm_head.size(1) == w.hidden, op, ": lm_head must be [V, H], H = ", w.hidden);
+  w.lm_head = lm_head;
   w.slots = keys.size(3);
   w.cache_rows = keys.size(1);
-  w.eps = static_cast<float>(eps);
   return w;
 }
 

@@ -1,9 +1,12 @@
-// What the native decoder ops (decode_step, prefill_prompts) share: the checks on a Llama-family
-// decoder's weights and KV cache, and the layer loop (RMSNorm, fused q/k/v projection, an
-// attention the op supplies, output projection, RMSNorm, SiLU-gated MLP) over a residual stream
+// What the native decoder ops (decode_step, prefill_prompts, decoder_train) share: the checks on a
+// Llama-family decoder's weights and KV cache, and the layer loop (RMSNorm, fused q/k/v projection,
+// an attention the op supplies, output projection, RMSNorm, SiLU-gated MLP) over a residual stream
 // of N rows. GEMMs go through the C shim's addmm / mm; everything between them is plain loops.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -21,8 +24,18 @@ struct Weights {
   float eps = 0.0f;
 };
 
-// Checks every weight (float32, contiguous, CPU, the shapes a decoder's layers need) and the
-// cache (keys, values [L, rows, kv_heads, S, D]); `op` prefixes every message.
+// Checks every layer weight, the final norm and the rotary tables (float32, contiguous, CPU, the
+// shapes a decoder's layers need; the head dimension is the tables' width); `op` prefixes every
+// message. lm_head and the cache fields stay empty.
+Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_norm,
+                     std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
+                     std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
+                     std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
+                     Tensor final_norm, Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads,
+                     double eps);
+
+// check_layers, then the output weight lm_head [V, H] and the cache (keys, values
+// [L, rows, kv_heads, S, D]).
 Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
               std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
               std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
@@ -38,6 +51,37 @@ void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x)
 // att [N, heads D] with the attention output.
 using Attend = std::function<void(int64_t layer, float* qkv, float* att)>;
 void run_layers(const Weights& w, Tensor& x, const Attend& attend);
+
+// out = x @ w^T (+ bias): x [N, K], w [M, K] (nn.Linear's layout), out [N, M].
+void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias);
+
+// out = a @ b (either may be a strided view, e.g. a transpose).
+void mm(Tensor& out, const Tensor& a, const Tensor& b);
+
+// out [N, H] = weight * x / rms(x), row by row.
+void rms_norm(float* out, const float* x, const float* weight, int64_t N, int64_t H, float eps);
+
+// e^x to within about 1e-7 relative (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for
+// e^r, 2^n from the exponent bits), branch-free so loops over it vectorize, where std::exp is a
+// libm call per element: the SiLU's exps were half of a small model's prefill.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;  // + 1.5 * 2^23: round to int
+  const float n = shifted - 12582912.0f;
+  float r = x - n * 0.693359375f;  // ln 2 in two parts, so r keeps its low bits
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
 
 // logits [N, V] of x [N, H] after the final RMSNorm.
 Tensor logits(const Weights& w, const Tensor& x);

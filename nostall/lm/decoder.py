@@ -238,6 +238,13 @@ class Decoder:
         prompt_ids, prompt_mask [Bp, P] are each group's prompt (left-padded), completion_ids,
         completion_mask [B, C] the completions, B = Bp * G, grouped in order. The prompt is run
         once per group; its keys and values are broadcast to the group's completions."""
+        if self._native_training_applies():
+            B, C = completion_ids.shape
+            hidden = torch.ops.nostall.decoder_train.default(
+                prompt_ids, prompt_mask, completion_ids, completion_mask,
+                *self._training_weights(), *self._native_config(),
+            )[0]  # fmt: skip
+            return hidden.view(B, C, -1)
         Bp, P = prompt_ids.shape
         G = completion_ids.shape[0] // Bp
         prompt_positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
@@ -303,6 +310,34 @@ class Decoder:
             and self.embed.weight.device.type == "cpu"
             and not torch.is_grad_enabled()
         )
+
+    def _native_training_applies(self) -> bool:
+        """Whether `nostall::decoder_train` runs `grouped_hidden` (forward and backward): float32
+        on the CPU, Llama's attention without an output bias."""
+        return (
+            self.native
+            and self.layers[0].self_attn.o_proj.bias is None
+            and self.embed.weight.dtype == torch.float32
+            and self.embed.weight.device.type == "cpu"
+        )
+
+    def _training_weights(self) -> tuple:
+        """decoder_train's weight arguments: the model's parameters (q/k/v and gate/up joined
+        here, so their gradients flow back to the separate projections), the rotary tables."""
+        layers = self.layers
+        fused = [self._fuse(layer) for layer in layers]
+        biases = [bias for _, bias, _ in fused]
+        return (
+            self.embed.weight,
+            [layer.input_layernorm.weight for layer in layers],
+            [weight for weight, _, _ in fused],
+            [] if biases[0] is None else biases,
+            [layer.self_attn.o_proj.weight for layer in layers],
+            [layer.post_attention_layernorm.weight for layer in layers],
+            [gate_up for _, _, gate_up in fused],
+            [layer.mlp.down_proj.weight for layer in layers],
+            self.norm.weight, self.cos, self.sin,
+        )  # fmt: skip
 
     def _native_config(self) -> tuple[int, int, float]:
         eps = float(self.layers[0].input_layernorm.variance_epsilon)

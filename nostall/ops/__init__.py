@@ -1,5 +1,6 @@
 """Public operator functions. Importing this package registers the fake kernels and vmap rules
-of the native ops (their autograd kernels are native, in nostall._C_autograd)."""
+of the native ops (their autograd kernels are native, in nostall._C_autograd, but for
+decoder_train's: nostall/_decoder_train.py says why)."""
 
 from nostall import _native  # noqa: F401  (loads the native library first)
 from nostall.ops import (  # noqa: F401  (registrations)
