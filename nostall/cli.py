@@ -4,7 +4,8 @@
     nostall train grpo [--model tiny|PATH] [--task copy] [--ARG VALUE ...]  GRPO on a causal LM
     nostall profile SCRIPT [options] [-- ARGS...]   run a script under SyncWatch, print a report
     nostall profile --diff BEFORE.json AFTER.json   what a change added or removed
-    nostall trace TRACE.json [--json]               device idle breakdown of a torch.profiler trace
+    nostall trace TRACE.json [--json] [--plot PNG]  device idle breakdown of a torch.profiler
+                                                    trace, and what the loop is bound by
     nostall bench                                   run every benchmark, side by side with peers
 
 Exit codes: 0 success; 1 the profiled script failed; 2 bad usage (an unknown environment or
@@ -152,15 +153,21 @@ def _parser() -> argparse.ArgumentParser:
         "--trace", metavar="PATH", help="also record a torch.profiler trace there and analyse it"
     )
     profile.add_argument(
+        "--plot", metavar="PNG", help="with --trace: draw what the loop is bound by there"
+    )
+    profile.add_argument(
         "--all-tensors",
         action="store_true",
         help="treat every tensor as a device tensor (default: parameters, marked tensors, "
         "CUDA tensors and what is computed from them)",
     )
 
-    trace = commands.add_parser("trace", help="device idle breakdown of a torch.profiler trace")
+    trace = commands.add_parser(
+        "trace", help="device idle breakdown of a torch.profiler trace, and what it is bound by"
+    )
     trace.add_argument("trace", help="Chrome JSON trace (.json or .json.gz)")
     trace.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    trace.add_argument("--plot", metavar="PNG", help="draw what the loop is bound by there")
     trace.add_argument(
         "--kernel-delay-us",
         type=float,
@@ -178,6 +185,10 @@ def _profile(args: argparse.Namespace, script_args: list[str]) -> int:
         return _profile_diff(args)
     if args.script is None:
         print("nostall profile: a SCRIPT to run, or --diff BEFORE AFTER", file=sys.stderr)
+        return EXIT_USAGE
+    if args.plot and not args.trace:
+        print("nostall profile: --plot needs --trace PATH (the plot is drawn from the trace)",
+              file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     try:
         run = run_script(
@@ -197,6 +208,8 @@ def _profile(args: argparse.Namespace, script_args: list[str]) -> int:
         print(f"nostall profile: {args.script} raised an exception:", file=sys.stderr)
         print(run.error, file=sys.stderr, end="")
     report = run.report
+    if args.plot and report.bound is not None:
+        report.bound.plot(args.plot)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
@@ -224,6 +237,7 @@ def _profile_diff(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
+    from nostall.profiler.bound import analyze_bound_by
     from nostall.profiler.report import format_idle
     from nostall.profiler.trace import (
         DEFAULT_CONSECUTIVE_KERNEL_DELAY_US,
@@ -236,10 +250,16 @@ def _trace(args: argparse.Namespace) -> int:
         idle = analyze_trace(
             args.trace, DEFAULT_CONSECUTIVE_KERNEL_DELAY_US if delay is None else delay
         )
+        bound = analyze_bound_by(args.trace)
     except TraceError as e:
         print(f"nostall trace: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(json.dumps(idle, indent=2, default=str) if args.json else format_idle(idle))
+    if args.plot:
+        bound.plot(args.plot)
+    if args.json:
+        print(json.dumps({**idle, "bound_by": bound.to_dict()}, indent=2, default=str))
+    else:
+        print(format_idle(idle) + "\n" + bound.table())
     return 0
 
 

@@ -6,6 +6,7 @@ import linecache
 import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class SyncReport:
     intended: list[SyncSite] = field(default_factory=list)
     cuda_warnings_unmatched: list[tuple[str, int]] = field(default_factory=list)
     idle: dict | None = None
+    bound: Any = None  # a bound.BoundBy, when a trace was recorded
 
     @classmethod
     def from_events(
@@ -115,6 +117,7 @@ class SyncReport:
             "intended": [asdict(s) for s in self.intended],
             "cuda_warnings_unmatched": [list(w) for w in self.cuda_warnings_unmatched],
             "idle": self.idle,
+            "bound_by": self.bound.to_dict() if self.bound is not None else None,
         }
 
     def table(self) -> str:
@@ -132,6 +135,8 @@ class SyncReport:
             lines += [f"  {_short(f)}:{n}" for f, n in self.cuda_warnings_unmatched]
         if self.idle is not None:
             lines.append(format_idle(self.idle))
+        if self.bound is not None:
+            lines.append(self.bound.table())
         return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from nostall.profiler.bound import analyze_bound_by
 from nostall.profiler.report import SyncReport
 from nostall.profiler.sync import SyncWatch
 from nostall.profiler.trace import analyze_trace
@@ -82,4 +83,10 @@ def run_script(
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
         report.idle = analyze_trace(trace_path)
+        report.bound = analyze_bound_by(trace_path)
+        report.bound.note = (
+            "recorded under the sync watch, which adds Python work to every torch op: the "
+            "shares of inference and update are inflated; record a trace without it and run "
+            "`nostall trace` for clean figures"
+        )
     return ScriptRun(report, exit_code, error)

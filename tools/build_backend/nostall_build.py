@@ -33,7 +33,13 @@ def torch_requirement() -> str:
         found = None
     version = found.stdout.strip() if found is not None and found.returncode == 0 else ""
     requirement = f"torch=={version}" if version else TESTED_TORCH
-    why = "the target environment's" if version else "no torch in the target environment"
+    why = (
+        "the target environment's"
+        if version
+        else "no torch in the target environment (a build frontend's own venv, as in "
+        "`python -m build`, has none): the version nostall is tested with; "
+        "NOSTALL_BUILD_TORCH=torch==X picks another"
+    )
     print(f"nostall: building against {requirement} ({why})", file=sys.stderr)
     return requirement
 
