@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
 import itertools
@@ -190,14 +191,17 @@ def _profile(args: argparse.Namespace, script_args: list[str]) -> int:
         print("nostall profile: --plot needs --trace PATH (the plot is drawn from the trace)",
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
+    # With --json, stdout carries the report alone: the script's own prints go to stderr.
+    quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
     try:
-        run = run_script(
-            args.script,
-            script_args,
-            all_tensors=args.all_tensors,
-            trace_path=args.trace,
-            only_user_code=args.only_user_code,
-        )
+        with quiet:
+            run = run_script(
+                args.script,
+                script_args,
+                all_tensors=args.all_tensors,
+                trace_path=args.trace,
+                only_user_code=args.only_user_code,
+            )
     except FileNotFoundError as e:
         print(f"nostall profile: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -134,6 +134,9 @@ PROFILER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 INTERNAL_DIRS = (TORCH_DIR, PROFILER_DIR)
 # A sync raised while torch.distributions validates its arguments gets its own kind.
 DISTRIBUTIONS_DIR = os.path.join(TORCH_DIR, "distributions") + os.sep
+# Where torch.distributions validates: Distribution.__init__ checks every parameter against its
+# constraint, _validate_sample each sample given to log_prob.
+VALIDATION_FUNCTIONS = frozenset({"__init__", "_validate_sample"})
 
 
 def is_library(path: str) -> bool:

@@ -66,7 +66,11 @@ def _user_frame() -> _Source:
     in_distributions = False
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename.startswith(catalog.DISTRIBUTIONS_DIR):
+        if filename.startswith(catalog.DISTRIBUTIONS_DIR) and (
+            frame.f_code.co_name in catalog.VALIDATION_FUNCTIONS
+        ):
+            # Argument validation (a support check read on the host), not the distribution's
+            # own work: Categorical.sample's multinomial keeps its kind.
             in_distributions = True
         if _outside_torch(filename):
             source = _Source(filename, frame.f_lineno, frame.f_code.co_name, in_distributions)

@@ -60,6 +60,21 @@ SYNCING = [
         1,
         "distributions validation",
     ),
+    (
+        # Sampling is the distribution's own work, not its validation: the multinomial's kind.
+        "categorical_sample",
+        "torch.distributions.Categorical(logits=d, validate_args=False).sample()",
+        1,
+        "multinomial",
+    ),
+    (
+        # A sample given back to log_prob is validated.
+        "categorical_log_prob_validation",
+        "c = torch.distributions.Categorical(logits=d, validate_args=False)\n"
+        "c._validate_args = True\nc.log_prob(d.argmax())",
+        1,
+        "distributions validation",
+    ),
     ("item_in_loop", "for _ in range(3):\n    d.sum().item()", 3, "item"),
     ("any_item", "(d > 0).any().item()", 1, "item"),
     (

@@ -61,10 +61,13 @@ def test_profile_reports_syncs_by_line_and_kind_with_script_args(tmp_path):
 
 
 def test_profile_json(tmp_path):
-    result = nostall("profile", "--json", str(script(tmp_path, SYNCING)), "--", "2")
+    # The script prints: with --json its output goes to stderr, so stdout stays the report.
+    printing = SYNCING + "    print('step done')\n"
+    result = nostall("profile", "--json", str(script(tmp_path, printing)), "--", "2")
     data = json.loads(result.stdout)
     assert data["steps"] == 2 and data["unintended_syncs"] == 2 and data["intended_syncs"] == 2
     assert data["unintended"][0]["line"] == 9
+    assert "step done" in result.stderr
 
 
 def test_fail_on_sync_exit_codes(tmp_path):
@@ -100,6 +103,13 @@ def test_profile_with_trace_on_a_cpu_only_machine(tmp_path):
     assert result.returncode == 0, result.stderr
     assert trace_path.is_file()
     assert "device idle breakdown" in result.stdout
+    assert "bound by:" in result.stdout and "recorded under the sync watch" in result.stdout
+    plot = tmp_path / "bound.png"
+    result = nostall("profile", "--trace", str(trace_path), "--plot", str(plot),
+                     str(script(tmp_path, SYNCING)), "--", "1")  # fmt: skip
+    assert result.returncode == 0 and plot.is_file(), result.stderr
+    result = nostall("profile", "--plot", str(plot), str(script(tmp_path, SYNCING)))
+    assert result.returncode == 2 and "--plot needs --trace" in result.stderr
 
 
 def test_trace_command(tmp_path):
