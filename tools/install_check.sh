@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # `make install-check`: nostall installed from this tree as a user installs it, outside the dev
-# venv, in fresh venvs (build/install-check/):
-#   1. a wheel built with pip's default build isolation (`pip wheel .`, the build that
-#      `pip install .` runs) in a venv holding torch $TORCH_BUILT (the build backend pins the
-#      isolated build's torch to it); installed there, it loads the native autograd kernels;
-#   2. the same wheel installed into a venv holding torch $TORCH_OTHER, a torch it was not built
+# venv, in fresh venvs (build/install-check/), each build from a copy of the tracked files (what
+# a clean checkout holds; the working tree is never built in):
+#   1. `pip install .` with pip's default build isolation in a venv holding torch $TORCH_BUILT
+#      (the build backend pins the isolated build's torch to it): it loads the native autograd;
+#   2. `python -m build`: an sdist, and a wheel built from that sdist (so the sdist carries all
+#      a build needs); the sdist installed with `pip install nostall-*.tar.gz` in the same venv;
+#   3. that wheel installed into a venv holding torch $TORCH_OTHER, a torch it was not built
 #      for: the stable-ABI kernels load, the autograd formulas come from Python with a one-line
 #      notice;
-#   3. where nvcc is present: a build from source against that CUDA torch with no GPU visible (the
-#      default CUDA architectures): the CUDA kernels compile, link and register, and the native
-#      autograd loads;
-# each running a smoke subset from outside the source tree (every op forward and backward
-# against its reference, environment steps against Gymnasium, a short PPO run).
-# STEPS picks the parts ("wheel cuda" by default; "cuda" reuses the venv of part 2).
+#   4. where nvcc is present: a build from source against that CUDA torch with no GPU visible (the
+#      default CUDA architectures): the CUDA kernels compile, link and register, the native
+#      autograd loads, and the whole CPU test suite passes under that torch;
+# 1-4 run a smoke subset from outside the source tree (every op forward and backward against
+# its reference, environment steps against Gymnasium, a short PPO run).
+# STEPS picks the parts ("wheel cuda" by default: 1-3 and 4; "cuda" reuses the venv of part 3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
@@ -25,13 +27,27 @@ mkdir -p "$work/dist" "$work/smoke"
 
 # The tests, copied away from the source tree so `import nostall` finds the installed package.
 rm -rf "$work/smoke/tests"
-cp -r "$root/tests" "$root/pyproject.toml" "$work/smoke/"
 smoke=(tests/ops/test_advantages_registration.py tests/ops/test_losses_registration.py
        tests/ops/test_mlp.py tests/ops/test_sample_categorical.py tests/ops/test_ppo_loss.py
        tests/envs/test_gymnasium_oracle.py)
 
-check() {  # venv, expected autograd
-  local venv=$1 autograd=$2
+# The tree as a clean checkout holds it (tracked and untracked-but-not-ignored files, no build
+# outputs), taken once at the start so every part builds the same sources.
+rm -rf "$work/snapshot"
+mkdir -p "$work/snapshot"
+(cd "$root" && git ls-files -co --exclude-standard | grep -v '^build/' | tar -cf - -T -) |
+  tar -xf - -C "$work/snapshot"
+rm -f "$work"/snapshot/nostall/*.so
+
+copy_tree() {  # destination
+  rm -rf "$1"
+  cp -a "$work/snapshot" "$1"
+}
+
+cp -r "$work/snapshot/tests" "$work/snapshot/pyproject.toml" "$work/smoke/"
+
+check() {  # venv, expected autograd, a name for the PPO run's folder
+  local venv=$1 autograd=$2 name=$3
   (cd "$work/smoke" && "$venv/bin/python" - "$autograd" <<'PY'
 import sys, warnings
 with warnings.catch_warnings(record=True) as caught:
@@ -49,34 +65,41 @@ PY
   (cd "$work/smoke" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "${smoke[@]}" |
     tail -3)
   (cd "$work" && "$venv/bin/nostall" train ppo --env CartPole-v1 --total-timesteps 4096 \
-    --out "$work/run-$(basename "$venv")" | tail -3)
+    --out "$work/run-$name" | tail -3)
 }
 
 if [[ " $steps " == *" wheel "* ]]; then
-  echo "== a venv with torch $built: pip wheel . (build isolation), install, smoke" >&2
+  echo "== a venv with torch $built: pip install . (build isolation), smoke" >&2
   "$python" -m venv "$work/built"
-  "$work/built/bin/pip" install -q "torch==$built" pytest hypothesis
-  (cd "$root" && "$work/built/bin/pip" wheel -q --no-deps -w "$work/dist" .)
-  wheel=$(ls "$work"/dist/nostall-*.whl)
-  echo "built $(basename "$wheel")" >&2
-  "$work/built/bin/pip" install -q "$wheel"
-  check "$work/built" native
+  "$work/built/bin/pip" install -q "torch==$built" pytest hypothesis build
+  copy_tree "$work/src-install"
+  (cd "$work/src-install" && "$work/built/bin/pip" install -q .)
+  check "$work/built" native install
 
-  echo "== a venv with torch $other: the same wheel, smoke" >&2
+  echo "== python -m build: an sdist and a wheel from it; pip install of the sdist, smoke" >&2
+  copy_tree "$work/src-build"
+  (cd "$work/src-build" && "$work/built/bin/python" -m build -o "$work/dist" . >/dev/null)
+  sdist=$(ls "$work"/dist/nostall-*.tar.gz)
+  wheel=$(ls "$work"/dist/nostall-*.whl)
+  echo "built $(basename "$sdist") and $(basename "$wheel")" >&2
+  # The sdist must hold every source a build needs: it is the only input of the wheel above.
+  tar -tzf "$sdist" >"$work/sdist-files"
+  grep -q "tools/build_backend/nostall_build.py" "$work/sdist-files"
+  grep -q "csrc/registration.cpp" "$work/sdist-files"
+  "$work/built/bin/pip" install -q --force-reinstall --no-deps "$sdist"
+  check "$work/built" native sdist
+
+  echo "== a venv with torch $other: the wheel, smoke" >&2
   "$python" -m venv "$work/other"
   "$work/other/bin/pip" install -q "torch==$other" pytest hypothesis
   "$work/other/bin/pip" install -q "$wheel"
-  check "$work/other" python
+  check "$work/other" python wheel
 fi
 
 if [[ " $steps " == *" cuda "* ]] && command -v nvcc >/dev/null; then
-  echo "== torch $other (CUDA), no GPU: build from source, CUDA kernels registered, smoke" >&2
+  echo "== torch $other (CUDA), no GPU: build from source, CUDA kernels registered" >&2
   # A copy of the tree: pip builds in place, and this build must not touch the dev build's.
-  rm -rf "$work/src"
-  mkdir -p "$work/src"
-  (cd "$root" && git ls-files -co --exclude-standard | grep -v '^build/' | tar -cf - -T -) |
-    tar -xf - -C "$work/src"
-  rm -f "$work"/src/nostall/*.so
+  copy_tree "$work/src"
   "$work/other/bin/pip" install -q "setuptools>=77" wheel ninja
   (cd "$work/src" && env -u TORCH_CUDA_ARCH_LIST "$work/other/bin/pip" install -q \
     --no-build-isolation --no-deps --force-reinstall .)
@@ -88,7 +111,8 @@ assert nostall.HAS_CUDA_KERNELS and nostall.AUTOGRAD == "native", (nostall.HAS_C
                                                                     nostall.AUTOGRAD)
 # Host-side ops: the environment's control calls take host tensors (a CUDA step goes through
 # env_step's stream-ordered kernel), and the CPU decoder ops have a GPU path in tensor ops.
-HOST_ONLY = {"env_load", "env_send", "env_set_state", "decode_step", "prefill_prompts"}
+HOST_ONLY = {"env_load", "env_send", "env_set_state", "decode_step", "prefill_prompts",
+             "decoder_train", "decoder_train_backward"}
 names = sorted(n.split("::")[1] for n in torch._C._dispatch_get_all_op_names()
                if n.startswith("nostall::"))
 has = torch._C._dispatch_has_kernel_for_dispatch_key
@@ -99,7 +123,22 @@ print(f"torch {torch.__version__}: {len(names)} ops, every one but {sorted(HOST_
       "CUDA kernel (or backend-independent)")
 PY
   )
-  (cd "$work/smoke" && "$work/other/bin/python" -m pytest -q -p no:cacheprovider "${smoke[@]}" |
-    tail -2)
+  echo "== torch $other (CUDA), no GPU: the whole CPU suite" >&2
+  # In the source copy, with the extension just built and installed (the suite reads files of
+  # the tree: docs, examples, tools). Its CUDA sources were compiled by that build, so the
+  # nvcc-only compile test is not run twice.
+  installed=$(cd "$work/smoke" &&
+    "$work/other/bin/python" -c 'import nostall, os; print(os.path.dirname(nostall.__file__))')
+  cp "$installed"/_C*.so "$work/src/nostall/"
+  "$work/other/bin/pip" install -q pygame "gymnasium==1.4.0" "torchrl==0.14.1" \
+    "transformers==5.23.0" "tokenizers==0.23.3"
+  (cd "$work/src" && "$work/other/bin/python" - <<'PY'
+import nostall
+assert nostall.HAS_CUDA_KERNELS and nostall.__file__.startswith(__import__("os").getcwd()), (
+    nostall.__file__)
+PY
+  )
+  (cd "$work/src" && "$work/other/bin/python" -m pytest -q -p no:cacheprovider -x \
+    --deselect tests/test_cuda_sources_compile.py | tail -15)
 fi
 echo "== install check passed" >&2
