@@ -339,7 +339,8 @@ def train(
             began = time.perf_counter()
             with watch:
                 if watched:
-                    watch.mark(*batch.tensors().values())
+                    # Built on the run's device before the watch began.
+                    watch.mark(*batch.tensors().values(), setup.banned, setup.group_index)
                 decoupled = args.staleness > 0
                 metrics = grpo_update(decoder, optimizer, batch, args, setup.banned,
                                       setup.reference, decoupled, setup.group_index)  # fmt: skip

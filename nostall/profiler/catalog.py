@@ -6,6 +6,7 @@ ATen ops (seen by a TorchDispatchMode). Each entry names the kind reported to th
 """
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -36,22 +37,49 @@ FUNCTION_KINDS: dict[Callable, str] = {
 }
 
 
-def _to_host(args: tuple, kwargs: dict) -> bool:
-    """Tensor.to(...) targets the CPU, blocking (non_blocking copies are a known blind spot)."""
-    if kwargs.get("non_blocking", False) or any(a is True for a in args[1:]):
-        return False
-    targets = [*args[1:], kwargs.get("device")]
-    for target in targets:
-        if isinstance(target, str | torch.device) and torch.device(target).type == "cpu":
-            return True
-        if isinstance(target, Tensor) and target.device.type == "cpu":
-            return True
-    return False
+# Calls that move a tensor between host and device; the watch decides which way by where the
+# tensor lives and where the call sends it (sync.py, _FunctionLayer._move).
+MOVES = frozenset({Tensor.to, Tensor.cuda})
+# Factories that copy host data (a Python list, a NumPy array) into a new tensor: with a device
+# target, a copy to the device from pageable memory.
+DATA_FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+# Factories that fill a new tensor: with a device target, a device tensor and no copy.
+FILL_FACTORIES = frozenset({
+    torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.linspace, torch.rand,
+    torch.randn, torch.randint, torch.eye, torch.zeros_like, torch.ones_like, torch.empty_like,
+    torch.full_like, torch.rand_like, torch.randn_like, torch.randint_like,
+})  # fmt: skip
 
 
-CONDITIONAL_FUNCTION_KINDS: dict[Callable, tuple[str, Callable[[tuple, dict], bool]]] = {
-    Tensor.to: ("copy to host", _to_host),
-}
+def move_target(func: Callable, args: tuple, kwargs: dict) -> torch.device | None:
+    """The device a Tensor.to / Tensor.cuda call sends its tensor to; None for a dtype-only
+    conversion."""
+    if func is Tensor.cuda:
+        device = args[1] if len(args) > 1 else kwargs.get("device")
+        return torch.device("cuda" if device is None else device)
+    for target in (*args[1:], kwargs.get("device")):
+        if isinstance(target, Tensor):
+            return target.device
+        if isinstance(target, str | torch.device):
+            try:
+                return torch.device(target)
+            except RuntimeError:
+                return None
+    return None
+
+
+def non_blocking(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """Whether a move asks for a non-blocking copy."""
+    if kwargs.get("non_blocking", False):
+        return True
+    # Tensor.to(device, dtype, non_blocking) / to(dtype, non_blocking) / to(other, non_blocking)
+    return any(a is True for a in args[1:])
+
+
+# A host-side name of the CPU in the source of a call: `.to("cpu")`, `device="cpu"`,
+# `torch.device("cpu")`. On a machine without CUDA a script's compute device is the CPU too, so
+# a move's direction is read from how the call names its target.
+NAMES_CPU = re.compile(r"""["']cpu["']|\.cpu\(""")
 
 
 def _has_mask_index(indices: Any) -> bool:
@@ -64,6 +92,11 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) 
     if len(args) > index:
         return args[index]
     return kwargs.get(name, default)
+
+
+# Advanced indexing: with integer indices on the host and data on the device, the indices are
+# copied to the device first (sync.py, _DispatchLayer._host_indices).
+INDEXING = frozenset({aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_})
 
 
 def classify_op(func: Any, args: tuple, kwargs: dict) -> str | None:
@@ -159,6 +192,8 @@ HINTS: dict[str, str] = {
     "or step the environment on the device (nostall.envs)",
     "copy to host": "copy into pinned memory with non_blocking=True and wait on an event when "
     "needed, or keep the consumer on the device",
+    "copy to device": "copy from pinned memory with non_blocking=True (a reused pinned buffer: "
+    "buf.copy_(x); x_dev.copy_(buf, non_blocking=True)), or create the data on the device",
     "print": "log every N steps under allow(), not every step",
     "contains": "(t == v).any() stays on the device",
     "nonzero": "a fixed-shape form: three-argument torch.where, masked_fill, "

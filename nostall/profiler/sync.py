@@ -12,8 +12,12 @@ a host-device sync, with the user's file:line, its kind, and counts per step.
     print(watch.report().table())
 
 It tracks which tensors would live on the device: CUDA tensors, every nn.Parameter, tensors the
-user marks, and everything computed from them. Tensors built on the host from host data (an
-optimizer's step counter, say) are not device tensors, and reading them is not a sync. Both
+user marks, tensors moved or created there (`.to(device)`, `.cuda()`, a factory's `device=`),
+and everything computed from them. Tensors built on the host from host data (an optimizer's
+step counter, `torch.tensor(xs)`) are not device tensors, and reading them is not a sync; moving
+them to the device is a copy to the device (blocking, from pageable memory), and a move to where
+a tensor already lives is free (docs/sync_points.md says how a CPU-only run tells the two
+directions apart). Both
 layers (a TorchFunctionMode and a TorchDispatchMode) are per thread: a watch sees the thread
 that entered it. With a dispatch mode active torch.compile does not compile, so the watch sees
 the eager program. Known blind spots are listed in docs/sync_points.md.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import linecache
 import sys
 import threading
 import warnings
@@ -105,11 +110,14 @@ class _FunctionLayer(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind = catalog.FUNCTION_KINDS.get(func)
-        if kind is None and func in catalog.CONDITIONAL_FUNCTION_KINDS:
-            candidate, applies = catalog.CONDITIONAL_FUNCTION_KINDS[func]
-            kind = candidate if applies(args, kwargs) and not _called_from_torch() else None
         watch = self.watch
+        if func in catalog.MOVES and not _called_from_torch():
+            return self._move(func, args, kwargs)
+        if kwargs.get("device") is not None and (
+            func in catalog.DATA_FACTORIES or func in catalog.FILL_FACTORIES
+        ):
+            return self._create(func, args, kwargs)
+        kind = catalog.FUNCTION_KINDS.get(func)
         if kind is None or not watch._touches_device(args, kwargs):
             return func(*args, **kwargs)
         watch._record(kind)
@@ -117,17 +125,113 @@ class _FunctionLayer(TorchFunctionMode):
         watch._quiet += 1
         try:
             out = func(*args, **kwargs)
-            if kind == "copy to host" and any(out is t for t in _tensors(args)):
-                # On a CPU-only machine Tensor.cpu returns the tensor itself; on a GPU it returns
-                # a new host tensor. A view stands in for that copy, so the tensor copied from
-                # stays a device tensor and the copy does not.
-                out = out.view_as(out)
+            if kind == "copy to host":
+                out = _stand_in(out, args)
         finally:
             watch._quiet -= 1
         if kind == "copy to host":
             # The copy is on the host: a later read of it (numpy, tolist) is not a second sync.
             watch._set_host(out)
         return out
+
+    def _move(self, func, args, kwargs):
+        """Tensor.to / Tensor.cuda: device -> host is a copy to the host, host -> device a copy
+        to the device (both blocking unless non_blocking, from pinned memory for the second),
+        and a move to where the tensor already lives is free."""
+        watch = self.watch
+        target = catalog.move_target(func, args, kwargs)
+        if target is None or not isinstance(args[0], torch.Tensor):
+            return func(*args, **kwargs)  # a dtype conversion: where it lives does not change
+        source = args[0]
+        to_host = _names_host(target)
+        on_device = watch._is_device(source)
+        blocking = not catalog.non_blocking(func, args, kwargs)
+        if on_device and to_host:
+            kind = "copy to host" if blocking else None
+        elif not on_device and not to_host:
+            # Non-blocking only from pinned memory (on a CPU-only machine nothing can be
+            # pinned, so non_blocking=True is taken at its word).
+            pinned = source.is_pinned() or not torch.cuda.is_available()
+            kind = "copy to device" if blocking or not pinned else None
+        else:
+            kind = None
+        if kind is not None:
+            watch._record(kind)
+        watch._quiet += 1
+        try:
+            out = func(*args, **kwargs)
+            if on_device == to_host:  # it crosses over: a new tensor on the other side
+                out = _stand_in(out, args)
+        finally:
+            watch._quiet -= 1
+        if to_host:
+            watch._set_host(out)
+        else:
+            watch._tag(out)
+        return out
+
+    def _create(self, func, args, kwargs):
+        """A factory with a device: on the device unless it names the host; from host data
+        (torch.tensor, as_tensor) a copy to the device."""
+        watch = self.watch
+        try:
+            target = torch.device(kwargs["device"])
+        except (RuntimeError, TypeError):
+            return func(*args, **kwargs)
+        if _names_host(target):
+            return func(*args, **kwargs)
+        if func in catalog.DATA_FACTORIES:
+            watch._record("copy to device")
+        watch._quiet += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            watch._quiet -= 1
+        watch._tag(out)
+        return out
+
+
+def _names_host(target: torch.device) -> bool:
+    """Whether a move or factory targets the host. A CUDA target is the device; a CPU target is
+    the host on a machine with CUDA, and on a machine without it the host only when the call
+    names the CPU in its source (`.to("cpu")`): there `device = "cuda" if available else "cpu"`
+    is the script's compute device, a would-be GPU."""
+    if target.type != "cpu":
+        return False
+    if torch.cuda.is_available():
+        return True
+    # The line that made the call (torch's own, for a call inside torch: Adam's step counter is
+    # created with device="cpu"), not the user's line the sync would be reported at.
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(catalog.PROFILER_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return True
+    line = _call_text(frame)
+    # Code without a source file (a string run with exec) says nothing: the CPU is the host.
+    return not line or bool(catalog.NAMES_CPU.search(line))
+
+
+def _call_text(frame) -> str:
+    """The source of the call a frame is executing, across lines (from the code object's
+    positions; its line alone where positions are missing)."""
+    filename = frame.f_code.co_filename
+    try:
+        start, end, _, _ = list(frame.f_code.co_positions())[frame.f_lasti // 2]
+    except (IndexError, ValueError):
+        start = end = None
+    if start is None:
+        return linecache.getline(filename, frame.f_lineno)
+    return "".join(linecache.getline(filename, n) for n in range(start, (end or start) + 1))
+
+
+def _stand_in(out, args):
+    """On a CPU-only machine a move to where a tensor is returns the tensor itself; on a GPU it
+    returns a new tensor on the other side. A view stands in for that copy, so the tensor copied
+    from keeps where it lives and the copy gets the other side."""
+    if any(out is t for t in _tensors(args)):
+        return out.view_as(out)
+    return out
 
 
 def _tensors(value) -> Iterator[torch.Tensor]:
@@ -163,6 +267,8 @@ class _DispatchLayer(TorchDispatchMode):
         on_device = watch._touches_device(args, kwargs)
         if on_device and watch._quiet == 0:
             kind = catalog.classify_op(func, args, kwargs)
+            if kind is None and func.overloadpacket in catalog.INDEXING:
+                kind = self._host_indices(args, kwargs)
             if kind is not None:
                 watch._record(kind)
         out = func(*args, **kwargs)
@@ -174,6 +280,21 @@ class _DispatchLayer(TorchDispatchMode):
                 if i < len(args):
                     watch._tag(args[i])
         return out
+
+    def _host_indices(self, args, kwargs) -> str | None:
+        """A device tensor indexed by integer indices that live on the host (`t[np_idx]`, a
+        list of ints): they are copied to the device first, from pageable memory."""
+        watch = self.watch
+        source = args[0] if args else kwargs.get("self")
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if not isinstance(source, torch.Tensor) or not watch._is_device(source):
+            return None
+        for index in indices or ():
+            if (isinstance(index, torch.Tensor) and index.dim() > 0
+                    and index.dtype not in (torch.bool, torch.uint8)
+                    and not watch._is_device(index)):  # fmt: skip
+                return "copy to device"
+        return None
 
 
 class SyncWatch:

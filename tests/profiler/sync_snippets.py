@@ -75,6 +75,15 @@ SYNCING = [
         1,
         "distributions validation",
     ),
+    # Host data on its way to the device: copied from pageable memory, blocking.
+    ("host_index", "d[torch.tensor([0, 2])]", 1, "copy to device"),
+    ("to_device", "torch.tensor([1.0, 2.0]).to(d.device)", 1, "copy to device"),
+    (
+        "data_factory_on_device",
+        "torch.as_tensor([1.0, 2.0], device=d.device)",
+        1,
+        "copy to device",
+    ),
     ("item_in_loop", "for _ in range(3):\n    d.sum().item()", 3, "item"),
     ("any_item", "(d > 0).any().item()", 1, "item"),
     (
@@ -98,7 +107,10 @@ CLEAN = [
     ("gumbel_max", "(d - torch.log(-torch.log(torch.rand_like(d)))).argmax(-1)"),
     ("metadata", "d.shape[0] + len(d) + d.numel() + d.dim()"),
     ("dtype_cast", "d.to(torch.float64)"),
-    ("long_index", "d[torch.tensor([0, 2])]"),
+    ("long_index", "d[torch.arange(0, 4, 2, device=d.device)]"),
+    ("move_to_where_it_is", "d.to(d.device)"),  # transformers' mask.to(device=x.device)
+    ("fill_factory_on_device", "torch.zeros(3, device=d.device) + d[:3]"),
+    ("host_data_stays_on_host", "torch.tensor([1.0, 2.0]).sum().item()"),
     ("slice", "d[2:5]"),
     ("cat", "torch.cat([d, d])"),
     ("device_normaliser", "d.sum() / (d > 0).sum().clamp(min=1)"),

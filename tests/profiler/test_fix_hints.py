@@ -2,6 +2,7 @@
 docs/sync_points.md that is run here (the first block must sync with its kind, the second must
 not sync at all)."""
 
+import linecache
 import os
 import re
 
@@ -49,14 +50,19 @@ def _namespace() -> dict:
         "history": [],
         "host_actions": torch.zeros(2, dtype=torch.long),
         "step": 100,
+        "device": torch.device("cpu"),  # the script's compute device, on this CPU-only machine
+        "staging": torch.zeros(8),  # a pinned host buffer, on a GPU
     }
 
 
 def _run(code: str, name: str):
     namespace = _namespace()
     device = [namespace[k] for k in ("d", "loss", "k", "logits", "A")]
+    filename = f"<{name}>"
+    # Its source, for the watch that reads how a move names its target (`.to(device)`).
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     with SyncWatch(tensors=tuple(device)) as watch:
-        exec(compile(code, f"<{name}>", "exec"), namespace)
+        exec(compile(code, filename, "exec"), namespace)
     return watch
 
 

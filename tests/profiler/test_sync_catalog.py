@@ -1,5 +1,7 @@
 """SyncWatch against the snippet catalog: every sync found, with its kind; no false alarm."""
 
+import linecache
+
 import pytest
 import torch
 
@@ -10,7 +12,10 @@ from tests.profiler.sync_snippets import CLEAN, SYNCING, snippet_namespace
 def run_snippet(code: str, name: str):
     w = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 8))
     namespace = snippet_namespace(w)
-    compiled = compile(code, f"<snippet {name}>", "exec")
+    filename = f"<snippet {name}>"
+    # Its source, for the watch that reads how a move names its target (`.to(device)`).
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    compiled = compile(code, filename, "exec")
     # d and A were computed before the watch began: marked as device tensors explicitly.
     with SyncWatch(tensors=(namespace["d"], namespace["A"])) as watch:
         exec(compiled, namespace)
