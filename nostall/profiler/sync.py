@@ -111,7 +111,9 @@ class _FunctionLayer(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         watch = self.watch
-        if func in catalog.MOVES and not _called_from_torch():
+        if func in catalog.MOVES:
+            if _called_from_torch():
+                return self._follow(func, args, kwargs)
             return self._move(func, args, kwargs)
         if kwargs.get("device") is not None and (
             func in catalog.DATA_FACTORIES or func in catalog.FILL_FACTORIES
@@ -170,6 +172,16 @@ class _FunctionLayer(TorchFunctionMode):
             watch._tag(out)
         return out
 
+    def _follow(self, func, args, kwargs):
+        """A move made by torch's own code (Module.to moving parameters and buffers, a clip
+        coefficient sent to the gradients' device): device-generic plumbing, never reported,
+        but what it moves lives where it sends it."""
+        out = func(*args, **kwargs)
+        target = catalog.move_target(func, args, kwargs)
+        if target is not None and not _names_host(target):
+            self.watch._tag(out)
+        return out
+
     def _create(self, func, args, kwargs):
         """A factory with a device: on the device unless it names the host; from host data
         (torch.tensor, as_tensor) a copy to the device."""
@@ -180,13 +192,13 @@ class _FunctionLayer(TorchFunctionMode):
             return func(*args, **kwargs)
         if _names_host(target):
             return func(*args, **kwargs)
-        if func in catalog.DATA_FACTORIES:
-            watch._record("copy to device")
         watch._quiet += 1
         try:
             out = func(*args, **kwargs)
         finally:
             watch._quiet -= 1
+        if func in catalog.DATA_FACTORIES and out.numel() > 0:  # nothing to copy: no copy
+            watch._record("copy to device")
         watch._tag(out)
         return out
 

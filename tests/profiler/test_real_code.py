@@ -1,7 +1,7 @@
 """`nostall profile` on code nobody here wrote for it, against lists of true sync sites written
 by reading that code as it would run on a GPU: the CleanRL-style PPO of examples/cleanrl_ppo.py
-(CleanRL's ppo.py loop over Gymnasium) and Stable-Baselines3's PPO at a pinned version.
-Precision and recall must both be 1.0."""
+(CleanRL's ppo.py loop over Gymnasium), Stable-Baselines3's PPO and TRL's GRPOTrainer at pinned
+versions. Precision and recall must both be 1.0."""
 
 import importlib.metadata
 import json
@@ -131,7 +131,7 @@ def test_stable_baselines3_ppo_precision_and_recall():
     import stable_baselines3
 
     package = Path(stable_baselines3.__file__).resolve().parent
-    report = _profile(ROOT / "tests" / "profiler" / "scripts" / "sb3_ppo.py", "512")
+    report = _profile(ROOT / "tests" / "profiler" / "real_code" / "sb3_ppo.py", "512")
     found = set()
     for s in report["unintended"]:
         path = Path(s["file"]).resolve()
@@ -144,4 +144,41 @@ def test_stable_baselines3_ppo_precision_and_recall():
         assert matches, (file, fragment)
         true.add((file, matches[0], kind))
     assert _score(found, true, "Stable-Baselines3 PPO") == (1.0, 1.0), (
+        sorted(found - true), sorted(true - found))  # fmt: skip
+
+
+TRL_SITES = Path(__file__).resolve().parent / "real_code" / "trl_grpo_sites.json"
+
+
+def _site_packages_line(package_root: Path, file: str, text: str, occurrence: int) -> int:
+    lines = (package_root / file).read_text().splitlines()
+    matches = [n for n, line in enumerate(lines, 1) if line.strip() == text]
+    assert len(matches) > occurrence, (file, text)
+    return matches[occurrence]
+
+
+@pytest.mark.slow
+def test_trl_grpo_trainer_precision_and_recall():
+    listed = json.loads(TRL_SITES.read_text())
+    for package, wanted in listed["versions"].items():
+        try:
+            version = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{package} is not installed (pip install {package}=={wanted})")
+        if version != wanted:
+            pytest.skip(f"the list of true sites was written for {package} {wanted}, {version} "
+                        "is installed")  # fmt: skip
+    import transformers
+
+    root = Path(transformers.__file__).resolve().parent.parent  # site-packages
+    report = _profile(ROOT / "tests" / "profiler" / "real_code" / "trl_grpo.py", "4")
+    found = set()
+    for s in report["unintended"]:
+        path = Path(s["file"]).resolve()
+        assert path.is_relative_to(root), s  # all inside TRL and transformers
+        found.add((path.relative_to(root).as_posix(), s["line"], s["kind"]))
+    true = {(site["file"], _site_packages_line(root, site["file"], site["line_text"],
+                                               site["occurrence"]), site["kind"])
+            for site in listed["sites"]}  # fmt: skip
+    assert _score(found, true, "TRL GRPOTrainer") == (1.0, 1.0), (
         sorted(found - true), sorted(true - found))  # fmt: skip
