@@ -1,5 +1,6 @@
 #include "envs/core/thread_pool.h"
 
+#include <pthread.h>
 #include <torch/headeronly/util/Exception.h>
 
 #include <exception>
@@ -9,7 +10,13 @@ namespace nostall::envs {
 ThreadPool::ThreadPool(int64_t num_workers) {
   try {
     workers_.reserve(static_cast<size_t>(num_workers));
-    for (int64_t i = 0; i < num_workers; ++i) workers_.emplace_back([this] { work(); });
+    for (int64_t i = 0; i < num_workers; ++i) {
+      workers_.emplace_back([this] {
+        // Named, so a profiler, a debugger or a test can tell them from other threads.
+        pthread_setname_np(pthread_self(), "nostall-env");
+        work();
+      });
+    }
   } catch (const std::exception& e) {
     // The destructor will not run: join the threads already started, or their std::thread
     // objects would terminate the process. Then report the cause.
