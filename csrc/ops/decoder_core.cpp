@@ -58,8 +58,6 @@ void mm(Tensor& out, const Tensor& a, const Tensor& b) {
                   "decoder: matrix product failed");
 }
 
-namespace {
-
 // act [N, I] = silu(gate) * up, gate_up [N, 2I]: an AVX2 clone where the CPU has it (chosen
 // once at load), plain SSE otherwise.
 __attribute__((target_clones("avx2", "default"))) void silu_gate(const float* gate_up, float* act,
@@ -73,8 +71,6 @@ __attribute__((target_clones("avx2", "default"))) void silu_gate(const float* ga
     for (int64_t i = 0; i < I; ++i) out[i] = gate[i] / (1.0f + scratch[i]) * up[i];
   }
 }
-
-}  // namespace
 
 Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_norm,
                      std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,

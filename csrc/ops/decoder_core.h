@@ -58,6 +58,10 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias);
 // out = a @ b (either may be a strided view, e.g. a transpose).
 void mm(Tensor& out, const Tensor& a, const Tensor& b);
 
+// act [N, I] = silu(gate) * up of gate_up [N, 2I]; scratch [I]. (An AVX2 clone where the CPU
+// has it, chosen once at load.)
+void silu_gate(const float* gate_up, float* act, int64_t N, int64_t I, float* scratch);
+
 // out [N, H] = weight * x / rms(x), row by row.
 void rms_norm(float* out, const float* x, const float* weight, int64_t N, int64_t H, float eps);
 

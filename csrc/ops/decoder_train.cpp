@@ -184,19 +184,6 @@ __attribute__((target_clones("avx2", "default"))) void silu_gate_backward(
   }
 }
 
-// act [N, I] = silu(gate) * up of gate_up [N, 2I], as decoder_core's (scratch [I]).
-__attribute__((target_clones("avx2", "default"))) void silu_gate_forward(
-    const float* __restrict gate_up, int64_t N, int64_t I, float* __restrict act,
-    float* __restrict scratch) {
-  for (int64_t b = 0; b < N; ++b) {
-    const float* __restrict gate = gate_up + b * 2 * I;
-    const float* __restrict up = gate + I;
-    float* __restrict a = act + b * I;
-    for (int64_t i = 0; i < I; ++i) scratch[i] = decoder::fast_exp(-gate[i]);
-    for (int64_t i = 0; i < I; ++i) a[i] = gate[i] / (1.0f + scratch[i]) * up[i];
-  }
-}
-
 // One head's gradient g [D], taken back in place through the rotation y = x * cos +
 // roll(x, D/2) * signed sin: its transpose, dx[e] = dy[e] cos[e] + dy[e'] sin[e'] with
 // e' = (e + D/2) mod D.
@@ -301,8 +288,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
                       H, w.eps);
     Tensor gate_up_l = rows(gate_up, l * N, N);
     decoder::linear(gate_up_l, h, w.gate_up_weight[l], nullptr);
-    silu_gate_forward(gate_up_l.const_data_ptr<float>(), N, I, act.mutable_data_ptr<float>(),
-                      silu_scratch.data());
+    decoder::silu_gate(gate_up_l.const_data_ptr<float>(), act.mutable_data_ptr<float>(), N, I,
+                       silu_scratch.data());
     decoder::linear(tmp, act, w.down_weight[l], nullptr);
     add_into(xout, xmid, tmp.const_data_ptr<float>(), N * H);
   }
