@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import linecache
 import sys
 import threading
@@ -228,10 +229,9 @@ def _call_text(frame) -> str:
     """The source of the call a frame is executing, across lines (from the code object's
     positions; its line alone where positions are missing)."""
     filename = frame.f_code.co_filename
-    try:
-        start, end, _, _ = list(frame.f_code.co_positions())[frame.f_lasti // 2]
-    except (IndexError, ValueError):
-        start = end = None
+    # The instruction's position, without listing every position of the code object.
+    position = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None), None)
+    start, end = (position[0], position[1]) if position is not None else (None, None)
     if start is None:
         return linecache.getline(filename, frame.f_lineno)
     return "".join(linecache.getline(filename, n) for n in range(start, (end or start) + 1))
