@@ -11,8 +11,12 @@
    staleness 0, with the reward per sample of each.
 3. Generation alone: completion tokens/s of nostall's engine against `model.generate` at the same
    batch and lengths (tiny model).
+4. In-flight weight swaps (`--inflight-weights`) on a generation-heavy workload (`small`, long
+   completions, generation longer than the update): steps/s, swaps, and the mean version lag of
+   the tokens trained on, with and without, at staleness 1 and 2.
 
-    python -m benchmarks.lm.bench_grpo [--seeds 3] [--skip-trl] [--parts generation,balanced,race]
+    python -m benchmarks.lm.bench_grpo [--seeds 3] [--skip-trl]
+        [--parts generation,balanced,race,inflight]
 """
 
 from __future__ import annotations
@@ -117,6 +121,37 @@ def balanced(seeds: int, steps: int) -> None:
         print(f"   asynchronous over synchronous {what}: {ratio:.2f}x")
 
 
+def inflight(seeds: int, steps: int) -> None:
+    kw = dict(model="small", num_prompts=2, num_generations=4, max_new_tokens=48, steps=steps,
+              watch_syncs=False, log_interval=steps, learning_rate=5e-4)  # fmt: skip
+    variants = [(s, on) for s in (1, 2) for on in (False, True)]
+    out: dict[tuple[int, bool], list] = {v: [] for v in variants}
+    for seed in range(1, seeds + 1):
+        for staleness, on in variants:
+            r = grpo.train(grpo.Args(**kw, seed=seed, staleness=staleness, inflight_weights=on))
+            out[staleness, on].append((len(r.rewards) / r.seconds, r.weight_swaps / steps,
+                                       r.mean_lag, r.mean_token_lag,
+                                       sum(r.rewards) / len(r.rewards), r.generation_ms,
+                                       r.update_ms))  # fmt: skip
+    print(f"\n4. in-flight weight swaps (small, 2 x 4 completions of 48 tokens, {steps} steps, "
+          f"median of {seeds} seeds)")  # fmt: skip
+    for (staleness, on), rows in out.items():
+        med = [statistics.median(r[i] for r in rows) for i in range(7)]
+        state = "on " if on else "off"
+        print(f"   staleness {staleness}, in-flight {state}: {med[0]:5.2f} steps/s, "
+              f"{med[1]:4.2f} swaps/batch, version lag {med[2]:.2f} per batch, {med[3]:.2f} per "
+              f"token, reward per sample {med[4]:.3f}, generation {med[5]:.0f} ms, update "
+              f"{med[6]:.0f} ms")  # fmt: skip
+    for staleness in (1, 2):
+        off, on = out[staleness, False], out[staleness, True]
+        speed = statistics.median(r[0] for r in on) / statistics.median(r[0] for r in off)
+        lag = statistics.median(r[3] for r in on) / statistics.median(r[3] for r in off)
+        print(
+            f"   staleness {staleness}: in-flight over one version a batch: steps/s "
+            f"{speed:.2f}x, token version lag {lag:.2f}x"
+        )
+
+
 def generation_alone(repeats: int = 30) -> None:
     from nostall.lm.decoder import Decoder
     from nostall.lm.generation import Completions, GenerationEngine, SamplingConfig
@@ -165,8 +200,9 @@ if __name__ == "__main__":
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--time-limit", type=float, default=90.0, help="seconds per run to target")
     p.add_argument("--balanced-steps", type=int, default=30)
+    p.add_argument("--inflight-steps", type=int, default=20)
     p.add_argument("--skip-trl", action="store_true")
-    p.add_argument("--parts", default="generation,balanced,race", help="comma-separated")
+    p.add_argument("--parts", default="generation,balanced,race,inflight", help="comma-separated")
     a = p.parse_args()
     parts = set(a.parts.split(","))
     if "generation" in parts:
@@ -175,3 +211,5 @@ if __name__ == "__main__":
         balanced(a.seeds, a.balanced_steps)
     if "race" in parts:
         race(a.seeds, a.time_limit, a.skip_trl)
+    if "inflight" in parts:
+        inflight(a.seeds, a.inflight_steps)

@@ -100,6 +100,10 @@ class Args:
     """optimizer steps per generation batch (TRL's num_iterations)"""
     staleness: int = 0
     """how many policy versions generation may run ahead of training (0: synchronous GRPO)"""
+    inflight_weights: bool = False
+    """with staleness >= 1: the generator takes weights published while it generates a batch
+    between two decode steps (in flight, as PipelineRL does), each token's version recorded;
+    the cached keys and values of earlier tokens are kept. Off: one version per batch"""
     is_cap: float = 2.0
     """cap of the behaviour importance weight of stale tokens (decoupled objective)"""
     stop_check_every: int = 0
@@ -179,6 +183,9 @@ class Args:
             raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
+        if self.inflight_weights and self.staleness < 1:
+            raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
+                             "no weights are published while a batch is generated)")  # fmt: skip
         if self.scale_rewards not in nostall.ops.losses.GROUP_SCALES:
             raise ValueError(f"--scale-rewards must be group, batch or none, got "
                              f"{self.scale_rewards!r}")  # fmt: skip
@@ -202,7 +209,9 @@ class TrainResult:
     syncs_per_update: float | None = None
     syncs_per_decode_step: float | None = None
     sync_sites: list[str] = field(default_factory=list)
-    mean_lag: float | None = None
+    mean_lag: float | None = None  # versions between a batch's start and the trainer's
+    mean_token_lag: float | None = None  # the same per token (differs with in-flight swaps)
+    weight_swaps: int = 0  # in-flight weight swaps the generator made
     timeline: list[tuple[str, float, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # the last logged update metrics
 
@@ -326,6 +335,7 @@ def train(
     loop, decoder, optimizer = setup.loop, setup.decoder, setup.optimizer
     syncs: list[int] = []
     lags: list[int] = []
+    token_lags: list[float] = []
     metrics: dict[str, torch.Tensor] = {}
     run_start = time.perf_counter()
     start = run_start - offset  # step times count from the original run's start
@@ -349,6 +359,7 @@ def train(
                 syncs.append(report.unintended_count)
                 result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
             lags.append(loop.lag(batch))
+            token_lags.append(batch.mean_token_lag(loop.version))
             result.rewards.append(batch.reward_mean)
             result.tokens += batch.tokens
             new_tokens += batch.tokens
@@ -383,6 +394,8 @@ def train(
     result.syncs_per_decode_step = setup.generator.syncs_per_decode_step
     result.sync_sites += setup.generator.sync_sites
     result.mean_lag = sum(lags) / len(lags) if lags else None
+    result.mean_token_lag = sum(token_lags) / len(token_lags) if token_lags else None
+    result.weight_swaps = setup.generator.swaps
     rollout = [e - s for side, s, e in result.timeline if side == "rollout"]
     train_spans = [e - s for side, s, e in result.timeline if side == "train"]
     result.generation_ms = 1e3 * sum(rollout) / len(rollout) if rollout else None

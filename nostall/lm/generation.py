@@ -11,6 +11,7 @@ off.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -140,18 +141,21 @@ class GenerationEngine:
         return replay
 
     @torch.no_grad()
-    def generate(self, batch: Completions, generator: torch.Generator,
-                 group_size: int = 1) -> Completions:  # fmt: skip
+    def generate(self, batch: Completions, generator: torch.Generator, group_size: int = 1,
+                 between_tokens: Callable[[int], bool] | None = None) -> Completions:  # fmt: skip
         """Fills `batch`'s completion fields from its prompt fields (in place), and returns it.
         With `group_size` G, rows come in groups of G copies of one prompt: each prompt is
-        prefilled once."""
+        prefilled once. `between_tokens(t)`, when given, runs before the decode step whose
+        logits sample token t (t >= 1) and returns whether it changed the model's weights (an
+        in-flight weight swap): the fused weights are then refreshed in place, and the keys and
+        values already cached stay as the older weights computed them."""
         B, P = batch.prompt_ids.shape
         C = self.sampling.max_new_tokens
         if batch.completion_ids.shape != (B, C):
             raise ValueError(f"the batch holds {batch.completion_ids.shape[1]} completion "
                              f"tokens per row, the engine generates {C}")  # fmt: skip
         cache = self._buffers(B, P)
-        self.decoder.freeze()  # the weights are fixed for this batch
+        self.decoder.freeze()  # the fused weights, from the model's current ones
         cfg = self.sampling
         prompts, prompt_mask = batch.prompt_ids[::group_size], batch.prompt_mask[::group_size]
         logits = self.decoder.prefill(prompts, prompt_mask, cache, group_size)
@@ -181,5 +185,7 @@ class GenerationEngine:
                 if bool(finished.all()):  # sync: early stop, every stop_check_every tokens
                     break
             slot_mask[:, P + t] = True
+            if between_tokens is not None and between_tokens(t + 1):
+                self.decoder.freeze()  # the same buffers: a captured graph reads the new weights
             logits = decode(token, next_position + t, self._slots[P + t : P + t + 1])
         return batch

@@ -9,7 +9,9 @@ function that raises stops the run with its traceback within the loop's poll int
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -32,6 +34,9 @@ class LMBatch:
     version: int = -1  # the policy version that generated it
     reward_mean: float = 0.0  # the batch's mean reward, computed on the host with the rewards
     tokens: int = 0  # completion tokens generated (host count, from the decoded lengths)
+    # With in-flight weight swaps, the policy version that sampled each completion position
+    # (every row swaps at the same token); empty when the whole batch is `version`'s.
+    token_versions: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
@@ -49,7 +54,8 @@ class LMBatch:
     def state_dict(self) -> dict:
         """A copy (for a checkpoint of a batch not yet trained on)."""
         state = {k: v.clone() for k, v in self.tensors().items()}
-        state.update(version=self.version, reward_mean=self.reward_mean, tokens=self.tokens)
+        state.update(version=self.version, reward_mean=self.reward_mean, tokens=self.tokens,
+                     token_versions=list(self.token_versions))  # fmt: skip
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -58,6 +64,14 @@ class LMBatch:
         self.version = int(state["version"])
         self.reward_mean = float(state["reward_mean"])
         self.tokens = int(state["tokens"])
+        self.token_versions = [int(v) for v in state.get("token_versions", [])]
+
+    def mean_token_lag(self, version: int) -> float:
+        """How many versions behind `version` the batch's tokens were sampled, on average over
+        the completion positions."""
+        if not self.token_versions:
+            return float(version - self.version)
+        return version - sum(self.token_versions) / len(self.token_versions)
 
 
 class PromptEncoder:
@@ -112,6 +126,10 @@ class GroupGenerator:
         source.seed(seed)
         self.eos_token_id = engine.eos_token_id
         self.watch_syncs = True
+        # In-flight weight swaps: called between decode steps, loads newer published weights if
+        # any and returns the version held (RolloutLoop.refresh); None: one version a batch.
+        self.refresh: Callable[[], int] | None = None
+        self.swaps = 0  # in-flight swaps made
         self.syncs_per_decode_step: float | None = None
         self.sync_sites: list[str] = []
         self._filled = 0
@@ -122,10 +140,17 @@ class GroupGenerator:
         prompts = [row["prompt"] for row in rows]
         self.encoder.encode_into(prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations)
         self._filled += 1
+        between_tokens = None
+        batch.token_versions = []
+        if self.refresh is not None:
+            held = self.refresh()
+            batch.token_versions = [held] * self.engine.sampling.max_new_tokens
+            between_tokens = functools.partial(self._swap, batch.token_versions)
         if self.watch_syncs and self._filled == WATCHED_BATCH:
-            self._generate_watched(batch)
+            self._generate_watched(batch, between_tokens)
         else:
-            self.engine.generate(batch.completions(), self.generator, self.num_generations)
+            self.engine.generate(batch.completions(), self.generator, self.num_generations,
+                                 between_tokens)  # fmt: skip
         texts, lengths = self.decode(batch)
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]
@@ -135,7 +160,16 @@ class GroupGenerator:
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)
 
-    def _generate_watched(self, batch: LMBatch) -> None:
+    def _swap(self, token_versions: list[int], t: int) -> bool:
+        """Between decode steps: takes newer weights if published; tokens t.. get their version."""
+        held = self.refresh()
+        if held == token_versions[t - 1]:
+            return False
+        token_versions[t:] = [held] * (len(token_versions) - t)
+        self.swaps += 1
+        return True
+
+    def _generate_watched(self, batch: LMBatch, between_tokens=None) -> None:
         """One generation under SyncWatch, with the model, the KV cache and the batch marked as
         device tensors: the unintended syncs it finds, per decode step."""
         from nostall.profiler import SyncWatch
@@ -145,7 +179,8 @@ class GroupGenerator:
             watch.mark(*batch.tensors().values(), engine.allowed)
             if engine._cache is not None:
                 watch.mark(engine._cache.keys, engine._cache.values)
-            engine.generate(batch.completions(), self.generator, self.num_generations)
+            engine.generate(batch.completions(), self.generator, self.num_generations,
+                            between_tokens)  # fmt: skip
         report = watch.report()
         self.syncs_per_decode_step = report.unintended_count / engine.sampling.max_new_tokens
         self.sync_sites = [f"{s.location} {s.kind}" for s in report.unintended]

@@ -80,16 +80,27 @@ class RolloutLoop:
                         self.rollout_model, self.rollout_version
                     )
                     chunk = self.slots[index]
+                    # The version the chunk starts with: a fill that takes newer weights midway
+                    # (refresh) does not make its first part newer.
+                    version = self.rollout_version
                     start = time.perf_counter()
                     self._fill(chunk)
                     self.timeline.record("rollout", start, time.perf_counter())
-                    chunk.version = self.rollout_version
+                    chunk.version = version
                     self.chunks_collected += 1
                     self._filled.put(index)
         except RuntimeStopped:
             pass
         except BaseException as e:  # reaches the trainer with its traceback
             self.channel.fail(e)
+
+    def refresh(self) -> int:
+        """From inside `fill` (the rollout side, mid-chunk): loads weights published since the
+        chunk began, if any, and returns the version now held. For fills that can take new
+        weights between their steps (a generator between decode steps); the chunk keeps the
+        version it started with, so the staleness bound still holds for its every part."""
+        self.rollout_version = self.weights.pull(self.rollout_model, self.rollout_version)
+        return self.rollout_version
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Any]:

@@ -77,6 +77,8 @@ def build(args: Args) -> Setup:
     slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)
              for _ in range(args.staleness + 2)]  # fmt: skip
     loop = RolloutLoop(slots, generator, rollout_model, model, staleness=args.staleness)
+    if args.inflight_weights:
+        generator.refresh = loop.refresh
     optimizer = ClippedAdam(model.parameters(), lr=args.learning_rate,
                             max_grad_norm=args.max_grad_norm)  # fmt: skip
     reference = None

@@ -93,6 +93,9 @@ def report(result) -> dict:
         "syncs_per_decode_step": result.syncs_per_decode_step,
         "sync_sites": result.sync_sites,
         "mean_version_lag": _round(result.mean_lag),
+        "mean_token_version_lag": _round(result.mean_token_lag),
+        "inflight_weights": args.get("inflight_weights", False),
+        "weight_swaps": result.weight_swaps,
     }
 
 
@@ -113,7 +116,9 @@ def format_report(summary: dict) -> str:
         f"{summary['tokens_per_second']} completion tokens/s",
         f"  {reached}; final reward {summary['final_reward']}",
         f"  generation {summary['generation_ms_per_step']} ms/step, update "
-        f"{summary['update_ms_per_step']} ms/step, mean version lag {summary['mean_version_lag']}",
+        f"{summary['update_ms_per_step']} ms/step, mean version lag {summary['mean_version_lag']}"
+        + (f" ({summary['mean_token_version_lag']} per token, {summary['weight_swaps']} in-flight "
+           "weight swaps)" if summary["inflight_weights"] else ""),
         f"  unintended host-device syncs: {summary['syncs_per_update']} per update, "
         f"{summary['syncs_per_decode_step']} per decode step",
     ])  # fmt: skip
