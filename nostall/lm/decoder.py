@@ -81,6 +81,14 @@ class KVCache:
         self.slots = slots
 
 
+def _copy_rows(out: Tensor, parts: list[Tensor]) -> None:
+    """out = torch.cat(parts), written in place."""
+    row = 0
+    for part in parts:
+        out[row : row + part.shape[0]].copy_(part)
+        row += part.shape[0]
+
+
 class Decoder:
     """The forward of a supported `transformers` causal LM (see `supports`)."""
 
@@ -122,14 +130,18 @@ class Decoder:
         forward. A refresh writes into the same buffers, so a captured CUDA graph that reads
         them stays valid."""
         with torch.no_grad():
-            fused = [self._fuse(layer) for layer in self.layers]
             if self._fused is None:
-                self._fused = fused
+                self._fused = [self._fuse(layer) for layer in self.layers]
                 return
-            for old, new in zip(self._fused, fused, strict=True):
-                for a, b in zip(old, new, strict=True):
-                    if a is not None:
-                        a.copy_(b)
+            # Each part copied straight into its rows: no concatenated temporaries (fresh
+            # pages for every one of them made a refresh of a 4M-parameter model take 12 ms).
+            for (weight, bias, gate_up), layer in zip(self._fused, self.layers, strict=True):
+                attn, mlp = layer.self_attn, layer.mlp
+                projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+                _copy_rows(weight, [p.weight for p in projections])
+                if bias is not None:
+                    _copy_rows(bias, [p.bias for p in projections])
+                _copy_rows(gate_up, [mlp.gate_proj.weight, mlp.up_proj.weight])
         self._native_weights = None  # rebuilt on the next native step
 
     def _weight_lists(self) -> tuple:
