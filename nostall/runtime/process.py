@@ -5,13 +5,7 @@ Chunks, weights and episode counters live in shared memory; slot indices, failur
 and timing travel through multiprocessing queues and values. The rollout process builds its
 own environments and policy copy from picklable recipes.
 
-Failure, both ways, within about a second:
-- the child's exception reaches the trainer with the child's traceback (a death without one is
-  reported with the exit code, after the error queue is drained);
-- a child that stops making progress (stopped, deadlocked) is reported after
-  `liveness_timeout_s` without a heartbeat;
-- the child exits within a poll interval of its parent's death (it checks its parent), and the
-  trainer's SIGTERM/SIGINT unwinds `with runtime:`, which stops and joins it.
+Failures, both ways, are reported within about a second (nostall/runtime/child.py).
 
 Checkpoints (`with runtime.boundary(): publish; state_dict()`) take the child's state while it
 waits for the next policy version, plus the filled chunks not yet trained on: the same keys as
@@ -22,128 +16,90 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import queue
 import time
-import traceback
 from collections.abc import Callable
 
 import torch
 import torch.multiprocessing as mp
 
+from nostall.runtime.child import POLL_S, ChildProcess, Heartbeat, run_child
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.rollout import ActFn, Timeline, collect
 from nostall.runtime.runner import chunk_state, load_chunk_state
 from nostall.runtime.storage import Chunk, rollout_slots
 
-_POLL_S = 0.05
 _LOCK_TIMEOUT_S = 5.0
 
 
-class _ParentGone(Exception):
-    pass
-
-
-def _rollout_main(
-    make_env: Callable,
-    make_agent: Callable,
-    act: ActFn,
-    slots: list[Chunk],
-    weights: dict[str, torch.Tensor],
-    version,
-    weights_version,
-    heartbeat,
-    pulls,
-    lock,
-    free,
-    filled,
-    errors,
-    stop,
-    episodes: EpisodeTracker,
-    staleness: int,
-    seed: int,
-    requests,
-    responses,
-    rollout: Callable | None,
-    parent_pid: int,
-    initial_state: dict | None,
-) -> None:
-    def alive() -> None:
-        heartbeat.value = time.monotonic()
-        if os.getppid() != parent_pid:  # the trainer died: nobody will ever read our chunks
-            raise _ParentGone
-
-    try:
-        torch.set_num_threads(1)
-        env = make_env()
-        agent = make_agent(env)
-        generator = torch.Generator().manual_seed(seed)
-        next_obs = env.torch.reset(seed=seed)
-        have, collected = -1, 0
-        if initial_state is not None:  # a resumed run
-            env.load_state_dict(initial_state["env"])
-            generator.set_state(initial_state["generator"])
-            next_obs = initial_state["next_obs"].clone()
-            agent.load_state_dict(initial_state["rollout_weights"])
-            have = int(initial_state["rollout_version"])
-            collected = int(initial_state["chunks_collected"])
-        while not stop.is_set():
-            while version.value < collected - staleness and not stop.is_set():
-                # Waiting for the next version is the one point where this side's state is
-                # between chunks: checkpoints are taken here.
-                alive()
-                with contextlib.suppress(queue.Empty):
-                    requests.get_nowait()
-                    responses.put(
-                        {
-                            "env": env.state_dict(),
-                            "generator": generator.get_state(),
-                            "next_obs": next_obs.clone(),
-                            "rollout_weights": {
-                                k: v.detach().clone() for k, v in agent.state_dict().items()
-                            },
-                            "rollout_version": max(have, 0),
-                            "chunks_collected": collected,
-                        }
-                    )
-                time.sleep(0.0005)
-            if stop.is_set():
-                break
-            waited = 0.0
-            while not lock.acquire(timeout=_POLL_S):  # the trainer may have died holding it
-                alive()
-                waited += _POLL_S
-                if waited > _LOCK_TIMEOUT_S:
-                    raise RuntimeError("the weight lock was held too long by the trainer")
-            try:
-                if weights_version.value > have:
-                    agent.load_state_dict(weights)
-                    have = weights_version.value
-                pulls.value += 1
-            finally:
-                lock.release()
-            try:
-                slot = free.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-            chunk = slots[slot]
-            start = time.perf_counter()
-            fused = None if rollout is None else functools.partial(rollout, agent)
-            collect(
-                env, lambda obs, g: act(agent, obs, g), chunk, next_obs, generator, episodes, fused
-            )
-            next_obs = chunk.obs[-1].clone()
-            collected += 1
-            filled.put((slot, have, start, time.perf_counter()))
-        env.close()
-    except _ParentGone:
-        # Nobody is left to read or clean up after us: exit now, skipping the interpreter's
-        # teardown (about a second with torch loaded) and the queues' flush to a dead reader.
-        os._exit(0)
-    except BaseException as e:
-        errors.put(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-        stop.set()
+def _collect_chunks(make_env: Callable, make_agent: Callable, act: ActFn, slots: list[Chunk],
+                    weights: dict[str, torch.Tensor], version, weights_version, pulls, lock, free,
+                    filled, stop, episodes: EpisodeTracker, staleness: int, seed: int, requests,
+                    responses, rollout: Callable | None, initial_state: dict | None,
+                    alive: Heartbeat) -> None:  # fmt: skip
+    """The child's body (run_child reports its failure): builds the environments and the
+    policy copy from their recipes and collects chunks."""
+    torch.set_num_threads(1)
+    env = make_env()
+    agent = make_agent(env)
+    generator = torch.Generator().manual_seed(seed)
+    next_obs = env.torch.reset(seed=seed)
+    have, collected = -1, 0
+    if initial_state is not None:  # a resumed run
+        env.load_state_dict(initial_state["env"])
+        generator.set_state(initial_state["generator"])
+        next_obs = initial_state["next_obs"].clone()
+        agent.load_state_dict(initial_state["rollout_weights"])
+        have = int(initial_state["rollout_version"])
+        collected = int(initial_state["chunks_collected"])
+    while not stop.is_set():
+        while version.value < collected - staleness and not stop.is_set():
+            # Waiting for the next version is the one point where this side's state is
+            # between chunks: checkpoints are taken here.
+            alive()
+            with contextlib.suppress(queue.Empty):
+                requests.get_nowait()
+                responses.put(
+                    {
+                        "env": env.state_dict(),
+                        "generator": generator.get_state(),
+                        "next_obs": next_obs.clone(),
+                        "rollout_weights": {
+                            k: v.detach().clone() for k, v in agent.state_dict().items()
+                        },
+                        "rollout_version": max(have, 0),
+                        "chunks_collected": collected,
+                    }
+                )
+            time.sleep(0.0005)
+        if stop.is_set():
+            break
+        waited = 0.0
+        while not lock.acquire(timeout=POLL_S):  # the trainer may have died holding it
+            alive()
+            waited += POLL_S
+            if waited > _LOCK_TIMEOUT_S:
+                raise RuntimeError("the weight lock was held too long by the trainer")
+        try:
+            if weights_version.value > have:
+                agent.load_state_dict(weights)
+                have = weights_version.value
+            pulls.value += 1
+        finally:
+            lock.release()
+        try:
+            slot = free.get(timeout=POLL_S)
+        except queue.Empty:
+            continue
+        chunk = slots[slot]
+        start = time.perf_counter()
+        fused = None if rollout is None else functools.partial(rollout, agent)
+        collect(env, lambda obs, g: act(agent, obs, g), chunk, next_obs, generator, episodes, fused)
+        next_obs = chunk.obs[-1].clone()
+        collected += 1
+        filled.put((slot, have, start, time.perf_counter()))
+    env.close()
 
 
 class ProcessRuntime:
@@ -182,66 +138,33 @@ class ProcessRuntime:
         }
         self._version = ctx.Value("q", 0)  # updates done
         self._weights_version = ctx.Value("q", 0)  # the version of the weights in self._weights
-        self._heartbeat = ctx.Value("d", 0.0)  # the child's last sign of life (monotonic s)
         self._pulls = ctx.Value("q", 0)  # weight checks the child has made (one per chunk)
         self._lock = ctx.Lock()
-        self._free, self._filled, self._errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        self._free, self._filled = ctx.Queue(), ctx.Queue()
         self._requests, self._responses = ctx.Queue(), ctx.Queue()
         self._free_slots = list(range(len(self.slots)))
-        self._stop = ctx.Event()
+        self._child = ChildProcess(ctx, join_timeout_s=join_timeout_s,
+                                   liveness_timeout_s=liveness_timeout_s)  # fmt: skip
         self.episodes = EpisodeTracker(num_envs).share_memory()
         self.timeline = Timeline()
-        self._ctx = ctx
-        self._process_args = (
+        self._body_args = (
             make_env, make_agent, act, self.slots, self._weights, self._version,
-            self._weights_version, self._heartbeat, self._pulls, self._lock,
-            self._free, self._filled, self._errors, self._stop, self.episodes, staleness, seed,
-            self._requests, self._responses, rollout, os.getpid(),
+            self._weights_version, self._pulls, self._lock, self._free, self._filled,
+            self._child.stop, self.episodes, staleness, seed, self._requests, self._responses,
+            rollout,
         )  # fmt: skip
         self._initial_state: dict | None = None
         self._queued: list[tuple[int, int]] = []  # restored (slot, version), handed out first
         self._taken = 0  # chunks the child collected that the trainer has taken
         self._ahead: list[tuple] = []  # taken off the queue for a checkpoint, handed out next
         self._snapshot: dict | None = None
-        self._process = None
-        self._join_timeout_s = join_timeout_s
-        self._liveness_timeout_s = liveness_timeout_s
 
-    # -- failure -------------------------------------------------------------------------------
-    def _child_error(self, wait_s: float = 0.0) -> str | None:
-        try:
-            return self._errors.get(timeout=wait_s) if wait_s else self._errors.get_nowait()
-        except queue.Empty:
-            return None
+    @property
+    def _process(self):
+        return self._child.process
 
     def _raise_if_failed(self) -> None:
-        if self._process is None:
-            raise RuntimeStopped("the rollout process was not started (use `with runtime:`)")
-        message = self._child_error()
-        if message is None and not self._process.is_alive():
-            # A dying child's last message may still be in flight: give it a moment.
-            message = self._child_error(wait_s=0.5)
-            if message is None:
-                raise RuntimeStopped(
-                    f"the rollout process exited unexpectedly (exit code "
-                    f"{self._process.exitcode}) without an error message"
-                )
-        if message is not None:
-            raise RuntimeStopped(f"the rollout process failed: {message}")
-        beat = self._heartbeat.value
-        if beat == 0.0:  # not started yet: spawning and importing take a second or more
-            if time.monotonic() - self._started_at > max(self._liveness_timeout_s, 120.0):
-                raise RuntimeStopped(
-                    f"the rollout process (pid {self._process.pid}) did not start within "
-                    f"{max(self._liveness_timeout_s, 120.0):.0f} s"
-                )
-            return
-        silent = time.monotonic() - beat
-        if silent > self._liveness_timeout_s:
-            raise RuntimeStopped(
-                f"the rollout process (pid {self._process.pid}) made no progress for "
-                f"{silent:.1f} s (stopped or hung); liveness timeout {self._liveness_timeout_s} s"
-            )
+        self._child.check()
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Chunk]:
@@ -258,11 +181,7 @@ class ProcessRuntime:
         return slot, self.slots[slot]
 
     def _get_filled(self) -> tuple:
-        while True:
-            try:
-                return self._filled.get(timeout=_POLL_S)
-            except queue.Empty:
-                self._raise_if_failed()
+        return self._child.get(self._filled)
 
     def release(self, slot: int) -> None:
         self._free.put(slot)
@@ -296,12 +215,7 @@ class ProcessRuntime:
         """Takes the rollout process's state at its next wait for a policy version (before the
         block's publish lets it go on), and the filled chunks not yet trained on."""
         self._requests.put("state")
-        while True:
-            try:
-                state = self._responses.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                self._raise_if_failed()
+        state = self._child.get(self._responses)
         # The child is parked; every chunk it collected and the trainer has not taken is on its
         # way through the queue (a put may still be in flight: wait for each, by count).
         # They stay on this side (in order) rather than go back into the queue, where the
@@ -363,15 +277,9 @@ class ProcessRuntime:
     def __enter__(self) -> ProcessRuntime:
         for i in self._free_slots:
             self._free.put(i)
-        self._heartbeat.value = 0.0  # the child's first beat marks it started
-        self._started_at = time.monotonic()
-        self._process = self._ctx.Process(
-            target=_rollout_main,
-            args=(*self._process_args, self._initial_state),
-            name="nostall-rollout",
-            daemon=True,
-        )
-        self._process.start()
+        body = functools.partial(_collect_chunks, *self._body_args, self._initial_state)
+        self._child.start(run_child, (body, self._child.heartbeat(), self._child.errors,
+                                      self._child.stop))  # fmt: skip
         state = self._initial_state
         if state is not None and self.version >= int(state["chunks_collected"]) - self.staleness:
             # A resumed run whose rollout side may start its next chunk at once: the original
@@ -384,18 +292,4 @@ class ProcessRuntime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._stop.set()
-        if self._process is None:
-            return
-        # After a failure the child may be the reason (stopped, hung): do not wait long for it,
-        # the user is waiting for the error.
-        self._process.join(timeout=self._join_timeout_s if exc is None else 0.5)
-        if self._process.is_alive():  # hung, or stopped (SIGSTOP): SIGTERM, then SIGKILL
-            self._process.terminate()
-            self._process.join(timeout=0.5)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-        late = self._child_error()
-        if exc is None and late is not None:
-            raise RuntimeStopped(f"the rollout process failed: {late}")
+        self._child.close(failed=exc is not None)

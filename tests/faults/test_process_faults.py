@@ -45,7 +45,7 @@ def _runtime(**kw):
     env = nostall.envs.make("CartPole-v1", 8, seed=0, autoreset_mode="SameStep")
     runtime = ppo._make_runtime(args, env, ActorCritic.for_env(env, 64))
     for k, v in kw.items():
-        setattr(runtime, f"_{k}", v)
+        setattr(runtime._child, k, v)  # the child process watcher's timeouts
     return runtime
 
 
