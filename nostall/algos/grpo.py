@@ -51,7 +51,7 @@ METRICS = ("loss", "clip_fraction", "approx_kl", "kl")
 WATCHED_STEPS = (3, 4)
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
-             "stop_when_solved", "target_reward", "watch_syncs"}  # fmt: skip
+             "stop_when_solved", "target_reward", "watch_syncs", "backend"}  # fmt: skip
 
 
 @dataclass
@@ -111,6 +111,9 @@ class Args:
     read); 0: always generate max_new_tokens"""
     device: str = "cpu"
     """where the model, generation and update run ("cpu", "cuda", "cuda:1")"""
+    backend: str = "thread"
+    """where generation runs: "thread" (beside the trainer, in this process) or "process" (its
+    own process, CPU only: no GIL shared with the trainer)"""
     cuda_graph: bool = True
     """on a GPU, capture each decode step as a CUDA graph (one launch per token)"""
     seed: int = 0
@@ -183,6 +186,11 @@ class Args:
             raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
+        if self.backend not in ("thread", "process"):
+            raise ValueError(f"--backend must be thread or process, got {self.backend!r}")
+        if self.backend == "process" and device.type != "cpu":
+            raise ValueError("--backend process generates on the CPU; with --device "
+                             f"{self.device} use --backend thread")  # fmt: skip
         if self.inflight_weights and self.staleness < 1:
             raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
                              "no weights are published while a batch is generated)")  # fmt: skip
@@ -337,11 +345,11 @@ def train(
     lags: list[int] = []
     token_lags: list[float] = []
     metrics: dict[str, torch.Tensor] = {}
-    run_start = time.perf_counter()
-    start = run_start - offset  # step times count from the original run's start
     new_tokens = 0
     step = first - 1
-    with loop:
+    with loop:  # (a rollout process is ready when this returns: the clock starts after it)
+        run_start = time.perf_counter()
+        start = run_start - offset  # step times count from the original run's start
         for step in range(first, args.steps + 1):
             watched = args.watch_syncs and step in WATCHED_STEPS
             watch = SyncWatch(setup.lm.model) if watched else contextlib.nullcontext()
@@ -391,11 +399,12 @@ def train(
     result.seconds = time.perf_counter() - run_start
     result.timeline = list(loop.timeline.spans)
     result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
-    result.syncs_per_decode_step = setup.generator.syncs_per_decode_step
-    result.sync_sites += setup.generator.sync_sites
+    stats = loop.stats  # the generation side's figures
+    result.syncs_per_decode_step = stats.get("syncs_per_decode_step")
+    result.sync_sites += stats.get("sync_sites", [])
     result.mean_lag = sum(lags) / len(lags) if lags else None
     result.mean_token_lag = sum(token_lags) / len(token_lags) if token_lags else None
-    result.weight_swaps = setup.generator.swaps
+    result.weight_swaps = stats.get("swaps", 0)
     rollout = [e - s for side, s, e in result.timeline if side == "rollout"]
     train_spans = [e - s for side, s, e in result.timeline if side == "train"]
     result.generation_ms = 1e3 * sum(rollout) / len(rollout) if rollout else None

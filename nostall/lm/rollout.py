@@ -66,6 +66,16 @@ class LMBatch:
         self.tokens = int(state["tokens"])
         self.token_versions = [int(v) for v in state.get("token_versions", [])]
 
+    def host_state(self) -> dict:
+        """What the batch holds on the host (a process transport sends it with the slot)."""
+        return {"reward_mean": self.reward_mean, "tokens": self.tokens,
+                "token_versions": list(self.token_versions)}  # fmt: skip
+
+    def load_host_state(self, state: dict) -> None:
+        self.reward_mean = float(state["reward_mean"])
+        self.tokens = int(state["tokens"])
+        self.token_versions = list(state["token_versions"])
+
     def mean_token_lag(self, version: int) -> float:
         """How many versions behind `version` the batch's tokens were sampled, on average over
         the completion positions."""
@@ -133,6 +143,23 @@ class GroupGenerator:
         self.syncs_per_decode_step: float | None = None
         self.sync_sites: list[str] = []
         self._filled = 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The generation side's model copy (published weights are loaded into it)."""
+        return self.engine.decoder.model
+
+    def state_dict(self) -> dict:
+        """The sampling generator's and the prompt stream's state (for checkpoints)."""
+        return {"generator": self.generator.get_state(), "prompts": self.source.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.source.load_state_dict(state["prompts"])
+
+    def stats(self) -> dict:
+        return {"syncs_per_decode_step": self.syncs_per_decode_step,
+                "sync_sites": list(self.sync_sites), "swaps": self.swaps}  # fmt: skip
 
     @torch.no_grad()
     def __call__(self, batch: LMBatch) -> None:

@@ -48,12 +48,16 @@ def run_child(main: Callable[[Heartbeat], None], heartbeat: Heartbeat, errors, s
     try:
         main(heartbeat)
     except ParentGone:
-        # Nobody is left to read or clean up after us: exit now, skipping the interpreter's
-        # teardown (about a second with torch loaded) and the queues' flush to a dead reader.
-        os._exit(0)
+        pass
     except BaseException as e:
         errors.put(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
         stop.set()
+        return  # the interpreter's exit flushes the error to the trainer
+    # Stopped (or orphaned): exit now, skipping the interpreter's teardown (one to two seconds
+    # with torch and transformers loaded, which the trainer's `with` block would wait for).
+    # Nothing here needs it: the trainer owns the shared memory, and no one wants the chunks
+    # still in the queues.
+    os._exit(0)
 
 
 class ChildProcess:

@@ -173,6 +173,18 @@ class RolloutLoop:
             restore_slot(self.slots[index], saved)
             self._filled.put(index)
 
+    # -- the fill's own state and figures (fill.state_dict(), fill.stats(), when it has them) --
+    def fill_state(self) -> dict:
+        """Inside `boundary()`: the fill's resumable state."""
+        return self._fill.state_dict()
+
+    def load_fill_state(self, state: dict) -> None:
+        self._fill.load_state_dict(state)
+
+    @property
+    def stats(self) -> dict:
+        return self._fill.stats() if hasattr(self._fill, "stats") else {}
+
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> RolloutLoop:
         self._thread = threading.Thread(target=self._run, name="nostall-rollout", daemon=True)

@@ -6,6 +6,7 @@ reference model. The algorithm itself is nostall/algos/grpo.py."""
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
 from nostall.lm.tasks import Rewards, answer_reward, dataset_source, load_reward, task_source
 from nostall.runtime.loop import RolloutLoop
+from nostall.runtime.process_loop import ProcessLoop
 
 if TYPE_CHECKING:
     from nostall.algos.grpo import Args, TrainResult
@@ -44,41 +46,61 @@ class Setup:
 
     lm: LanguageModel
     decoder: Decoder
-    generator: GroupGenerator
-    loop: RolloutLoop
+    generator: GroupGenerator | None  # the thread backend's (the process backend's is its own)
+    loop: RolloutLoop | ProcessLoop
     optimizer: ClippedAdam
     banned: torch.Tensor
     group_index: torch.Tensor
     reference: Decoder | None
 
 
-def build(args: Args) -> Setup:
-    """Model, generation side, runtime and optimizer; ValueError for bad input."""
-    args.check()
+def build_generator(args: Args, lm: LanguageModel | None = None) -> GroupGenerator:
+    """The generation side: its own model copy (of `lm`'s, or loaded anew: in the rollout
+    process), engine, prompt source and reward functions."""
     source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
     rewards = _rewards(args)
-    lm = load_model(args.model, seed=args.seed)
-    device = torch.device(args.device)
-    lm.model.to(device)
+    if lm is None:
+        lm = load_model(args.model, seed=args.seed)
+        rollout_model = lm.model.to(torch.device(args.device))
+    else:
+        rollout_model = copy.deepcopy(lm.model)
     encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
                             args.max_new_tokens)  # fmt: skip
-    model = lm.model
-    rollout_model = copy.deepcopy(model)
-    banned_ids = lm.banned_token_ids()
     sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                               args.stop_check_every, args.cuda_graph)  # fmt: skip
     engine = GenerationEngine(
         Decoder(rollout_model), sampling, eos_token_id=lm.eos_token_id,
-        pad_token_id=lm.pad_token_id, banned_token_ids=banned_ids,
+        pad_token_id=lm.pad_token_id, banned_token_ids=lm.banned_token_ids(),
     )  # fmt: skip
     generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
                                num_generations=args.num_generations, seed=args.seed)  # fmt: skip
     generator.watch_syncs = args.watch_syncs
+    return generator
+
+
+def build(args: Args) -> Setup:
+    """Model, generation side, runtime and optimizer; ValueError for bad input."""
+    args.check()
+    source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
+    _rewards(args)  # bad reward specs are named here, before any process starts
+    lm = load_model(args.model, seed=args.seed)
+    device = torch.device(args.device)
+    lm.model.to(device)
+    model = lm.model
+    encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
+                            args.max_new_tokens)  # fmt: skip
     slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)
              for _ in range(args.staleness + 2)]  # fmt: skip
-    loop = RolloutLoop(slots, generator, rollout_model, model, staleness=args.staleness)
-    if args.inflight_weights:
-        generator.refresh = loop.refresh
+    generator = None
+    if args.backend == "process":
+        loop = ProcessLoop(slots, functools.partial(build_generator, args), model,
+                           staleness=args.staleness, inflight=args.inflight_weights,
+                           torch_threads=args.torch_threads)  # fmt: skip
+    else:
+        generator = build_generator(args, lm)
+        loop = RolloutLoop(slots, generator, generator.model, model, staleness=args.staleness)
+        if args.inflight_weights:
+            generator.refresh = loop.refresh
     optimizer = ClippedAdam(model.parameters(), lr=args.learning_rate,
                             max_grad_norm=args.max_grad_norm)  # fmt: skip
     reference = None
@@ -86,7 +108,7 @@ def build(args: Args) -> Setup:
         reference = Decoder(copy.deepcopy(model).requires_grad_(False))
     group_index = torch.arange(args.num_prompts, device=device)
     group_index = group_index.repeat_interleave(args.num_generations)
-    banned = torch.tensor(banned_ids, dtype=torch.int64, device=device)
+    banned = torch.tensor(lm.banned_token_ids(), dtype=torch.int64, device=device)
     return Setup(lm, Decoder(model), generator, loop, optimizer, banned, group_index, reference)
 
 
@@ -96,8 +118,7 @@ def snapshot(setup: Setup, step: int, result: TrainResult) -> dict:
         "model": {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()},
         "optimizer": setup.optimizer.state_dict(),
         "loop": setup.loop.state_dict(LMBatch.state_dict),
-        "generator": setup.generator.generator.get_state(),
-        "prompts": setup.generator.source.state_dict(),
+        **setup.loop.fill_state(),  # the generator's sampling and prompt streams
         "step": step,
         "rewards": list(result.rewards),
         "step_times": list(result.step_times),
@@ -114,8 +135,7 @@ def restore(setup: Setup, state: dict, result: TrainResult) -> int:
             value.copy_(state["model"][name])
     setup.optimizer.load_state_dict(state["optimizer"])
     setup.loop.load_state_dict(state["loop"], model, LMBatch.load_state_dict)
-    setup.generator.generator.set_state(state["generator"])
-    setup.generator.source.load_state_dict(state["prompts"])
+    setup.loop.load_fill_state({"generator": state["generator"], "prompts": state["prompts"]})
     if setup.reference is not None:
         setup.reference.model.load_state_dict(state["reference"])
     result.rewards = list(state["rewards"])
