@@ -7,8 +7,8 @@
    interleaved; nostall synchronous (staleness 0: the same algorithm as TRL) and overlapped
    (staleness 1, decoupled objective). Steps to target (sample efficiency) and ms per step
    (speed) apart from the time (both).
-2. A balanced workload (`small` model, longer completions): tokens/s of staleness 1 over
-   staleness 0, with the reward per sample of each.
+2. A balanced workload (`small` model, longer completions): tokens/s of staleness 1 (generation
+   on a thread, and in a process of its own) over staleness 0, with the reward per sample.
 3. Generation alone: completion tokens/s of nostall's engine against `model.generate` at the same
    batch and lengths (tiny model).
 4. In-flight weight swaps (`--inflight-weights`) on a generation-heavy workload (`small`, long
@@ -98,27 +98,36 @@ def race(seeds: int, time_limit: float, skip_trl: bool) -> None:
 def balanced(seeds: int, steps: int) -> None:
     kw = dict(model="small", num_prompts=4, num_generations=4, max_new_tokens=24, steps=steps,
               watch_syncs=False, log_interval=steps, learning_rate=5e-4)  # fmt: skip
-    out: dict[int, list] = {0: [], 1: []}
+    variants = {"staleness 0, thread": dict(staleness=0),
+                "staleness 1, thread": dict(staleness=1),
+                "staleness 1, process": dict(staleness=1, backend="process")}  # fmt: skip
+    out: dict[str, list] = {name: [] for name in variants}
     for seed in range(1, seeds + 1):
-        for staleness in (0, 1):
-            r = grpo.train(grpo.Args(**kw, seed=seed, staleness=staleness))
+        for name, variant in variants.items():
+            r = grpo.train(grpo.Args(**kw, **variant, seed=seed))
             # Every step generates the same token slots (no early stop): steps/s is the work
             # rate; completion tokens/s also depends on how long the completions were.
-            out[staleness].append((len(r.rewards) / r.seconds, r.tokens_per_second,
-                                   sum(r.rewards) / len(r.rewards), r.generation_ms,
-                                   r.update_ms))  # fmt: skip
-    print(f"\n2. balanced workload (small, 4 x 4 completions of up to 24 tokens, {steps} steps, "
-          f"median of {seeds} seeds)")  # fmt: skip
-    for s, rows in out.items():
-        print(f"   staleness {s}: {statistics.median(r[0] for r in rows):6.2f} steps/s, "
+            out[name].append((len(r.rewards) / r.seconds, r.tokens_per_second,
+                              sum(r.rewards) / len(r.rewards), r.generation_ms,
+                              r.update_ms))  # fmt: skip
+    print(
+        f"\n2. balanced workload (small, 4 x 4 completions of up to 24 tokens, {steps} steps, "
+        f"median of {seeds} seeds; generation beside the trainer on a thread, or in a process)"
+    )
+    for name, rows in out.items():
+        print(f"   {name:21} {statistics.median(r[0] for r in rows):6.2f} steps/s, "
               f"{statistics.median(r[1] for r in rows):6.0f} completion tokens/s, reward per "
               f"sample {statistics.median(r[2] for r in rows):.3f} (spread "
               f"{min(r[2] for r in rows):.3f}-{max(r[2] for r in rows):.3f}), generation "
               f"{statistics.median(r[3] for r in rows):.1f} ms, update "
               f"{statistics.median(r[4] for r in rows):.1f} ms")  # fmt: skip
-    for i, what in ((0, "steps/s (token slots/s)"), (1, "completion tokens/s")):
-        ratio = statistics.median(r[i] for r in out[1]) / statistics.median(r[i] for r in out[0])
-        print(f"   asynchronous over synchronous {what}: {ratio:.2f}x")
+    base = out["staleness 0, thread"]
+    for name in ("staleness 1, thread", "staleness 1, process"):
+        for i, what in ((0, "steps/s (token slots/s)"), (1, "completion tokens/s")):
+            ratio = statistics.median(r[i] for r in out[name]) / statistics.median(
+                r[i] for r in base
+            )
+            print(f"   {name} over staleness 0, thread, {what}: {ratio:.2f}x")
 
 
 def inflight(seeds: int, steps: int) -> None:

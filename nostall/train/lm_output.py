@@ -73,6 +73,7 @@ def report(result) -> dict:
         "task": args["dataset"] or args["task"],
         "seed": args["seed"],
         "staleness": args["staleness"],
+        "backend": args.get("backend", "thread"),
         "loss_type": args["loss_type"],
         "steps": len(result.rewards),
         "seconds": round(result.seconds, 3),
@@ -111,7 +112,8 @@ def format_report(summary: dict) -> str:
         reached = f"did not reach mean reward {summary['target_reward']}"
     return "\n".join([
         f"nostall train grpo: {summary['model']} on {summary['task']} (seed {summary['seed']}, "
-        f"staleness {summary['staleness']}, loss {summary['loss_type']})",
+        f"staleness {summary['staleness']}, loss {summary['loss_type']}, generation on a "
+        f"{summary['backend']})",
         f"  {summary['steps']} steps in {summary['seconds']} s: "
         f"{summary['tokens_per_second']} completion tokens/s",
         f"  {reached}; final reward {summary['final_reward']}",
