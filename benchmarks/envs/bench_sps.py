@@ -1,12 +1,12 @@
 """Environment steps per second, nostall against its peers side by side, on one thread.
 
 For CartPole-v1 and Pendulum-v1 at num_envs in {1, 8, 64, 256, 1024}: nostall through its NumPy
-(Gymnasium) API and its tensor API (fresh outputs, and written into preallocated rows as a
-rollout does); EnvPool, synchronous and asynchronous (send/recv); Gymnasium's
-SyncVectorEnv and, for CartPole, its vectorised NumPy entry point; and a plain C loop over the
-same dynamics as the physical limit. Every variant steps with the same pre-drawn random actions
-and autoresets. Prints steps/s, each peer's time relative to nostall's preallocated tensor
-path, and per-call latency at 1 and 8 envs.
+(Gymnasium) API (copies returned, and `copy=False`: the step's own buffers) and its tensor API
+(fresh outputs, and written into preallocated rows as a rollout does); EnvPool, synchronous and
+asynchronous (send/recv); Gymnasium's SyncVectorEnv and, for CartPole, its vectorised NumPy
+entry point; and a plain C loop over the same dynamics as the physical limit. Every variant
+steps with the same pre-drawn random actions and autoresets. Prints steps/s, each peer's time
+relative to nostall's preallocated tensor path, and per-call latency at 1 and 8 envs.
 
     python benchmarks/envs/bench_sps.py [--sizes 1,8,64] [--envs CartPole-v1] [--budget 0.3]
 """
@@ -91,6 +91,12 @@ def bench(env_id: str, n: int, budget_s: float, plain_c) -> dict[str, float]:
     ours = nostall.envs.make(env_id, n, num_threads=1, seed=0)
     ours.reset()
     results["nostall numpy"] = steps_per_second(lambda k: ours.step(actions[k]), n, budget_s)
+    shared = nostall.envs.make(env_id, n, num_threads=1, seed=0, copy=False)
+    shared.reset()
+    results["nostall numpy copy=False"] = steps_per_second(
+        lambda k: shared.step(actions[k]), n, budget_s
+    )
+    shared.close()
     results["nostall tensor"] = steps_per_second(lambda k: ours.torch.step(tensors[k]), n, budget_s)
     buffers = ours.torch.empty_step()
     results["nostall tensor into"] = steps_per_second(
@@ -159,6 +165,8 @@ def main() -> None:
                 print(f"  {name:22s} {sps / 1e6:9.3f} M steps/s  {ours / sps:7.2f}x  {latency}")
             pool = max(results["envpool sync"], results["envpool async"])
             line = f"  => nostall tensor into: {ours / pool:.2f}x EnvPool"
+            line += f", nostall numpy: {results['nostall numpy'] / pool:.2f}x EnvPool"
+            line += f" ({results['nostall numpy copy=False'] / pool:.2f}x with copy=False)"
             if "gymnasium numpy vec" in results:
                 line += f", {ours / results['gymnasium numpy vec']:.2f}x Gymnasium numpy vec"
             line += f", {ours / results['plain C loop']:.0%} of the plain C loop"

@@ -82,6 +82,7 @@ class VectorEnv(gym.vector.VectorEnv):
         batch_size: int | None = None,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
+        copy: bool = True,
     ):
         self.info = env_info(env_id)
         if max_episode_steps is not None and max_episode_steps < 1:
@@ -116,6 +117,8 @@ class VectorEnv(gym.vector.VectorEnv):
             mode == AutoresetMode.SAME_STEP,
         )
         self._renderers: list[gym.Env] | None = None
+        self.copy = copy
+        self._buffers: _StepBuffers | None = None  # the NumPy step's, made on the first step
 
     @property
     def closed(self) -> bool:
@@ -163,15 +166,28 @@ class VectorEnv(gym.vector.VectorEnv):
     def step(
         self, actions
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Gymnasium's vector step. The native op writes into buffers made once, the actions
+        are copied into one made once, and the arrays returned are copies of the buffers
+        (`copy=True`, the default) or the buffers themselves (`copy=False`: valid until the
+        next step, as Gymnasium's `copy=False`)."""
         self._require_open()
-        out = EnvStep(*ops.env_step(self.handle, self._action_tensor(actions)))
-        return (
-            _host(out.obs),
-            _host(out.reward),
-            _host(out.terminated),
-            _host(out.truncated),
-            self._infos(out.terminated, out.truncated, out.final_obs),
-        )
+        if self._buffers is None:
+            self._buffers = _StepBuffers(self)
+        b = self._buffers
+        ops.env_step_into(self.handle, b.actions_for(actions), *b.out)
+        infos = self._final_obs_infos(b) if b.same_step else {}
+        if self.copy:
+            return b.obs.copy(), b.reward.copy(), b.terminated.copy(), b.truncated.copy(), infos
+        return b.obs, b.reward, b.terminated, b.truncated, infos
+
+    def _final_obs_infos(self, b: _StepBuffers) -> dict[str, Any]:
+        done = np.logical_or(b.terminated, b.truncated)
+        if not done.any():
+            return {}
+        finals = np.full(len(done), None, dtype=object)
+        for i in np.flatnonzero(done):
+            finals[i] = b.final_obs[i].copy()
+        return {"final_obs": finals, "_final_obs": done, "final_info": {}, "_final_info": done}
 
     def _infos(self, terminated, truncated, final_obs) -> dict[str, Any]:
         if final_obs.shape[0] == 0:
@@ -258,6 +274,47 @@ class VectorEnv(gym.vector.VectorEnv):
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"handle {self.handle}"
         return f"nostall.envs.VectorEnv({self.info.id}, num_envs={self.num_envs}, {state})"
+
+
+class _StepBuffers:
+    """The NumPy step's preallocated tensors and their NumPy views (one allocation per env,
+    not one per step)."""
+
+    def __init__(self, env: VectorEnv):
+        self.env_id, self.discrete = env.info.id, env.info.discrete
+        self.out = env.torch.empty_step()
+        self.obs, self.reward, self.terminated, self.truncated, self.final_obs = (
+            t.numpy() for t in self.out
+        )
+        self.same_step = self.out.final_obs.shape[0] > 0
+        shape = env.action_space.shape
+        self.actions = torch.zeros(shape, dtype=torch.int64 if self.discrete else torch.float32)
+        self._actions = self.actions.numpy()
+        self._dtype = self._actions.dtype
+
+    def actions_for(self, actions) -> torch.Tensor:
+        """`actions` as the op's action tensor: copied into the action buffer when they are
+        integers (discrete) or floats (continuous) of the batch's shape; any other shape goes
+        to the op as it is, for the op's own error."""
+        a = actions if type(actions) is np.ndarray else np.asarray(actions)
+        if a.dtype is self._dtype and a.shape == self._actions.shape:  # the usual case
+            np.copyto(self._actions, a)
+            return self.actions
+        kind = a.dtype.kind
+        if self.discrete:
+            if kind not in "iu":
+                raise TypeError(f"{self.env_id}: actions must be integers, got {a.dtype}")
+        elif kind != "f":
+            raise TypeError(f"{self.env_id}: actions must be floats, got {a.dtype}")
+        if kind == "u" and a.max(initial=0) > np.iinfo(np.int64).max:
+            return torch.as_tensor(a)  # no int64 holds it: the op refuses the dtype
+        # A float64 action past float32's range becomes +-inf, which the environments clip to
+        # their bounds like any out-of-range action: not worth a warning.
+        with np.errstate(over="ignore"):
+            if a.shape != self._actions.shape:
+                return torch.as_tensor(a.astype(self._dtype))
+            np.copyto(self._actions, a, casting="unsafe")
+        return self.actions
 
 
 class TorchVectorEnv:

@@ -7,6 +7,7 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from gymnasium.utils.passive_env_checker import check_obs
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -90,3 +91,49 @@ def test_fuzz_public_api_never_crashes(env_id, num_envs, num_threads, seed, shap
     obs, *_ = env.step(env.action_space.sample())
     assert env.observation_space.shape == obs.shape
     env.close()
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+@pytest.mark.parametrize("autoreset_mode", ["NextStep", "SameStep"])
+def test_numpy_step_copies_or_shares_its_buffers_and_matches_the_tensor_step(
+    env_id, autoreset_mode
+):
+    """The NumPy step writes into buffers made once: `copy=True` (default) returns copies that
+    later steps leave alone, `copy=False` the buffers themselves; both give the tensor API's
+    results, step for step, with the final observations of same-step resets."""
+    kw = dict(seed=3, autoreset_mode=autoreset_mode)
+    copied = nostall.envs.make(env_id, 4, **kw)
+    shared = nostall.envs.make(env_id, 4, copy=False, **kw)
+    tensors = nostall.envs.make(env_id, 4, **kw)
+    for env in (copied, shared, tensors):
+        env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    space = copied.action_space
+    earlier, shared_obs = None, None
+    finals = 0
+    for _ in range(300):  # long enough for episodes to end (time limits included for some)
+        if copied.single_action_space.shape:  # continuous: float64 input, as NumPy draws it
+            actions = rng.uniform(space.low, space.high).astype(np.float64)
+        else:
+            actions = rng.integers(0, copied.single_action_space.n, size=4).tolist()  # a list
+        a = copied.step(actions)
+        b = shared.step(actions)
+        dtype = torch.int64 if isinstance(actions, list) else torch.float32
+        want = tensors.torch.step(torch.as_tensor(actions, dtype=dtype))
+        for got in (a, b):
+            np.testing.assert_array_equal(got[0], want.obs.numpy())
+            np.testing.assert_array_equal(got[1], want.reward.numpy())
+            np.testing.assert_array_equal(got[2], want.terminated.numpy())
+            np.testing.assert_array_equal(got[3], want.truncated.numpy())
+        if "final_obs" in a[4]:
+            finals += 1
+            done = a[4]["_final_obs"]
+            for i in np.flatnonzero(done):
+                np.testing.assert_array_equal(a[4]["final_obs"][i], want.final_obs[i].numpy())
+                np.testing.assert_array_equal(b[4]["final_obs"][i], want.final_obs[i].numpy())
+        if earlier is not None:
+            assert earlier[0] is not a[0] and not np.shares_memory(earlier[0], a[0])
+            assert b[0] is shared_obs  # the same buffer every step
+        earlier, shared_obs = a, b[0]
+    if autoreset_mode == "SameStep" and env_id in ("CartPole-v1", "Pendulum-v1", "MountainCar-v0"):
+        assert finals > 0  # episodes ended (terminations, or the time limit): finals exercised

@@ -11,11 +11,11 @@ ThreadPool::ThreadPool(int64_t num_workers) {
   try {
     workers_.reserve(static_cast<size_t>(num_workers));
     for (int64_t i = 0; i < num_workers; ++i) {
-      workers_.emplace_back([this] {
-        // Named, so a profiler, a debugger or a test can tell them from other threads.
-        pthread_setname_np(pthread_self(), "nostall-env");
-        work();
-      });
+      workers_.emplace_back([this] { work(); });
+      // Named, so a profiler, a debugger or a test can tell them from other threads; by the
+      // creator, so the name is there when the constructor returns (a thread naming itself
+      // may not have run yet).
+      pthread_setname_np(workers_.back().native_handle(), "nostall-env");
     }
   } catch (const std::exception& e) {
     // The destructor will not run: join the threads already started, or their std::thread
