@@ -147,3 +147,14 @@ class ChildProcess:
         late = self.error()
         if not failed and late is not None:
             raise RuntimeStopped(f"the rollout process failed: {late}")
+
+    def state_at_next_wait(self, requests, responses, filled, received: int) -> tuple[dict, list]:
+        """For a checkpoint: asks the child for its state at its next wait for a policy version
+        (it stays there until the trainer publishes), then receives every chunk it filled before
+        that and the trainer has not received yet (`received` of its `chunks_collected` were;
+        a put may still be in flight, so each is waited for, by count). Returns (state, the
+        filled queue's messages, in order): they stay on the trainer's side rather than go back
+        into the queue, where the child's next put could overtake them."""
+        requests.put("state")
+        state = self.get(responses)
+        return state, [self.get(filled) for _ in range(state["chunks_collected"] - received)]

@@ -33,6 +33,14 @@ from nostall.runtime.rollout import Timeline
 from nostall.runtime.weights import WeightBuffer
 
 
+def check_slots(staleness: int, num_slots: int) -> None:
+    """Staleness S needs S + 2 slots: S + 1 filled ahead of the trainer, one being trained on."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    if num_slots < staleness + 2:
+        raise ValueError(f"staleness {staleness} needs {staleness + 2} slots, got {num_slots}")
+
+
 class RolloutLoop:
     def __init__(
         self,
@@ -44,10 +52,7 @@ class RolloutLoop:
         staleness: int = 0,
         join_timeout_s: float = 10.0,
     ):
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
-        if len(slots) < staleness + 2:
-            raise ValueError(f"staleness {staleness} needs {staleness + 2} slots, got {len(slots)}")
+        check_slots(staleness, len(slots))
         self.slots = slots
         self.staleness = staleness
         self._fill = fill

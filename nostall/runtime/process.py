@@ -214,14 +214,10 @@ class ProcessRuntime:
     def boundary(self):
         """Takes the rollout process's state at its next wait for a policy version (before the
         block's publish lets it go on), and the filled chunks not yet trained on."""
-        self._requests.put("state")
-        state = self._child.get(self._responses)
-        # The child is parked; every chunk it collected and the trainer has not taken is on its
-        # way through the queue (a put may still be in flight: wait for each, by count).
-        # They stay on this side (in order) rather than go back into the queue, where the
-        # child's next put could overtake them.
-        pending = state["chunks_collected"] - self._taken - len(self._queued) - len(self._ahead)
-        self._ahead += [self._get_filled() for _ in range(pending)]
+        received = self._taken + len(self._queued) + len(self._ahead)
+        state, ahead = self._child.state_at_next_wait(self._requests, self._responses,
+                                                      self._filled, received)  # fmt: skip
+        self._ahead += ahead
         in_order = self._queued + [(slot, version) for slot, version, _, _ in self._ahead]
         state["queued"] = [
             {**chunk_state(self.slots[slot]), "version": version} for slot, version in in_order

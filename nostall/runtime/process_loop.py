@@ -32,6 +32,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nostall.runtime.child import POLL_S, ChildProcess, Heartbeat, run_child
+from nostall.runtime.loop import check_slots
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.rollout import Timeline
 
@@ -147,10 +148,7 @@ class ProcessLoop:
         join_timeout_s: float = 10.0,
         liveness_timeout_s: float = 120.0,
     ):
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
-        if len(slots) < staleness + 2:
-            raise ValueError(f"staleness {staleness} needs {staleness + 2} slots, got {len(slots)}")
+        check_slots(staleness, len(slots))
         ctx = mp.get_context("spawn")
         self.slots = slots
         for chunk in slots:
@@ -224,14 +222,10 @@ class ProcessLoop:
     def boundary(self):
         """Takes the rollout process's state at its next wait for a policy version (before the
         block's publish lets it go on), and receives the chunks it filled before that."""
-        self._requests.put("state")
-        state = self._child.get(self._responses)
-        # Every chunk it collected and the trainer has not taken is on its way through the
-        # queue (a put may still be in flight: wait for each, by count). They stay on this side,
-        # in order, rather than go back into the queue, where the child's next put could
-        # overtake them.
-        pending = state["chunks_collected"] - self._taken - len(self._queued) - len(self._ahead)
-        self._ahead += [self._child.get(self._filled) for _ in range(pending)]
+        received = self._taken + len(self._queued) + len(self._ahead)
+        state, ahead = self._child.state_at_next_wait(self._requests, self._responses,
+                                                      self._filled, received)  # fmt: skip
+        self._ahead += ahead
         self._snapshot = state
         try:
             yield
