@@ -215,9 +215,9 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_trains_on_a_gpu(staleness):
+@pytest.mark.parametrize("staleness,inflight", [(0, False), (1, False), (1, True)])
+def test_trains_on_a_gpu(staleness, inflight):
     result = grpo.train(grpo.Args(**dict(FAST, watch_syncs=True), device="cuda",
-                                  staleness=staleness))  # fmt: skip
+                                  staleness=staleness, inflight_weights=inflight))  # fmt: skip
     assert len(result.rewards) == FAST["steps"]
     assert result.syncs_per_update == 0, result.sync_sites
