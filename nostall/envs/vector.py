@@ -283,13 +283,14 @@ class _StepBuffers:
     def __init__(self, env: VectorEnv):
         self.env_id, self.discrete = env.info.id, env.info.discrete
         self.out = env.torch.empty_step()
+        # sync: none; host tensors, so these are zero-copy views made once
         self.obs, self.reward, self.terminated, self.truncated, self.final_obs = (
             t.numpy() for t in self.out
         )
         self.same_step = self.out.final_obs.shape[0] > 0
         shape = env.action_space.shape
         self.actions = torch.zeros(shape, dtype=torch.int64 if self.discrete else torch.float32)
-        self._actions = self.actions.numpy()
+        self._actions = self.actions.numpy()  # sync: none; a host tensor's zero-copy view
         self._dtype = self._actions.dtype
 
     def actions_for(self, actions) -> torch.Tensor:

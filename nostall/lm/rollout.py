@@ -54,17 +54,14 @@ class LMBatch:
     def state_dict(self) -> dict:
         """A copy (for a checkpoint of a batch not yet trained on)."""
         state = {k: v.clone() for k, v in self.tensors().items()}
-        state.update(version=self.version, reward_mean=self.reward_mean, tokens=self.tokens,
-                     token_versions=list(self.token_versions))  # fmt: skip
+        state.update(version=self.version, **self.host_state())
         return state
 
     def load_state_dict(self, state: dict) -> None:
         for name, tensor in self.tensors().items():
             tensor.copy_(state[name])
         self.version = int(state["version"])
-        self.reward_mean = float(state["reward_mean"])
-        self.tokens = int(state["tokens"])
-        self.token_versions = [int(v) for v in state.get("token_versions", [])]
+        self.load_host_state({"token_versions": [], **state})  # (older checkpoints lack them)
 
     def host_state(self) -> dict:
         """What the batch holds on the host (a process transport sends it with the slot)."""
@@ -74,7 +71,7 @@ class LMBatch:
     def load_host_state(self, state: dict) -> None:
         self.reward_mean = float(state["reward_mean"])
         self.tokens = int(state["tokens"])
-        self.token_versions = list(state["token_versions"])
+        self.token_versions = [int(v) for v in state["token_versions"]]
 
     def mean_token_lag(self, version: int) -> float:
         """How many versions behind `version` the batch's tokens were sampled, on average over

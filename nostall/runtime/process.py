@@ -163,9 +163,6 @@ class ProcessRuntime:
     def _process(self):
         return self._child.process
 
-    def _raise_if_failed(self) -> None:
-        self._child.check()
-
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Chunk]:
         if self._queued:  # chunks restored from a checkpoint come first, in order
@@ -190,7 +187,7 @@ class ProcessRuntime:
         """As Runtime.publish: one more update, and its weights with `weights`."""
         self.version += 1
         if not self._lock.acquire(timeout=_LOCK_TIMEOUT_S):
-            self._raise_if_failed()
+            self._child.check()
             raise RuntimeStopped("the weight lock was held for too long by the rollout process")
         try:
             with torch.no_grad():
@@ -283,7 +280,7 @@ class ProcessRuntime:
             # the new process has taken them (it takes about a second to start), or the trainer
             # would publish newer ones first and the resumed run would collect with those.
             while self._pulls.value < 1:
-                self._raise_if_failed()
+                self._child.check()
                 time.sleep(0.005)
         return self
 

@@ -65,9 +65,12 @@ class _SharedWeights:
         finally:
             self.lock.release()
 
-    def pull(self, module: torch.nn.Module, have: int, alive: Callable[[], None]) -> int:
-        """The child's side: loads the published weights if newer than `have`."""
+    def pull(self, module: torch.nn.Module, have: int, alive: Callable[[], None],
+             at_chunk_start: bool = False) -> int:  # fmt: skip
+        """The child's side: loads the published weights if newer than `have` (counted in
+        `pulls` at a chunk's start, not in flight)."""
         with self.locked(alive):
+            self.pulls.value += at_chunk_start
             if self.version.value > have:
                 with torch.no_grad():
                     for name, value in module.state_dict().items():
@@ -118,9 +121,7 @@ def _fill_chunks(make_side: Callable, slots: list, weights: _SharedWeights, free
             time.sleep(0.0005)
         if stop.is_set():
             break
-        held["version"] = weights.pull(model, held["version"], alive)
-        with weights.locked(alive):
-            weights.pulls.value += 1
+        held["version"] = weights.pull(model, held["version"], alive, at_chunk_start=True)
         alive()
         try:
             slot = free.get(timeout=POLL_S)
