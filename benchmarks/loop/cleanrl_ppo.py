@@ -1,7 +1,11 @@
 """A CleanRL-style PPO baseline (after CleanRL's ppo.py), over any vector env with the
 Gymnasium API: NumPy observations copied into torch every step, Categorical sampling, actions
 read back with .cpu().numpy(), GAE as a Python loop, .item() for logging. The same
-hyperparameters as nostall's PPO where they apply; used by bench_ppo.py as the peer."""
+hyperparameters as nostall's PPO where they apply; used by bench_ppo.py as the peer.
+
+CleanRL treats a truncated episode as terminated. With bootstrap_truncation the reward of a
+truncated step gains gamma * V(final observation), as SB3 and nostall do, so the algorithm can
+be held equal to nostall's."""
 
 from __future__ import annotations
 
@@ -41,7 +45,13 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
-def train(envs, args, solved_return: float = 475.0, max_seconds: float = 600.0) -> dict:
+def train(
+    envs,
+    args,
+    solved_return: float = 475.0,
+    max_seconds: float = 600.0,
+    bootstrap_truncation: bool = False,
+) -> dict:
     """CleanRL's loop. `envs` is a vector env with NEXT-step-free semantics: done envs are
     reset by the env (same-step autoreset, or EnvPool's own autoreset)."""
     torch.manual_seed(args.seed)
@@ -63,7 +73,7 @@ def train(envs, args, solved_return: float = 475.0, max_seconds: float = 600.0) 
     global_step, start = 0, time.perf_counter()
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs, next_done = torch.Tensor(next_obs), torch.zeros(num_envs)
-    solved_at = None
+    solved_at = solved_steps = None
     first_iteration_at = None  # (env steps, seconds) after iteration 1: steady-state from there
     for iteration in range(1, num_iterations + 1):
         frac = 1.0 - (iteration - 1.0) / num_iterations
@@ -77,9 +87,17 @@ def train(envs, args, solved_return: float = 475.0, max_seconds: float = 600.0) 
                 values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
-            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             rewards[step] = torch.tensor(reward).view(-1)
+            cut = np.flatnonzero(truncations & ~terminations) if bootstrap_truncation else []
+            if len(cut):
+                # Same-step autoreset keeps the last observation in the info; EnvPool resets
+                # on the next call, so its returned observation is still the last one.
+                final = infos["final_obs"] if "final_obs" in infos else next_obs
+                with torch.no_grad():
+                    last = torch.as_tensor(np.stack([final[i] for i in cut]), dtype=torch.float32)
+                    rewards[step, cut] += args.gamma * agent.get_value(last).view(-1)
             next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
             episode_return += reward
             for i in np.flatnonzero(next_done.numpy()):
@@ -139,9 +157,16 @@ def train(envs, args, solved_return: float = 475.0, max_seconds: float = 600.0) 
         recent = returns_seen[-20:]
         if solved_at is None and len(recent) == 20 and np.mean(recent) >= solved_return:
             solved_at = time.perf_counter() - start
+            solved_steps = global_step
         if solved_at is not None or time.perf_counter() - start > max_seconds:
             break
     seconds = time.perf_counter() - start
     steps_1, seconds_1 = first_iteration_at
     steady = (global_step - steps_1) / (seconds - seconds_1) if seconds > seconds_1 else 0.0
-    return {"solved_s": solved_at, "steps": global_step, "seconds": seconds, "steady_sps": steady}
+    return {
+        "solved_s": solved_at,
+        "solved_steps": solved_steps,
+        "steps": global_step,
+        "seconds": seconds,
+        "steady_sps": steady,
+    }

@@ -347,6 +347,8 @@ def train(
     metrics: dict[str, torch.Tensor] = {}
     new_tokens = 0
     step = first - 1
+    if args.watch_syncs:
+        SyncWatch.prepare()  # outside the run's clock
     with loop:  # (a rollout process is ready when this returns: the clock starts after it)
         run_start = time.perf_counter()
         start = run_start - offset  # step times count from the original run's start

@@ -59,6 +59,16 @@ class ClippedAdam(torch.optim.Adam):
             p.grad = grad
         self._bind_state()
 
+    def add_param_group(self, param_group: dict) -> None:
+        # Optimizer.add_param_group is wrapped to be skipped by torch.compile, and the wrapper
+        # imports torch._dynamo on its first call: about 3 s of a run's start-up here, for an
+        # optimizer that is only ever called eagerly. The plain method does the same work.
+        plain = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+        if plain is None:  # a torch without the wrapper
+            super().add_param_group(param_group)
+        else:
+            plain(self, param_group)
+
     def _flatten(self, tensors: Iterable[torch.Tensor]) -> torch.Tensor:
         return torch.cat([t.reshape(-1) for t in tensors])
 

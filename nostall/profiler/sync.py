@@ -333,6 +333,13 @@ class SyncWatch:
             self.mark(*module.parameters(), *module.buffers())
         self.mark(*tensors)
 
+    @staticmethod
+    def prepare() -> None:
+        """Pays now what the first watch would pay inside the code it watches: the first
+        TorchDispatchMode torch enters imports torch._dynamo (2-3 s on a small CPU). Call it
+        before a timed region that holds a watch."""
+        import torch._dynamo  # noqa: F401
+
     # -- what counts as a device tensor ------------------------------------------------------
     def mark(self, *tensors: torch.Tensor) -> None:
         """Declares tensors (and what is later computed from them) as living on the device."""
