@@ -2,8 +2,12 @@
 
 Peers: the pure-PyTorch loop, torch.compile of that loop, TorchRL's generalized_advantage_estimate
 and vec_generalized_advantage_estimate, a numpy loop; and a plain C loop over the same data as
-the physical limit. Each is timed as the median of repeated calls on the same float32 inputs;
-results are checked against nostall before timing, so a wrong peer is never reported as fast.
+the physical limit. At the largest size the op is memory-bound, so it is also set against the
+memory roofline: the bytes GAE must move (three float inputs and two bool inputs read, two
+float outputs written: 22 bytes an element) over the bandwidth of a one-thread streaming copy
+(non-temporal stores) measured in the same run. Each is timed as the median of repeated calls
+on the same float32 inputs; results are checked against nostall before timing, so a wrong peer
+is never reported as fast.
 
     python benchmarks/ops/bench_advantages.py [--threads K] [--sizes 128x8,2048x1024]
 """
@@ -65,7 +69,27 @@ def load_plain_c() -> Callable:
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
     lib.plain_gae.restype = None
-    return lib.plain_gae
+    lib.stream_copy.restype = None
+    return lib
+
+
+# Bytes per element GAE cannot avoid moving: reward, value, next_value (float32) and done,
+# terminated (bool) read once; advantage and value_target (float32) written once.
+GAE_BYTES_PER_ELEMENT = 3 * 4 + 2 * 1 + 2 * 4
+
+
+def streaming_bandwidth(copy: Callable, n_bytes: int) -> float:
+    """Bytes per second moved (read + written) by a one-thread non-temporal copy of n_bytes,
+    over buffers far larger than the caches like GAE's inputs."""
+    n = n_bytes // 4 // 8 * 8
+    # 32-byte aligned views (the aligned loads and streaming stores need it).
+    src_raw, dst_raw = torch.rand(n + 8), torch.empty(n + 8)
+    src, dst = (x[(-x.data_ptr() // 4) % 8 :][:n] for x in (src_raw, dst_raw))
+    call = lambda: copy(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()),  # noqa: E731
+                        ctypes.c_int64(n))  # fmt: skip
+    seconds = timeit(call, budget_s=1.0)
+    assert torch.equal(dst, src)
+    return 2 * n * 4 / seconds
 
 
 def plain_c_gae(fn, reward, value, next_value, done, terminated, adv, target):
@@ -117,7 +141,7 @@ def compiled_peer(T: int) -> tuple[str, Callable]:
     return "torch.compile(step)", stepwise
 
 
-def bench_size(T: int, N: int, plain_c: Callable) -> list[tuple[str, float]]:
+def bench_size(T: int, N: int, plain_c) -> list[tuple[str, float]]:
     r, v, nv, d, term = make_inputs(T, N)
     want_adv, _ = nostall.gae(r, v, nv, d, term, GAMMA, LMBDA)
     results = []
@@ -151,7 +175,7 @@ def bench_size(T: int, N: int, plain_c: Callable) -> list[tuple[str, float]]:
         lambda: torch.from_numpy(numpy_gae(rn, vn, nvn, dn, tn)[0]),
     )
     adv, target = torch.empty_like(r), torch.empty_like(r)
-    c_call = lambda: plain_c_gae(plain_c, r, v, nv, d, term, adv, target)  # noqa: E731
+    c_call = lambda: plain_c_gae(plain_c.plain_gae, r, v, nv, d, term, adv, target)  # noqa: E731
     add("plain C loop", c_call, lambda: (c_call(), adv)[1])
     print(f"  ({name} compile time: {compile_s:.1f} s, not included)")
     return results
@@ -185,6 +209,15 @@ def main() -> None:
             f"  => nostall is {fastest[0] / ours:.1f}x the fastest peer ({fastest[1]}); "
             f"{ours / c:.2f}x the plain C loop's time"
         )
+        if (T, N) == max(sizes, key=lambda size: size[0] * size[1]):
+            moved = GAE_BYTES_PER_ELEMENT * T * N
+            bandwidth = streaming_bandwidth(plain_c.stream_copy, 2 * moved)
+            floor = moved / bandwidth
+            print(
+                f"  one-thread streaming copy: {bandwidth / 1e9:.2f} GB/s; GAE must move "
+                f"{moved / 1e6:.0f} MB: roofline {floor * 1e6:.0f} us"
+            )
+            print(f"  => nostall takes {ours / floor:.2f}x the memory roofline's time")
 
 
 if __name__ == "__main__":

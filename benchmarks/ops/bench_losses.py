@@ -106,11 +106,27 @@ def _status_kib(field):
     raise RuntimeError(field)
 
 
+def _median_seconds(fn) -> float:
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < 2.0 and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def worker(spec):
     """Measures one (case, impl) in this process; prints a JSON line."""
     op, B, T, V, H, dtype, impl, threads, measure = spec
     torch.set_num_threads(threads)
     inputs, fns = make_case(op, B, T, V, H, dtype)
+    if impl == "product":  # the linear variant's unit of work: one [B*T, H] x [H, V] product
+        hidden, weight = inputs
+        rows = hidden.reshape(-1, H)
+        print(json.dumps({"seconds": _median_seconds(lambda: torch.mm(rows, weight.t()))}))
+        return
     fn = fns["reference"] if impl == "compiled" else fns[impl]
     if impl == "compiled":
         fn = torch.compile(fn, fullgraph=True, dynamic=False)
@@ -134,13 +150,7 @@ def worker(spec):
         step()
         result["peak_mib"] = (_status_kib("VmHWM") - before) / 1024
     else:
-        times = []
-        start = time.perf_counter()
-        while len(times) < 3 or (time.perf_counter() - start < 2.0 and len(times) < 50):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        result["seconds"] = statistics.median(times)
+        result["seconds"] = _median_seconds(step)
 
     # Check against nostall after measuring (the check's tensors must not count).
     out = step().detach().double()
@@ -219,6 +229,18 @@ def main():
             print(
                 f"{case[0]:22} {shape_of(case):32} {impl:10} {r['seconds'] * 1e3:9.2f} "
                 f"{r['peak_mib']:9.1f} {ratio}"
+            )
+        if case[0] == "token_log_prob_linear":
+            product = _worker_run(case, "product", args.threads, "time")["seconds"]
+            # Holding no [B, T, V] tensor, the backward recomputes the logits: 4 products in
+            # all (forward 1; backward: logits, grad_hidden, grad_weight) against the 3 of an
+            # implementation that keeps them (compiled or not).
+            print(
+                f"{'':22} {'':32} one [B*T, H] x [H, V] product: {product * 1e3:.2f} ms; "
+                f"floors: nostall 4 = {4 * product * 1e3:.0f} ms, a logit-holding peer 3 = "
+                f"{3 * product * 1e3:.0f} ms; so at best {3 / 4:.2f}x the compiled time, "
+                f"measured {results['compiled']['seconds'] / ours['seconds']:.2f}x; nostall at "
+                f"{4 * product / ours['seconds']:.2f} of its floor's speed"
             )
         print()
     print(

@@ -137,3 +137,45 @@ def test_numpy_step_copies_or_shares_its_buffers_and_matches_the_tensor_step(
         earlier, shared_obs = a, b[0]
     if autoreset_mode == "SameStep" and env_id in ("CartPole-v1", "Pendulum-v1", "MountainCar-v0"):
         assert finals > 0  # episodes ended (terminations, or the time limit): finals exercised
+
+
+def test_numpy_step_skips_the_dispatcher_and_still_reports_engine_errors_every_time(
+    monkeypatch,
+):
+    """The NumPy step calls the engine directly (host_step.py), not the op: its errors are the
+    engine's, on the second bad call as on the first, and a closed handle is refused."""
+    env = nostall.envs.make("CartPole-v1", 4, seed=0)
+    env.reset(seed=0)
+    env.step(np.zeros(4, dtype=np.int64))
+    stepper = env._buffers.host_step
+    for bad in (5, -2):  # twice: the path holds no state that one failure could spoil
+        with pytest.raises(RuntimeError, match=f"actions must lie in \\[0, 2\\), got {bad}"):
+            env.step(np.array([0, 1, bad, 0]))
+        assert env.step(np.ones(4, dtype=np.int64))[0].shape == (4, 4)
+    calls = []
+
+    class CountingOps:  # torch.ops.nostall, counting env_step_into calls
+        def __getattr__(self, name):
+            op = getattr(torch.ops.nostall, name)
+            return (lambda *a: calls.append(a) or op(*a)) if name == "env_step_into" else op
+
+    monkeypatch.setattr(nostall.envs.vector, "ops", CountingOps())
+    env.step(np.zeros(4, dtype=np.int64))  # the usual case: no op call
+    env.step(np.zeros(4, dtype=np.int32))  # another integer dtype: copied in, no op call
+    assert calls == []
+    with pytest.raises(RuntimeError, match="actions must have shape"):
+        env.step(np.zeros(3, dtype=np.int64))  # an odd shape: the op says what is wrong
+    assert len(calls) == 1
+    env.close()
+    with pytest.raises(RuntimeError, match="handle"):
+        stepper()  # past VectorEnv's own check: the engine refuses a closed handle itself
+
+
+def test_host_stepper_refuses_tensors_it_cannot_address():
+    from nostall.envs.host_step import HostStepper
+
+    env = nostall.envs.make("CartPole-v1", 4, seed=0)
+    out = env.torch.empty_step()
+    with pytest.raises(ValueError, match="contiguous CPU"):
+        HostStepper(env.handle, torch.zeros(4, 2, dtype=torch.int64)[:, 0], tuple(out))
+    env.close()
