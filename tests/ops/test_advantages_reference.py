@@ -182,3 +182,21 @@ def test_wide_rollout_uses_many_column_bands_and_agrees():
     args = (ro.reward, ro.value, ro.next_value, ro.done, ro.terminated, 0.99, 0.95)
     for got, want in zip(nostall.gae(*args), reference.gae(*args), strict=True):
         torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gae_past_the_cache_streams_its_outputs_and_gives_the_same_bits(dtype):
+    """Outputs of 4 MiB or more take the streaming kernel (non-temporal stores): the same
+    arithmetic, so each column equals, bit for bit, what the plain kernel gives for that column
+    alone; N is odd so rows start unaligned and the head and tail paths run too."""
+    T, N = 1024, 1031 if dtype == torch.float32 else 517  # >= 4 MiB per output either way
+    ro = make_rollout(T, N, dtype, seed=5)
+    args = (ro.reward, ro.value, ro.next_value, ro.done, ro.terminated, 0.97, 0.9)
+    advantage, target = nostall.gae(*args)
+    for cols in (slice(0, 3), slice(500, 517), slice(N - 5, N)):
+        narrow = [x[:, cols].contiguous() for x in args[:5]]  # small: the plain kernel
+        want_adv, want_target = nostall.gae(*narrow, 0.97, 0.9)
+        assert torch.equal(advantage[:, cols], want_adv)
+        assert torch.equal(target[:, cols], want_target)
+    for got, want in zip((advantage, target), reference.gae(*args), strict=True):
+        torch.testing.assert_close(got, want, **TOL[dtype])
