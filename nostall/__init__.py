@@ -35,6 +35,7 @@ _LAZY = {
     "mlp": "nostall.ops",
     "sample_categorical": "nostall.ops",
     "sample_tokens": "nostall.ops",
+    "load_policy": "nostall.policy",
     "HAS_CUDA_KERNELS": "nostall._native",
     "AUTOGRAD": "nostall._native",
 }
@@ -57,6 +58,7 @@ __all__ = [
     "discounted_returns",
     "gae",
     "group_advantages",
+    "load_policy",
     "mlp",
     "ppo_loss",
     "ppo_loss_from_log_prob",

@@ -6,6 +6,7 @@
     nostall profile --diff BEFORE.json AFTER.json   what a change added or removed
     nostall trace TRACE.json [--json] [--plot PNG]  device idle breakdown of a torch.profiler
                                                     trace, and what the loop is bound by
+    nostall eval RUN_DIR [--episodes N] [--sample] [--record OUT.gif]  evaluate a trained policy
     nostall bench                                   run every benchmark, side by side with peers
 
 Exit codes: 0 success; 1 the profiled script failed; 2 bad usage (an unknown environment or
@@ -22,6 +23,7 @@ import dataclasses
 import inspect
 import itertools
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -129,6 +131,18 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     commands.add_parser("bench", help="run every benchmark (installs the peers they measure)")
+
+    evaluate = commands.add_parser(
+        "eval", help="the return of a trained policy over N episodes; record one as a GIF"
+    )
+    evaluate.add_argument("run", help="a training run's directory (or its policy.pt)")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes (default: 10)")
+    evaluate.add_argument(
+        "--sample", action="store_true", help="sample actions as in training (default: argmax)"
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default: 0)")
+    evaluate.add_argument("--record", default=None, help="write one episode to this .gif/.mp4")
+    evaluate.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     profile = commands.add_parser(
         "profile", help="run a script under SyncWatch and report its host-device syncs"
@@ -304,21 +318,18 @@ def _train_grpo(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     if args.algorithm == "grpo":
         return _train_grpo(args)
-    from nostall.envs import ENVS
+    from nostall.envs.gymnasium_adapter import make_env
     from nostall.training_output import Progress, write_outputs
 
     module = _algorithm(args.algorithm)
     names = {f.name for f in dataclasses.fields(module.Args)}
     train_args = module.Args(**{k: v for k, v in vars(args).items() if k in names})
-    if train_args.env_id not in ENVS:
-        print(
-            f"nostall train: --env-id: unknown environment {train_args.env_id!r}; known: "
-            f"{', '.join(ENVS)}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     try:
         train_args.check()
+        try:  # an unknown id (with the close matches), an unsupported space: now, not mid-run
+            make_env(train_args.env_id, 1, backend=train_args.env_backend).close()
+        except ValueError as e:
+            raise ValueError(f"--env-id: {e}") from e
         if train_args.resume:
             from nostall.algos.ppo import load_checkpoint
 
@@ -332,7 +343,8 @@ def _train(args: argparse.Namespace) -> int:
         print(f"nostall train: {train_args.total_timesteps} steps is not a whole number of "
               f"batches of {train_args.batch_size} (num_envs * num_steps): training {steps} "
               f"steps ({train_args.num_iterations} iterations)", file=sys.stderr)  # fmt: skip
-    out_dir = Path(args.out or f"runs/{args.algorithm}-{train_args.env_id}-{train_args.seed}")
+    run_name = re.sub(r"[^A-Za-z0-9_.-]", "-", train_args.env_id)  # ALE/Pong-v5, module:Env
+    out_dir = Path(args.out or f"runs/{args.algorithm}-{run_name}-{train_args.seed}")
     progress = None if args.no_progress else Progress(train_args.total_timesteps, out_dir)
     try:
         result = module.train(train_args, log=progress)
@@ -343,7 +355,35 @@ def _train(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
     print(write_outputs(result, args.algorithm, out_dir))
-    print(f"  outputs in {out_dir}/ (report, learning_curve.png, timeline.png, tensorboard/)")
+    print(
+        f"  outputs in {out_dir}/ (report, policy.pt, learning_curve.png, timeline.png, "
+        "tensorboard/)"
+    )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from nostall.evaluate import evaluate, format_eval, record
+    from nostall.policy import load_policy
+
+    try:
+        policy = load_policy(args.run, deterministic=not args.sample, seed=args.seed)
+        summary = evaluate(policy, args.episodes, seed=args.seed)
+        if args.record:
+            frames = record(policy, args.record, seed=args.seed)
+            summary["recording"] = {"path": args.record, "frames": frames}
+    except (FileNotFoundError, ValueError) as e:
+        print(f"nostall eval: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    run = Path(args.run)
+    if run.is_dir():
+        (run / "eval.json").write_text(json.dumps(summary, indent=2))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_eval(summary))
+        if args.record:
+            print(f"  recorded {summary['recording']['frames']} frames to {args.record}")
     return 0
 
 
@@ -385,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             return 128 + signal.SIGINT
     if args.command == "bench":
         return _bench()
+    if args.command == "eval":
+        return _eval(args)
     if args.command == "profile":
         return _profile(args, script_args)
     return _trace(args)

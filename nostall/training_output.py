@@ -140,6 +140,10 @@ def write_outputs(result: TrainResult, algo: str, out_dir: Path) -> str:
     title = f"{algo} on {summary['env_id']}"
     plot_learning_curve(result, out_dir / "learning_curve.png", title)
     plot_timeline(result, out_dir / "timeline.png", f"{title}: rollout and training over time")
+    if result.policy is not None:
+        from nostall.policy import save_policy
+
+        save_policy(result.policy, out_dir / "policy.pt")
     (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
     text = format_report(summary)
     (out_dir / "report.txt").write_text(text + "\n")

@@ -36,6 +36,9 @@ import nostall
 import nostall.envs
 from nostall.algos.agent import ActorCritic, act, native_rollout
 from nostall.algos.optim import ClippedAdam
+from nostall.envs.gymnasium_adapter import BACKENDS as ENV_BACKENDS
+from nostall.envs.gymnasium_adapter import make_env
+from nostall.policy import policy_record
 from nostall.profiler import SyncWatch, allow
 from nostall.runtime import Chunk, Runtime
 from nostall.runtime.device import DeviceChunks
@@ -56,7 +59,9 @@ WATCHED_ITERATIONS = (3, 4)
 @dataclass
 class Args:
     env_id: str = "CartPole-v1"
-    """the native environment to train on"""
+    """the environment: a native one, any Gymnasium id, or module:EnvClass"""
+    env_backend: str = "auto"
+    """auto (native when nostall has the id, else Gymnasium), native, or gymnasium"""
     total_timesteps: int = 200_000
     """environment steps to train for"""
     num_envs: int = 8
@@ -186,6 +191,10 @@ class Args:
             )
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+        if self.env_backend not in ENV_BACKENDS:
+            raise ValueError(
+                f"env_backend must be one of {', '.join(ENV_BACKENDS)}, got {self.env_backend!r}"
+            )
         if self.backend not in ("thread", "process"):
             raise ValueError(f"backend must be 'thread' or 'process', got {self.backend!r}")
         try:
@@ -297,18 +306,21 @@ def minibatch_loss(
     return out.loss, out.stats.detach()
 
 
+def _make_env(args: Args):
+    return make_env(args.env_id, args.num_envs, seed=args.seed, backend=args.env_backend)
+
+
 def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRuntime:
-    rollout = native_rollout if args.native_rollout else None
+    # The native rollout steps native environments in C++; any other env is stepped from Python.
+    native = isinstance(env, nostall.envs.VectorEnv)
+    rollout = native_rollout if args.native_rollout and native else None
     if args.backend == "thread":
         return Runtime(
             env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed,
             rollout=rollout,
         )  # fmt: skip
     return ProcessRuntime(
-        functools.partial(
-            nostall.envs.make, args.env_id, args.num_envs, seed=args.seed,
-            autoreset_mode="SameStep",
-        ),
+        functools.partial(_make_env, args),
         functools.partial(ActorCritic.for_env, hidden=args.hidden),
         agent,
         act,
@@ -330,7 +342,9 @@ def train(
     args.check()
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
-    env = nostall.envs.make(args.env_id, args.num_envs, seed=args.seed, autoreset_mode="SameStep")
+    env = _make_env(args)
+    if args.checkpoint:
+        env.state_dict()  # an environment that cannot be saved fails now, not at the first save
     solved_return = env.info.reward_threshold if args.solved_return is None else args.solved_return
     device = torch.device(args.device)
     agent = ActorCritic.for_env(env, args.hidden).to(device)
@@ -429,6 +443,7 @@ def train(
     result.seconds = time.perf_counter() - start
     result.timeline = list(runtime.timeline.spans)
     result.final_return = result.curve[-1][2] if result.curve else None
+    result.policy = policy_record(agent, env, args)
     env.close()
     return result
 

@@ -19,6 +19,7 @@ class TrainResult:
     final_return: float | None = None
     first_iteration_at: tuple[int, float] | None = None  # (env steps, seconds) after iteration 1
     resumed_at_steps: int = 0  # env steps already done by the run this one resumed
+    policy: dict | None = None  # the final policy (nostall.policy.policy_record), for policy.pt
 
     @property
     def steps_per_second(self) -> float:

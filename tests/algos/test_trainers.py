@@ -62,7 +62,11 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, backend, module):
                   watch_syncs=False)  # fmt: skip
     module.train(module.Args(**common, checkpoint=str(tmp_path / "straight-{iteration}.pt")))
     straight = tmp_path / "straight-8.pt"
-    assert _optimizer_steps(straight, name)[0] == 8 * 4 * 4  # iterations * epochs * minibatches
+    defaults = module.Args()
+    # iterations * epochs * minibatches
+    assert (
+        _optimizer_steps(straight, name)[0] == 8 * defaults.update_epochs * defaults.num_minibatches
+    )
     for k in (2, 4, 6):
         resumed = tmp_path / f"resumed-from-{k}.pt"
         module.train(module.Args(**common, checkpoint=str(resumed),

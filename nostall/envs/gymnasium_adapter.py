@@ -1,0 +1,202 @@
+"""Any Gymnasium environment behind the interface nostall's runtime steps: a registered id
+(`LunarLander-v3`) or a class (`my_module:MyEnv`), vectorised with Gymnasium's SyncVectorEnv and
+same-step autoreset, written into the rollout's preallocated rows as a native env writes them.
+
+The native environments stay the fast path (`nostall.envs.make`); `make_env` picks one or the
+other by id. The rollout side steps this adapter from Python, one call per step; the trainer's
+side is unchanged."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from nostall.envs.registry import ENVS
+from nostall.envs.vector import EnvStep, make
+
+BACKENDS = ("auto", "native", "gymnasium")
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What the trainers read of an environment (the native EnvInfo's fields)."""
+
+    id: str
+    observation_space: spaces.Box
+    action_space: spaces.Space
+    max_episode_steps: int | None
+    reward_threshold: float | None
+
+    @property
+    def discrete(self) -> bool:
+        return isinstance(self.action_space, spaces.Discrete)
+
+
+def _env_factory(env_id: str) -> Callable[[], gym.Env]:
+    """A picklable-by-reference maker of one environment for `env_id`; ValueError with the
+    close matches for an id Gymnasium does not know."""
+    if ":" in env_id and env_id not in gym.registry:
+        module_name, _, class_name = env_id.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ValueError(f"environment {env_id!r}: cannot import {module_name!r} ({e})") from e
+        env_class = getattr(module, class_name, None)
+        if env_class is None:
+            raise ValueError(f"environment {env_id!r}: {module_name} has no {class_name!r}")
+        return env_class
+    if env_id not in gym.registry:
+        known = list(ENVS) + list(gym.registry)
+        close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.6)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise ValueError(
+            f"unknown environment {env_id!r}: not one of nostall's native environments and not "
+            f"registered with Gymnasium (or 'module:EnvClass'){hint}"
+        )
+    return lambda: gym.make(env_id)
+
+
+def check_spaces(env_id: str, observation_space: spaces.Space, action_space: spaces.Space):
+    """ValueError naming what the trainers take, for spaces they cannot handle."""
+    if not isinstance(action_space, spaces.Discrete | spaces.Box) or (
+        isinstance(action_space, spaces.Box) and len(action_space.shape) != 1
+    ):
+        raise ValueError(
+            f"{env_id}: action space {action_space} is not supported; the trainers take "
+            "Discrete actions or a 1-D Box of continuous actions"
+        )
+    if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
+        raise ValueError(
+            f"{env_id}: observation space {observation_space} is not supported; the MLP policy "
+            "takes a 1-D Box of observations"
+        )
+
+
+class GymnasiumVectorEnv:
+    """`num_envs` copies of a Gymnasium environment with the native VectorEnv's interface as
+    the runtime uses it: spaces, `info`, `torch.reset`, `torch.step(actions, out=rows)`,
+    `state_dict` and `close`. Env i is seeded with seed + i, as Gymnasium's vector envs do."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int = 0):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        factory = _env_factory(env_id)
+        self.envs = gym.vector.SyncVectorEnv(
+            [factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+        )
+        self.num_envs = num_envs
+        self.single_observation_space = self.envs.single_observation_space
+        self.single_action_space = self.envs.single_action_space
+        check_spaces(env_id, self.single_observation_space, self.single_action_space)
+        spec = self.envs.envs[0].spec
+        self.info = AdapterInfo(
+            env_id,
+            self.single_observation_space,
+            self.single_action_space,
+            spec.max_episode_steps if spec else None,
+            spec.reward_threshold if spec else None,
+        )
+        self.seed = seed
+        self.torch = _TorchSide(self)
+        self.closed = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole vector env pickled (states, generators, step counts): exact resume for
+        every environment that pickles, a clear error for one that does not."""
+        try:
+            pickled = pickle.dumps((self.envs.envs, self.envs._autoreset_envs))
+        except Exception as e:  # what an unpicklable env raises varies (TypeError, PicklingError)
+            raise ValueError(
+                f"{self.info.id}: the environment cannot be saved for a checkpoint ({e}); "
+                "run without --checkpoint"
+            ) from e
+        return {
+            "env_id": self.info.id,
+            "num_envs": self.num_envs,
+            "envs": pickled,  # bytes: a checkpoint loads with weights_only, with no NumPy
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state.get("env_id"), state.get("num_envs")) != (self.info.id, self.num_envs):
+            raise ValueError(
+                f"checkpoint is for {state.get('env_id')} x {state.get('num_envs')}, "
+                f"not {self.info.id} x {self.num_envs}"
+            )
+        for env in self.envs.envs:
+            env.close()
+        # Our own checkpoint's bytes, checksummed when it was read.
+        self.envs.envs, self.envs._autoreset_envs = pickle.loads(state["envs"])
+
+    def close(self) -> None:
+        if not self.closed:
+            self.envs.close()
+            self.closed = True
+
+    def __repr__(self) -> str:
+        return f"nostall.envs.GymnasiumVectorEnv({self.info.id}, num_envs={self.num_envs})"
+
+
+class _TorchSide:
+    """The tensor interface the rollout writes through (the native TorchVectorEnv's)."""
+
+    def __init__(self, env: GymnasiumVectorEnv):
+        self.env = env
+        space = env.single_action_space
+        self._low = self._high = None
+        if isinstance(space, spaces.Box):  # clip as the native envs do: out of range -> bound
+            self._low, self._high = space.low, space.high
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        obs, _ = self.env.envs.reset(seed=seed)
+        return torch.as_tensor(np.asarray(obs, dtype=np.float32))
+
+    def step(self, actions: torch.Tensor, out: EnvStep) -> EnvStep:
+        # sync: none; the rollout side's actions are host tensors (Gymnasium steps on the host)
+        a = actions.numpy()
+        if self._low is not None:
+            a = np.clip(a, self._low, self._high)
+        obs, reward, terminated, truncated, info = self.env.envs.step(a)
+        out.obs.copy_(torch.from_numpy(np.asarray(obs, dtype=np.float32)))
+        out.reward.copy_(torch.from_numpy(np.asarray(reward, dtype=np.float64)))
+        out.terminated.copy_(torch.from_numpy(np.asarray(terminated, dtype=bool)))
+        out.truncated.copy_(torch.from_numpy(np.asarray(truncated, dtype=bool)))
+        if "_final_obs" in info and out.final_obs.shape[0]:
+            for i in np.flatnonzero(info["_final_obs"]):
+                out.final_obs[i].copy_(torch.from_numpy(np.asarray(info["final_obs"][i])))
+        return out
+
+    def empty_step(self, device: torch.device | str = "cpu") -> EnvStep:
+        n, obs_dim = self.env.num_envs, self.env.single_observation_space.shape[0]
+        return EnvStep(
+            torch.empty(n, obs_dim, device=device),
+            torch.empty(n, dtype=torch.float64, device=device),
+            torch.empty(n, dtype=torch.bool, device=device),
+            torch.empty(n, dtype=torch.bool, device=device),
+            torch.empty(n, obs_dim, device=device),
+        )
+
+
+def make_env(env_id: str, num_envs: int, seed: int = 0, backend: str = "auto"):
+    """nostall's native environment for `env_id` when it has one (backend "auto" or
+    "native"), else Gymnasium's through GymnasiumVectorEnv ("auto" or "gymnasium"); same-step
+    autoreset either way."""
+    if backend not in BACKENDS:
+        raise ValueError(f"env backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "native" or (backend == "auto" and env_id in ENVS):
+        if env_id not in ENVS:
+            raise ValueError(
+                f"{env_id!r} is not a native environment (native: {', '.join(ENVS)}); "
+                "use --env-backend gymnasium or auto"
+            )
+        return make(env_id, num_envs, seed=seed, autoreset_mode="SameStep")
+    return GymnasiumVectorEnv(env_id, num_envs, seed=seed)

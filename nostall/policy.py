@@ -1,0 +1,96 @@
+"""A trained policy as a file and as a callable: every `nostall train ppo|appo` run writes
+`policy.pt` beside its report, and `load_policy` turns it back into observations -> actions.
+
+The file is a plain dict of tensors, numbers and strings, so `torch.load(path, weights_only=True)`
+reads it: no pickled code runs when a policy is loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nostall.algos.agent import ActorCritic
+
+FORMAT = "nostall-policy-1"
+
+
+def policy_record(agent: ActorCritic, env, args) -> dict:
+    """What `policy.pt` holds: the actor-critic's weights (on the CPU) and what rebuilds it."""
+    space = env.single_action_space
+    return {
+        "format": FORMAT,
+        "kind": "mlp",
+        "env_id": args.env_id,
+        "env_backend": args.env_backend,
+        "obs_dim": int(env.single_observation_space.shape[0]),
+        "discrete": bool(agent.discrete),
+        "action_dim": int(space.n) if agent.discrete else int(np.prod(space.shape)),
+        "hidden": int(args.hidden),
+        "state_dict": {k: v.detach().cpu().clone() for k, v in agent.state_dict().items()},
+    }
+
+
+def save_policy(record: dict, path: str | Path) -> None:
+    torch.save(record, path)
+
+
+class Policy:
+    """Observations -> actions for a trained actor-critic. Deterministic by default (the most
+    likely action, or the Gaussian's mean); `deterministic=False` samples as in training."""
+
+    def __init__(self, record: dict, deterministic: bool = True, seed: int = 0):
+        self.env_id = record["env_id"]
+        self.env_backend = record.get("env_backend", "auto")
+        self.discrete = record["discrete"]
+        self.agent = ActorCritic(
+            record["obs_dim"], record["action_dim"], record["discrete"], record["hidden"]
+        )
+        self.agent.load_state_dict(record["state_dict"])
+        self.agent.eval()
+        self.deterministic = deterministic
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def __call__(self, obs):
+        """A batch [N, obs_dim] (or one observation [obs_dim]) of NumPy or torch observations;
+        returns the actions as NumPy, one per observation."""
+        x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
+        single = x.dim() == 1
+        x = x[None] if single else x
+        if x.dim() != 2 or x.shape[1] != self.agent.actor[0].in_features:
+            raise ValueError(
+                f"observations must have shape [N, {self.agent.actor[0].in_features}], "
+                f"got {list(x.shape)}"
+            )
+        out = self.agent.actor(x)
+        if self.discrete:
+            if self.deterministic:
+                action = out.argmax(-1)
+            else:
+                action = torch.multinomial(out.softmax(-1), 1, generator=self.generator)[:, 0]
+        else:
+            action = out
+            if not self.deterministic:
+                noise = torch.randn(out.shape, generator=self.generator)
+                action = out + self.agent.log_std.exp() * noise
+        # sync: none; CPU tensors, returned to the caller as NumPy
+        actions = action.numpy()
+        return actions[0] if single else actions
+
+
+def load_policy(path: str | Path, deterministic: bool = True, seed: int = 0) -> Policy:
+    """The policy saved at `path` (a run's `policy.pt`, or the run directory itself)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "policy.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"no policy at {path} (every training run writes policy.pt)")
+    try:
+        record = torch.load(path, weights_only=True)
+    except Exception as e:  # not a torch file, or one holding code: either way not ours
+        raise ValueError(f"{path} is not a nostall policy file ({type(e).__name__})") from e
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a nostall policy file")
+    return Policy(record, deterministic=deterministic, seed=seed)

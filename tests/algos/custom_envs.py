@@ -1,0 +1,41 @@
+"""Small Gymnasium environments defined outside nostall, for `--env module:EnvClass`."""
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class SignEnv(gym.Env):
+    """Observe a number in [-1, 1]; reward 1 for action 1 when it is positive, action 0 when it
+    is not. Ten steps an episode: random play earns about 5, a learned policy 10."""
+
+    observation_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.x = self.np_random.uniform(-1, 1, size=1).astype(np.float32)
+        return self.x.copy(), {}
+
+    def step(self, action):
+        reward = float(int(action) == int(self.x[0] > 0))
+        self.t += 1
+        self.x = self.np_random.uniform(-1, 1, size=1).astype(np.float32)
+        return self.x.copy(), reward, False, self.t >= 10, {}
+
+
+class FailingEnv(SignEnv):
+    """SignEnv that raises on its 300th step: a user's bug surfacing mid-run."""
+
+    steps = 0
+
+    def step(self, action):
+        FailingEnv.steps += 1
+        if FailingEnv.steps == 300:
+            raise RuntimeError("FailingEnv: the simulator diverged")
+        return super().step(action)
+
+
+class DictActionEnv(SignEnv):
+    action_space = spaces.MultiDiscrete([2, 3])
