@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from nostall.algos.agent import ActorCritic
+from nostall.algos.conv_agent import ConvActorCritic
 
 FORMAT = "nostall-policy-1"
 
@@ -19,17 +20,21 @@ FORMAT = "nostall-policy-1"
 def policy_record(agent: ActorCritic, env, args) -> dict:
     """What `policy.pt` holds: the actor-critic's weights (on the CPU) and what rebuilds it."""
     space = env.single_action_space
-    return {
+    record = {
         "format": FORMAT,
         "kind": "mlp",
         "env_id": args.env_id,
         "env_backend": args.env_backend,
-        "obs_dim": int(env.single_observation_space.shape[0]),
+        "obs_dim": int(np.prod(env.single_observation_space.shape)),
         "discrete": bool(agent.discrete),
         "action_dim": int(space.n) if agent.discrete else int(np.prod(space.shape)),
         "hidden": int(args.hidden),
         "state_dict": {k: v.detach().cpu().clone() for k, v in agent.state_dict().items()},
     }
+    if isinstance(agent, ConvActorCritic):
+        record.update(kind="cnn", obs_shape=list(agent.obs_shape),
+                      channels_last=agent.channels_last)  # fmt: skip
+    return record
 
 
 def save_policy(record: dict, path: str | Path) -> None:
@@ -44,9 +49,14 @@ class Policy:
         self.env_id = record["env_id"]
         self.env_backend = record.get("env_backend", "auto")
         self.discrete = record["discrete"]
-        self.agent = ActorCritic(
-            record["obs_dim"], record["action_dim"], record["discrete"], record["hidden"]
-        )
+        if record.get("kind") == "cnn":
+            self.agent = ConvActorCritic(record["obs_shape"], record["action_dim"],
+                                         record["discrete"], record["channels_last"])  # fmt: skip
+        else:
+            self.agent = ActorCritic(
+                record["obs_dim"], record["action_dim"], record["discrete"], record["hidden"]
+            )
+        self.obs_dim = record["obs_dim"]
         self.agent.load_state_dict(record["state_dict"])
         self.agent.eval()
         self.deterministic = deterministic
@@ -59,12 +69,12 @@ class Policy:
         x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
         single = x.dim() == 1
         x = x[None] if single else x
-        if x.dim() != 2 or x.shape[1] != self.agent.actor[0].in_features:
+        if x.dim() != 2 or x.shape[1] != self.obs_dim:
             raise ValueError(
-                f"observations must have shape [N, {self.agent.actor[0].in_features}], "
-                f"got {list(x.shape)}"
+                f"observations must have shape [N, {self.obs_dim}] (images flattened), got "
+                f"{list(x.shape)}"
             )
-        out = self.agent.actor(x)
+        out = self.agent.logits(x)
         if self.discrete:
             if self.deterministic:
                 action = out.argmax(-1)

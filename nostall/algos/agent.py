@@ -17,7 +17,7 @@ from nostall import _native  # noqa: F401  (loads the native library: env_rollou
 from nostall.envs import _ops  # noqa: F401  (env_rollout's fake kernel and ordered effect)
 from nostall.ops.networks import mlp, sample_categorical
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _layer(n_in: int, n_out: int, gain: float = math.sqrt(2)) -> nn.Linear:
@@ -57,6 +57,10 @@ class ActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return _mlp(self.critic, obs).squeeze(-1)  # (...,)
 
+    def logits_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, value): the two networks' outputs (one call for a shared-torso agent)."""
+        return _mlp(self.actor, obs), _mlp(self.critic, obs).squeeze(-1)
+
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         """The actor's output: logits (discrete) or the Gaussian's mean (continuous)."""
         return _mlp(self.actor, obs)
@@ -72,8 +76,8 @@ class ActorCritic(nn.Module):
             return chosen, -(log_p.exp() * log_p).sum(-1)
         log_std = self.log_std.expand_as(out)
         z = (action - out) / log_std.exp()
-        log_prob = (-0.5 * z.pow(2) - log_std - _LOG_SQRT_2PI).sum(-1)
-        entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
+        log_prob = (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
+        entropy = (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
         return log_prob, entropy
 
 
@@ -94,15 +98,14 @@ def act(
     agent: ActorCritic, obs: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(env_action, action, log_prob, value) for a batch of observations, with no sync."""
-    out = _mlp(agent.actor, obs)
-    value = _mlp(agent.critic, obs).squeeze(-1)
+    out, value = agent.logits_value(obs)
     if agent.discrete:
         action, log_prob = sample_categorical(out, generator)  # Gumbel-max, one native op
         return action, action, log_prob, value
     std = agent.log_std.exp()
     action = out + std * torch.randn(out.shape, generator=generator)
     z = (action - out) / std
-    log_prob = (-0.5 * z.pow(2) - agent.log_std - _LOG_SQRT_2PI).sum(-1)
+    log_prob = (-0.5 * z.pow(2) - agent.log_std - LOG_SQRT_2PI).sum(-1)
     return action, action, log_prob, value
 
 
@@ -120,3 +123,36 @@ def native_rollout(agent: ActorCritic, env, chunk, generator: torch.Generator) -
         chunk.terminated, chunk.truncated, chunk.final_obs, noise, *_layers(agent.actor),
         *_layers(agent.critic), agent.log_std, "tanh",
     )  # fmt: skip
+
+
+POLICIES = ("auto", "mlp", "cnn")
+
+
+def make_agent(env, hidden: int = 64, policy: str = "auto") -> torch.nn.Module:
+    """The actor-critic for `env`'s spaces: the MLP for a 1-D observation vector, the Nature
+    CNN (conv_agent.py) for uint8 image observations ([C, H, W], or [H, W, C]); `policy`
+    overrides the choice. ValueError saying which observations each policy takes."""
+    from nostall.algos.conv_agent import ConvActorCritic
+
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    space = env.single_observation_space
+    pixels = len(space.shape) == 3 and space.dtype == np.uint8
+    kind = ("cnn" if pixels else "mlp") if policy == "auto" else policy
+    if kind == "cnn":
+        if not pixels:
+            raise ValueError(
+                f"{env.info.id}: the cnn policy takes uint8 image observations [C, H, W] or "
+                f"[H, W, C]; this environment's are {space}"
+            )
+        channels_last = space.shape[-1] <= 4 < space.shape[0]
+        action_space = env.single_action_space
+        discrete = env.info.discrete
+        action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape))
+        return ConvActorCritic(space.shape, action_dim, discrete, channels_last)
+    if len(space.shape) != 1:
+        raise ValueError(
+            f"{env.info.id}: the mlp policy takes a 1-D observation vector; this environment's "
+            f"observations are {space}" + (" (use --policy cnn)" if pixels else "")
+        )
+    return ActorCritic.for_env(env, hidden)

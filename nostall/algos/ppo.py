@@ -34,7 +34,7 @@ import torch
 
 import nostall
 import nostall.envs
-from nostall.algos.agent import ActorCritic, act, native_rollout
+from nostall.algos.agent import POLICIES, ActorCritic, act, make_agent, native_rollout
 from nostall.algos.optim import ClippedAdam
 from nostall.envs.gymnasium_adapter import BACKENDS as ENV_BACKENDS
 from nostall.envs.gymnasium_adapter import make_env
@@ -99,7 +99,9 @@ class Args:
     max_grad_norm: float = 0.5
     """gradient clipping norm"""
     hidden: int = 64
-    """hidden units per layer of the actor and the critic"""
+    """hidden units per layer of the actor and the critic (the mlp policy)"""
+    policy: str = "auto"
+    """auto (the Nature CNN for uint8 image observations, else the MLP), mlp, or cnn"""
     staleness: int = 0
     """how many policy versions the rollout side may run ahead (0: synchronous PPO)"""
     publish_every: int = 1
@@ -191,6 +193,8 @@ class Args:
             )
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.env_backend not in ENV_BACKENDS:
             raise ValueError(
                 f"env_backend must be one of {', '.join(ENV_BACKENDS)}, got {self.env_backend!r}"
@@ -289,15 +293,16 @@ def minibatch_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, stats [5] in METRICS order) of one minibatch."""
     value_clip = args.clip_coef if args.clip_vloss else None
-    new_value = agent.value(obs)
     if agent.discrete:  # the whole loss in one native op, forward and backward
+        logits, new_value = agent.logits_value(obs)
         out = nostall.ppo_loss(
-            agent.logits(obs), actions, new_value, old_log_prob, old_value, adv, value_target,
+            logits, actions, new_value, old_log_prob, old_value, adv, value_target,
             args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,
         )  # fmt: skip
         return out.loss, out.stats.detach()
     # Any other policy: its log-probabilities and entropies from its distribution, the rest of
     # the loss in one native op.
+    new_value = agent.value(obs)
     new_log_prob, entropy = agent.log_prob_entropy(obs, actions)
     out = nostall.ppo_loss_from_log_prob(
         new_log_prob, entropy, new_value, old_log_prob, old_value, adv, value_target,
@@ -321,7 +326,7 @@ def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRunti
         )  # fmt: skip
     return ProcessRuntime(
         functools.partial(_make_env, args),
-        functools.partial(ActorCritic.for_env, hidden=args.hidden),
+        functools.partial(make_agent, hidden=args.hidden, policy=args.policy),
         agent,
         act,
         num_steps=args.num_steps,
@@ -347,7 +352,7 @@ def train(
         env.state_dict()  # an environment that cannot be saved fails now, not at the first save
     solved_return = env.info.reward_threshold if args.solved_return is None else args.solved_return
     device = torch.device(args.device)
-    agent = ActorCritic.for_env(env, args.hidden).to(device)
+    agent = make_agent(env, args.hidden, args.policy).to(device)
     # A tensor on the trainer's device: annealing it needs no host value.
     lr = torch.tensor(args.learning_rate, device=device)
     # Gradient clipping and fused Adam in one lean step (see optim.py).

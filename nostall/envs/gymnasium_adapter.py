@@ -23,8 +23,9 @@ from gymnasium.vector import AutoresetMode
 
 from nostall.envs.registry import ENVS
 from nostall.envs.vector import EnvStep, make
+from nostall.runtime.storage import slot_layout
 
-BACKENDS = ("auto", "native", "gymnasium")
+BACKENDS = ("auto", "native", "gymnasium", "envpool")
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,11 @@ def check_spaces(env_id: str, observation_space: spaces.Space, action_space: spa
             f"{env_id}: action space {action_space} is not supported; the trainers take "
             "Discrete actions or a 1-D Box of continuous actions"
         )
-    if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
+    shape = getattr(observation_space, "shape", None) or ()
+    if not isinstance(observation_space, spaces.Box) or len(shape) not in (1, 3):
         raise ValueError(
-            f"{env_id}: observation space {observation_space} is not supported; the MLP policy "
-            "takes a 1-D Box of observations"
+            f"{env_id}: observation space {observation_space} is not supported; the policies "
+            "take a 1-D Box (the MLP) or uint8 images [C, H, W] / [H, W, C] (the CNN)"
         )
 
 
@@ -158,7 +160,13 @@ class _TorchSide:
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.env.envs.reset(seed=seed)
-        return torch.as_tensor(np.asarray(obs, dtype=np.float32))
+        return torch.from_numpy(self._rows(obs))
+
+    def _rows(self, obs) -> np.ndarray:
+        """[N, obs_dim]: images flattened (and kept uint8), vectors as float32."""
+        obs = np.asarray(obs)
+        dtype = np.uint8 if self.env.single_observation_space.dtype == np.uint8 else np.float32
+        return np.ascontiguousarray(obs.reshape(len(obs), -1), dtype=dtype)
 
     def step(self, actions: torch.Tensor, out: EnvStep) -> EnvStep:
         # sync: none; the rollout side's actions are host tensors (Gymnasium steps on the host)
@@ -166,32 +174,43 @@ class _TorchSide:
         if self._low is not None:
             a = np.clip(a, self._low, self._high)
         obs, reward, terminated, truncated, info = self.env.envs.step(a)
-        out.obs.copy_(torch.from_numpy(np.asarray(obs, dtype=np.float32)))
+        out.obs.copy_(torch.from_numpy(self._rows(obs)))
         out.reward.copy_(torch.from_numpy(np.asarray(reward, dtype=np.float64)))
         out.terminated.copy_(torch.from_numpy(np.asarray(terminated, dtype=bool)))
         out.truncated.copy_(torch.from_numpy(np.asarray(truncated, dtype=bool)))
         if "_final_obs" in info and out.final_obs.shape[0]:
             for i in np.flatnonzero(info["_final_obs"]):
-                out.final_obs[i].copy_(torch.from_numpy(np.asarray(info["final_obs"][i])))
+                final = np.asarray(info["final_obs"][i]).reshape(-1)
+                out.final_obs[i].copy_(torch.from_numpy(final))
         return out
 
     def empty_step(self, device: torch.device | str = "cpu") -> EnvStep:
-        n, obs_dim = self.env.num_envs, self.env.single_observation_space.shape[0]
-        return EnvStep(
-            torch.empty(n, obs_dim, device=device),
-            torch.empty(n, dtype=torch.float64, device=device),
-            torch.empty(n, dtype=torch.bool, device=device),
-            torch.empty(n, dtype=torch.bool, device=device),
-            torch.empty(n, obs_dim, device=device),
-        )
+        return empty_step(self.env, device)
+
+
+def empty_step(env, device: torch.device | str = "cpu") -> EnvStep:
+    """Uninitialised rows of one step of an adapted env (its storage layout: slot_layout)."""
+    layout = slot_layout(env)
+    n, obs_dim, obs_dtype = layout["num_envs"], layout["obs_dim"], layout["obs_dtype"]
+    return EnvStep(
+        torch.empty(n, obs_dim, dtype=obs_dtype, device=device),
+        torch.empty(n, dtype=torch.float64, device=device),
+        torch.empty(n, dtype=torch.bool, device=device),
+        torch.empty(n, dtype=torch.bool, device=device),
+        torch.empty(n, obs_dim, dtype=obs_dtype, device=device),
+    )
 
 
 def make_env(env_id: str, num_envs: int, seed: int = 0, backend: str = "auto"):
     """nostall's native environment for `env_id` when it has one (backend "auto" or
-    "native"), else Gymnasium's through GymnasiumVectorEnv ("auto" or "gymnasium"); same-step
-    autoreset either way."""
+    "native"), else Gymnasium's through GymnasiumVectorEnv ("auto" or "gymnasium"), or
+    EnvPool's ("envpool", only when asked for); same-step autoreset in every case."""
     if backend not in BACKENDS:
         raise ValueError(f"env backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "envpool":
+        from nostall.envs.envpool_adapter import EnvPoolVectorEnv
+
+        return EnvPoolVectorEnv(env_id, num_envs, seed=seed)
     if backend == "native" or (backend == "auto" and env_id in ENVS):
         if env_id not in ENVS:
             raise ValueError(

@@ -115,6 +115,7 @@ class ProcessRuntime:
         action_shape: tuple[int, ...],
         discrete: bool,
         num_steps: int,
+        obs_dtype: torch.dtype = torch.float32,
         staleness: int = 0,
         seed: int = 0,
         join_timeout_s: float = 5.0,
@@ -125,7 +126,7 @@ class ProcessRuntime:
         # host wait (each a few kB); the thread backend pins its chunks instead.
         self.slots = rollout_slots(
             staleness, num_steps, num_envs=num_envs, obs_dim=obs_dim,
-            action_shape=action_shape, discrete=discrete,
+            action_shape=action_shape, discrete=discrete, obs_dtype=obs_dtype,
         )  # fmt: skip
         ctx = mp.get_context("spawn")
         self.staleness, self.version = staleness, 0

@@ -4,8 +4,10 @@ collecting a rollout allocates nothing."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 
@@ -16,14 +18,14 @@ class Chunk:
     finished episode is the next episode's first observation, and final_obs[t] holds the
     finished episode's last one (for bootstrapping a truncation)."""
 
-    obs: torch.Tensor  # (T + 1, N, obs_dim) float32
+    obs: torch.Tensor  # (T + 1, N, obs_dim) float32, or uint8 for pixels (flattened frames)
     actions: torch.Tensor  # (T, N) int64, or (T, N, action_dim) float32
     log_probs: torch.Tensor  # (T, N) behaviour policy log-probabilities
     values: torch.Tensor  # (T, N) behaviour critic values
     rewards: torch.Tensor  # (T, N) float64, as the environments return them
     terminated: torch.Tensor  # (T, N) bool
     truncated: torch.Tensor  # (T, N) bool
-    final_obs: torch.Tensor  # (T, N, obs_dim) float32, valid where terminated | truncated
+    final_obs: torch.Tensor  # (T, N, obs_dim) like obs, valid where terminated | truncated
     version: int = -1  # the policy version that collected it
 
     @classmethod
@@ -36,22 +38,24 @@ class Chunk:
         discrete: bool,
         device: torch.device | str = "cpu",
         pin_memory: bool = False,
+        obs_dtype: torch.dtype = torch.float32,
     ) -> Chunk:
-        """Zeros; `pin_memory` (CPU only) for chunks copied to a GPU without a host wait."""
+        """Zeros; `pin_memory` (CPU only) for chunks copied to a GPU without a host wait.
+        Pixel observations stay uint8 (obs_dtype), a quarter of float32's bytes."""
         action_dtype = torch.int64 if discrete else torch.float32
 
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(*shape, dtype=dtype, device=device, pin_memory=pin_memory)
 
         return cls(
-            obs=zeros(T + 1, N, obs_dim),
+            obs=zeros(T + 1, N, obs_dim, dtype=obs_dtype),
             actions=zeros(T, N, *action_shape, dtype=action_dtype),
             log_probs=zeros(T, N),
             values=zeros(T, N),
             rewards=zeros(T, N, dtype=torch.float64),
             terminated=zeros(T, N, dtype=torch.bool),
             truncated=zeros(T, N, dtype=torch.bool),
-            final_obs=zeros(T, N, obs_dim),
+            final_obs=zeros(T, N, obs_dim, dtype=obs_dtype),
         )
 
     @property
@@ -65,11 +69,13 @@ class Chunk:
 def slot_layout(env) -> dict:
     """The chunk sizes a vector env's rollouts need (keyword arguments of rollout_slots)."""
     discrete = env.info.discrete
+    space = env.single_observation_space
     return {
         "num_envs": env.num_envs,
-        "obs_dim": env.single_observation_space.shape[0],
+        "obs_dim": int(math.prod(space.shape)),  # pixels are stored flattened
         "action_shape": () if discrete else tuple(env.single_action_space.shape),
         "discrete": discrete,
+        "obs_dtype": torch.uint8 if space.dtype == np.uint8 else torch.float32,
     }
 
 
@@ -82,13 +88,15 @@ def rollout_slots(
     action_shape: tuple[int, ...],
     discrete: bool,
     pin_memory: bool = False,
+    obs_dtype: torch.dtype = torch.float32,
 ) -> list[Chunk]:
     """The chunks a runtime cycles through: S + 1 collected ahead, one being trained on."""
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}")
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    shape = (num_steps, num_envs, obs_dim, action_shape, discrete)
     return [
-        Chunk.empty(num_steps, num_envs, obs_dim, action_shape, discrete, pin_memory=pin_memory)
+        Chunk.empty(*shape, pin_memory=pin_memory, obs_dtype=obs_dtype)
         for _ in range(staleness + 2)
     ]

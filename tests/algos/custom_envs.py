@@ -39,3 +39,26 @@ class FailingEnv(SignEnv):
 
 class DictActionEnv(SignEnv):
     action_space = spaces.MultiDiscrete([2, 3])
+
+
+class VisualSignEnv(SignEnv):
+    """SignEnv seen as a 40x40 RGB image, channels last as Gymnasium draws images: the left
+    half lit when the hidden number is positive, the right half when it is not."""
+
+    observation_space = spaces.Box(0, 255, shape=(40, 40, 3), dtype=np.uint8)
+
+    def _frame(self) -> np.ndarray:
+        frame = np.zeros((40, 40, 3), dtype=np.uint8)
+        if self.x[0] > 0:
+            frame[:, :20] = 255
+        else:
+            frame[:, 20:] = 255
+        return frame
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._frame(), {}
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(action)
+        return self._frame(), reward, terminated, truncated, info

@@ -144,3 +144,77 @@ def test_eval_errors(tmp_path, capsys):
     assert "no policy at" in capsys.readouterr().err
     (tmp_path / "policy.pt").write_bytes(b"not a policy")
     assert main(["eval", str(tmp_path)]) == 2
+
+
+def test_the_cnn_learns_from_pixels_kept_uint8_in_the_chunks(tmp_path):
+    """Image observations choose the Nature CNN; frames stay uint8 in the rollout chunks (and in
+    checkpoints) and are scaled on the trainer's side; the policy file round-trips."""
+    from nostall.algos.conv_agent import ConvActorCritic
+
+    seen = []
+
+    def recording(agent, chunk, args):
+        seen.append((type(agent), chunk.obs.dtype, tuple(chunk.obs.shape)))
+        return ppo.gae_advantages(agent, chunk, args)
+
+    args = ppo.Args(env_id="tests.algos.custom_envs:VisualSignEnv", num_envs=4, num_steps=64,
+                    total_timesteps=12 * 256, learning_rate=2.5e-3, watch_syncs=False,
+                    log_interval=1)  # fmt: skip
+    result = ppo.train(args, advantage_fn=recording)
+    assert seen[0] == (ConvActorCritic, torch.uint8, (65, 4, 40 * 40 * 3))
+    first, last = result.curve[0][2], result.curve[-1][2]
+    assert first < 7.5 and last > 9, result.curve  # random: about 5 of 10
+    from nostall.policy import Policy, save_policy
+
+    save_policy(result.policy, tmp_path / "policy.pt")
+    policy = nostall.load_policy(tmp_path / "policy.pt")
+    assert isinstance(policy, Policy) and isinstance(policy.agent, ConvActorCritic)
+    lit_left = np.zeros((40, 40, 3), np.uint8)
+    lit_left[:, :20] = 255
+    assert policy(lit_left.reshape(-1)) == 1  # positive: action 1
+    assert policy(255 - lit_left.reshape(-1)) == 0
+
+
+@pytest.mark.parametrize(
+    "env_id,policy,message",
+    [
+        ("tests.algos.custom_envs:VisualSignEnv", "mlp", "use --policy cnn"),
+        ("CartPole-v1", "cnn", "takes uint8 image observations"),
+    ],
+)
+def test_a_policy_refuses_observations_it_cannot_take(env_id, policy, message):
+    with pytest.raises(ValueError, match=message):
+        ppo.train(ppo.Args(env_id=env_id, policy=policy, total_timesteps=1024, **FAST))
+
+
+def test_envpool_backend_steps_with_same_step_autoreset():
+    """EnvPool's CartPole through the adapter gives what nostall's chunks expect: after a
+    finished episode, obs is the next episode's first observation and final_obs the last one."""
+    pytest.importorskip("envpool", reason="EnvPool is a benchmark-only dependency")
+    env = make_env("CartPole-v1", 4, seed=0, backend="envpool")
+    obs = env.torch.reset()
+    assert obs.shape == (4, 4) and obs.dtype == torch.float32
+    out = env.torch.empty_step()
+    finished = 0
+    for _ in range(200):
+        env.torch.step(torch.zeros(4, dtype=torch.int64), out=out)  # always left: falls soon
+        for i in torch.nonzero(out.terminated).flatten().tolist():
+            finished += 1
+            assert out.final_obs[i].abs().max() > 0.2  # fell: the pole or cart far out
+            assert out.obs[i].abs().max() <= 0.05  # a fresh episode's start
+    assert finished > 4
+    with pytest.raises(ValueError, match="cannot be saved"):
+        env.state_dict()
+    env.close()
+    with pytest.raises(ValueError, match="EnvPool has no environment 'Pongg-v5'"):
+        make_env("Pongg-v5", 1, backend="envpool")
+
+
+def test_ppo_on_envpool_pong_with_the_cnn():
+    pytest.importorskip("envpool", reason="EnvPool is a benchmark-only dependency")
+    args = ppo.Args(env_id="Pong-v5", env_backend="envpool", num_envs=2, num_steps=32,
+                    total_timesteps=2 * 64, num_minibatches=2, update_epochs=1,
+                    watch_syncs=False, log_interval=1)  # fmt: skip
+    result = ppo.train(args)
+    assert result.steps == 128 and result.policy["kind"] == "cnn"
+    assert result.policy["obs_shape"] == [4, 84, 84]
