@@ -45,12 +45,38 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
 
+class AtariAgent(nn.Module):
+    """CleanRL's ppo_atari_envpool.py Agent: the Nature CNN on x / 255, linear heads."""
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+        )  # fmt: skip
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def get_value(self, x):
+        return self.critic(self.network(x / 255.0))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(x / 255.0)
+        probs = Categorical(logits=self.actor(hidden))
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+
+
 def train(
     envs,
     args,
     solved_return: float = 475.0,
     max_seconds: float = 600.0,
     bootstrap_truncation: bool = False,
+    make_agent=None,
 ) -> dict:
     """CleanRL's loop. `envs` is a vector env with NEXT-step-free semantics: done envs are
     reset by the env (same-step autoreset, or EnvPool's own autoreset)."""
@@ -59,10 +85,13 @@ def train(
     batch_size = num_envs * num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    obs_dim = envs.single_observation_space.shape[0]
-    agent = Agent(obs_dim, envs.single_action_space.n)
+    obs_shape = tuple(envs.single_observation_space.shape)
+    if make_agent is None:  # the MLP on a vector observation
+        agent = Agent(obs_shape[0], envs.single_action_space.n)
+    else:
+        agent = make_agent(obs_shape, envs.single_action_space.n)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    obs = torch.zeros((num_steps, num_envs, obs_dim))
+    obs = torch.zeros((num_steps, num_envs, *obs_shape))
     actions = torch.zeros((num_steps, num_envs))
     logprobs = torch.zeros((num_steps, num_envs))
     rewards = torch.zeros((num_steps, num_envs))
@@ -116,7 +145,7 @@ def train(
                 lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
                 advantages[t] = lastgaelam
             returns = advantages + values
-        b_obs, b_logprobs = obs.reshape((-1, obs_dim)), logprobs.reshape(-1)
+        b_obs, b_logprobs = obs.reshape((-1, *obs_shape)), logprobs.reshape(-1)
         b_actions, b_advantages = actions.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         b_inds = np.arange(batch_size)
