@@ -69,16 +69,23 @@ class ActorCritic(nn.Module):
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of `action` and the policy's entropy at `obs`."""
-        out = _mlp(self.actor, obs)
-        if self.discrete:
-            log_p = out.log_softmax(-1)
-            chosen = log_p.gather(-1, action[..., None]).squeeze(-1)
-            return chosen, -(log_p.exp() * log_p).sum(-1)
-        log_std = self.log_std.expand_as(out)
-        z = (action - out) / log_std.exp()
-        log_prob = (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
-        entropy = (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
-        return log_prob, entropy
+        return log_prob_entropy(_mlp(self.actor, obs), action, self.log_std)
+
+
+def log_prob_entropy(
+    out: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probability of `action`, entropy) under the actor's output `out`: logits of a
+    categorical when log_std is None, else the mean of a diagonal Gaussian."""
+    if log_std is None:
+        log_p = out.log_softmax(-1)
+        chosen = log_p.gather(-1, action[..., None]).squeeze(-1)
+        return chosen, -(log_p.exp() * log_p).sum(-1)
+    log_std = log_std.expand_as(out)
+    z = (action - out) / log_std.exp()
+    log_prob = (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
+    entropy = (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
+    return log_prob, entropy
 
 
 def _layers(net: nn.Sequential) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from nostall.algos.agent import LOG_SQRT_2PI
+from nostall.algos.agent import log_prob_entropy
 
 
 def _init(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
@@ -81,12 +81,4 @@ class ConvActorCritic(nn.Module):
     def log_prob_entropy(
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.logits(obs)
-        if self.discrete:
-            log_p = out.log_softmax(-1)
-            chosen = log_p.gather(-1, action[..., None]).squeeze(-1)
-            return chosen, -(log_p.exp() * log_p).sum(-1)
-        log_std = self.log_std.expand_as(out)
-        z = (action - out) / log_std.exp()
-        log_prob = (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
-        return log_prob, (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
+        return log_prob_entropy(self.logits(obs), action, self.log_std)
