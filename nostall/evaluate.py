@@ -72,6 +72,8 @@ def record(policy: Policy, path: str | Path, seed: int = 0, fps: int = 30) -> in
     path = Path(path)
     if path.suffix.lower() not in (".gif", ".mp4"):
         raise ValueError(f"--record: {path.name} must end in .gif or .mp4")
+    if policy.env_backend == "envpool":
+        raise ValueError("--record: EnvPool environments do not render; record a Gymnasium one")
     native = policy.env_backend != "gymnasium" and policy.env_id in ENVS
     if native:
         from nostall.envs import make

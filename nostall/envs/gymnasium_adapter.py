@@ -93,9 +93,12 @@ class GymnasiumVectorEnv:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         factory = _env_factory(env_id)
-        self.envs = gym.vector.SyncVectorEnv(
-            [factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
-        )
+        try:
+            self.envs = gym.vector.SyncVectorEnv(
+                [factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+            )
+        except (gym.error.Error, ImportError) as e:  # a missing extra (Box2D, MuJoCo, ALE)
+            raise ValueError(f"environment {env_id!r} cannot be made: {e}") from e
         self.num_envs = num_envs
         self.single_observation_space = self.envs.single_observation_space
         self.single_action_space = self.envs.single_action_space
@@ -108,7 +111,7 @@ class GymnasiumVectorEnv:
             spec.max_episode_steps if spec else None,
             spec.reward_threshold if spec else None,
         )
-        self.seed = seed
+        self.seed = seed  # the first reset's, when it names none
         self.torch = _TorchSide(self)
         self.closed = False
 
@@ -159,7 +162,8 @@ class _TorchSide:
             self._low, self._high = space.low, space.high
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
-        obs, _ = self.env.envs.reset(seed=seed)
+        obs, _ = self.env.envs.reset(seed=self.env.seed if seed is None else seed)
+        self.env.seed = None  # later resets continue the generators
         return torch.from_numpy(self._rows(obs))
 
     def _rows(self, obs) -> np.ndarray:

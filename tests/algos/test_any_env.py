@@ -97,6 +97,19 @@ def test_bad_env_ids_and_spaces_say_what_is_wrong(env_id, message, capsys):
     assert message.split(":")[0] in capsys.readouterr().err
 
 
+def test_an_env_whose_extra_is_missing_says_which(capsys):
+    try:
+        import Box2D  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Box2D is installed here: LunarLander can be made")
+    with pytest.raises(ValueError, match="'LunarLander-v3' cannot be made: Box2D is not installed"):
+        make_env("LunarLander-v3", 1)
+    assert main(["train", "ppo", "--env", "LunarLander-v3", "--no-progress"]) == 2
+    assert "Box2D is not installed" in capsys.readouterr().err
+
+
 def test_native_backend_refuses_an_id_it_does_not_have():
     with pytest.raises(ValueError, match="not a native environment"):
         make_env("LunarLander-v3", 1, backend="native")
