@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from nostall.envs import ENVS
 from nostall.envs.gymnasium_adapter import make_env
@@ -28,7 +29,7 @@ def evaluate(policy: Policy, episodes: int, seed: int = 0) -> dict:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     env = make_env(policy.env_id, episodes, seed=seed, backend=policy.env_backend)
     try:
-        obs = env.torch.reset(seed=seed).numpy()
+        obs = env.torch.reset(seed=seed).numpy()  # sync: none; the env's tensors are host ones
         out = env.torch.empty_step()
         returns = np.zeros(episodes)
         lengths = np.zeros(episodes, dtype=np.int64)
@@ -37,15 +38,15 @@ def evaluate(policy: Policy, episodes: int, seed: int = 0) -> dict:
             actions = policy(obs)
             env.torch.step(_as_tensor(actions, policy.discrete), out=out)
             live = ~finished
-            returns[live] += out.reward.numpy()[live]
+            returns[live] += out.reward.numpy()[live]  # sync: none; host rows, as above
             lengths[live] += 1
-            finished |= (out.terminated | out.truncated).numpy()
+            finished |= (out.terminated | out.truncated).numpy()  # sync: none; host rows
             if finished.all():
                 break
-            obs = out.obs.numpy().copy()
+            obs = out.obs.numpy().copy()  # sync: none; host rows, kept past the next step
     finally:
         env.close()
-    values = returns.tolist()
+    values = returns.tolist()  # sync: none; a NumPy array
     return {
         "env_id": policy.env_id,
         "episodes": episodes,
@@ -60,9 +61,7 @@ def evaluate(policy: Policy, episodes: int, seed: int = 0) -> dict:
     }
 
 
-def _as_tensor(actions: np.ndarray, discrete: bool):
-    import torch
-
+def _as_tensor(actions: np.ndarray, discrete: bool) -> torch.Tensor:
     return torch.as_tensor(actions.astype(np.int64) if discrete else actions.astype(np.float32))
 
 

@@ -29,8 +29,10 @@ def policy_record(agent: ActorCritic, env, args) -> dict:
         "discrete": bool(agent.discrete),
         "action_dim": int(space.n) if agent.discrete else int(np.prod(space.shape)),
         "hidden": int(args.hidden),
-        "state_dict": {k: v.detach().cpu().clone() for k, v in agent.state_dict().items()},
     }
+    weights = agent.state_dict().items()
+    # sync: once, at the end of a run: the weights come to the host to be saved
+    record["state_dict"] = {k: v.detach().cpu().clone() for k, v in weights}  # sync: end of run
     if isinstance(agent, ConvActorCritic):
         record.update(kind="cnn", obs_shape=list(agent.obs_shape),
                       channels_last=agent.channels_last)  # fmt: skip
@@ -85,8 +87,7 @@ class Policy:
             if not self.deterministic:
                 noise = torch.randn(out.shape, generator=self.generator)
                 action = out + self.agent.log_std.exp() * noise
-        # sync: none; CPU tensors, returned to the caller as NumPy
-        actions = action.numpy()
+        actions = action.numpy()  # sync: none; the policy runs on the CPU
         return actions[0] if single else actions
 
 

@@ -41,7 +41,7 @@ class Progress:
         self.writer.close()
 
 
-def _figure(size: tuple[float, float]):
+def figure(size: tuple[float, float]):
     # A bare Figure draws with Agg without pyplot: no backend selection, no global figure
     # registry, and a faster start (the plots are written while the user waits).
     from matplotlib.figure import Figure
@@ -51,7 +51,7 @@ def _figure(size: tuple[float, float]):
 
 
 def plot_learning_curve(result: TrainResult, path: Path, title: str) -> None:
-    fig, ax = _figure((7, 4))
+    fig, ax = figure((7, 4))
     if result.curve:
         steps, _, returns = zip(*result.curve, strict=True)
         ax.plot(steps, returns, label="mean return, last 20 episodes")
@@ -73,7 +73,7 @@ def plot_timeline(
 ) -> None:
     """The first `window_s` seconds after warm-up: when each side was busy."""
     spans = result.timeline
-    fig, ax = _figure((9, 2.6))
+    fig, ax = figure((9, 2.6))
     if spans:
         origin = spans[min(len(spans) - 1, 12)][1]  # past warm-up and the watched iterations
         for row, (side, color) in enumerate((("train", "tab:orange"), ("rollout", "tab:blue"))):

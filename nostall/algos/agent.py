@@ -17,7 +17,7 @@ from nostall import _native  # noqa: F401  (loads the native library: env_rollou
 from nostall.envs import _ops  # noqa: F401  (env_rollout's fake kernel and ordered effect)
 from nostall.ops.networks import mlp, sample_categorical
 
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _layer(n_in: int, n_out: int, gain: float = math.sqrt(2)) -> nn.Linear:
@@ -83,8 +83,8 @@ def log_prob_entropy(
         return chosen, -(log_p.exp() * log_p).sum(-1)
     log_std = log_std.expand_as(out)
     z = (action - out) / log_std.exp()
-    log_prob = (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
-    entropy = (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
+    log_prob = (-0.5 * z.pow(2) - log_std - _LOG_SQRT_2PI).sum(-1)
+    entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
     return log_prob, entropy
 
 
@@ -112,7 +112,7 @@ def act(
     std = agent.log_std.exp()
     action = out + std * torch.randn(out.shape, generator=generator)
     z = (action - out) / std
-    log_prob = (-0.5 * z.pow(2) - agent.log_std - LOG_SQRT_2PI).sum(-1)
+    log_prob = (-0.5 * z.pow(2) - agent.log_std - _LOG_SQRT_2PI).sum(-1)
     return action, action, log_prob, value
 
 

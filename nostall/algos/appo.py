@@ -21,7 +21,7 @@ import torch
 
 import nostall
 from nostall.algos import ppo
-from nostall.algos.agent import ActorCritic
+from nostall.algos.agent import ActorCritic, log_prob_entropy
 from nostall.runtime import Chunk
 
 
@@ -44,8 +44,9 @@ def vtrace_advantages(agent: ActorCritic, chunk: Chunk, args: Args) -> ppo.Targe
     """Advantages and value targets by V-trace, from the current (target) policy and critic;
     the chunk is left as it was collected."""
     obs = chunk.obs[:-1]
-    target_log_prob, _ = agent.log_prob_entropy(obs, chunk.actions)  # (T, N)
-    value = agent.value(obs)  # (T, N): the current critic, not the stale behaviour one
+    # (T, N) each: the current policy and critic, not the stale behaviour ones
+    out, value = agent.logits_value(obs)
+    target_log_prob, _ = log_prob_entropy(out, chunk.actions, agent.log_std)
     done, next_value = ppo.bootstrap_values(agent, chunk)
     value_target, pg_advantage = nostall.vtrace(
         chunk.log_probs,

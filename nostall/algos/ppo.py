@@ -34,7 +34,14 @@ import torch
 
 import nostall
 import nostall.envs
-from nostall.algos.agent import POLICIES, ActorCritic, act, make_agent, native_rollout
+from nostall.algos.agent import (
+    POLICIES,
+    ActorCritic,
+    act,
+    log_prob_entropy,
+    make_agent,
+    native_rollout,
+)
 from nostall.algos.optim import ClippedAdam
 from nostall.envs.gymnasium_adapter import BACKENDS as ENV_BACKENDS
 from nostall.envs.gymnasium_adapter import make_env
@@ -293,8 +300,8 @@ def minibatch_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, stats [5] in METRICS order) of one minibatch."""
     value_clip = args.clip_coef if args.clip_vloss else None
+    logits, new_value = agent.logits_value(obs)  # one pass of a shared torso (the CNN's)
     if agent.discrete:  # the whole loss in one native op, forward and backward
-        logits, new_value = agent.logits_value(obs)
         out = nostall.ppo_loss(
             logits, actions, new_value, old_log_prob, old_value, adv, value_target,
             args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,
@@ -302,8 +309,7 @@ def minibatch_loss(
         return out.loss, out.stats.detach()
     # Any other policy: its log-probabilities and entropies from its distribution, the rest of
     # the loss in one native op.
-    new_value = agent.value(obs)
-    new_log_prob, entropy = agent.log_prob_entropy(obs, actions)
+    new_log_prob, entropy = log_prob_entropy(logits, actions, agent.log_std)
     out = nostall.ppo_loss_from_log_prob(
         new_log_prob, entropy, new_value, old_log_prob, old_value, adv, value_target,
         args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,

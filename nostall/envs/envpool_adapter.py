@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from nostall.envs.gymnasium_adapter import AdapterInfo, check_spaces, empty_step
+from nostall.envs.gymnasium_adapter import AdapterInfo, check_spaces, empty_step, obs_rows
 from nostall.envs.vector import EnvStep
 
 
@@ -86,20 +86,15 @@ class _TorchSide:
         space = env.single_action_space
         self._discrete = isinstance(space, spaces.Discrete)
         self._low, self._high = (None, None) if self._discrete else (space.low, space.high)
-        self._uint8 = env.single_observation_space.dtype == np.uint8
-
-    def _rows(self, obs: np.ndarray) -> torch.Tensor:
-        rows = obs.reshape(len(obs), -1)
-        return torch.from_numpy(np.ascontiguousarray(rows, np.uint8 if self._uint8 else np.float32))
+        self._space = env.single_observation_space
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         # EnvPool seeds at construction (make_env passes the seed); reset starts episodes.
         obs, _ = self.env.pool.reset()
-        return self._rows(obs)
+        return obs_rows(obs, self._space)
 
     def step(self, actions: torch.Tensor, out: EnvStep) -> EnvStep:
-        # sync: none; the rollout side's actions are host tensors (EnvPool steps on the host)
-        a = actions.numpy()
+        a = actions.numpy()  # sync: none; the rollout side's actions are host tensors
         a = a.astype(np.int32) if self._discrete else np.clip(a, self._low, self._high)
         self.env.pool.send(a, self._ids)
         obs, reward, terminated, truncated, info = self.env.pool.recv()
@@ -108,11 +103,11 @@ class _TorchSide:
         terminated, truncated = terminated[order], truncated[order]
         done = np.flatnonzero(terminated | truncated)
         if len(done):
-            out.final_obs[done] = self._rows(obs[done])
+            out.final_obs[done] = obs_rows(obs[done], self._space)
             fresh, fresh_info = self.env.pool.reset(self._ids[done])  # same-step autoreset
             obs = obs.copy()
             obs[fresh_info["env_id"]] = fresh
-        out.obs.copy_(self._rows(obs))
+        out.obs.copy_(obs_rows(obs, self._space))
         out.reward.copy_(torch.from_numpy(reward.astype(np.float64)))
         out.terminated.copy_(torch.from_numpy(terminated))
         out.truncated.copy_(torch.from_numpy(truncated))

@@ -164,21 +164,14 @@ class _TorchSide:
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.env.envs.reset(seed=self.env.seed if seed is None else seed)
         self.env.seed = None  # later resets continue the generators
-        return torch.from_numpy(self._rows(obs))
-
-    def _rows(self, obs) -> np.ndarray:
-        """[N, obs_dim]: images flattened (and kept uint8), vectors as float32."""
-        obs = np.asarray(obs)
-        dtype = np.uint8 if self.env.single_observation_space.dtype == np.uint8 else np.float32
-        return np.ascontiguousarray(obs.reshape(len(obs), -1), dtype=dtype)
+        return obs_rows(obs, self.env.single_observation_space)
 
     def step(self, actions: torch.Tensor, out: EnvStep) -> EnvStep:
-        # sync: none; the rollout side's actions are host tensors (Gymnasium steps on the host)
-        a = actions.numpy()
+        a = actions.numpy()  # sync: none; the rollout side's actions are host tensors
         if self._low is not None:
             a = np.clip(a, self._low, self._high)
         obs, reward, terminated, truncated, info = self.env.envs.step(a)
-        out.obs.copy_(torch.from_numpy(self._rows(obs)))
+        out.obs.copy_(obs_rows(obs, self.env.single_observation_space))
         out.reward.copy_(torch.from_numpy(np.asarray(reward, dtype=np.float64)))
         out.terminated.copy_(torch.from_numpy(np.asarray(terminated, dtype=bool)))
         out.truncated.copy_(torch.from_numpy(np.asarray(truncated, dtype=bool)))
@@ -190,6 +183,14 @@ class _TorchSide:
 
     def empty_step(self, device: torch.device | str = "cpu") -> EnvStep:
         return empty_step(self.env, device)
+
+
+def obs_rows(obs, space: spaces.Box) -> torch.Tensor:
+    """A batch of observations as the chunks' rows [N, obs_dim]: images flattened and kept
+    uint8, vectors as float32."""
+    obs = np.asarray(obs)
+    dtype = np.uint8 if space.dtype == np.uint8 else np.float32
+    return torch.from_numpy(np.ascontiguousarray(obs.reshape(len(obs), -1), dtype=dtype))
 
 
 def empty_step(env, device: torch.device | str = "cpu") -> EnvStep:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nostall.training_output import plot_timeline
+from nostall.training_output import figure, plot_timeline
 
 
 class LMProgress:
@@ -35,18 +35,8 @@ class LMProgress:
         self.writer.close()
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_rewards(result, path: Path, title: str, target: float) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = figure((7, 4))
     rewards = result.rewards
     if rewards:
         steps = range(1, len(rewards) + 1)
@@ -62,7 +52,6 @@ def plot_rewards(result, path: Path, title: str, target: float) -> None:
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def report(result) -> dict:
