@@ -327,7 +327,8 @@ def _train(args: argparse.Namespace) -> int:
     try:
         train_args.check()
         try:  # an unknown id (with the close matches), an unsupported space: now, not mid-run
-            make_env(train_args.env_id, 1, backend=train_args.env_backend).close()
+            make_env(train_args.env_id, 1, backend=train_args.env_backend,
+                     frame_stack=train_args.frame_stack).close()  # fmt: skip
         except ValueError as e:
             raise ValueError(f"--env-id: {e}") from e
         if train_args.resume:

@@ -11,12 +11,11 @@ import math
 import statistics
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from nostall.envs import ENVS
-from nostall.envs.gymnasium_adapter import make_env
+from nostall.envs.gymnasium_adapter import make_env, make_one
 from nostall.policy import Policy
 
 # A guard against an environment with no time limit and a policy that never ends an episode.
@@ -27,7 +26,8 @@ def evaluate(policy: Policy, episodes: int, seed: int = 0) -> dict:
     """Mean, spread and every return of `episodes` episodes."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
-    env = make_env(policy.env_id, episodes, seed=seed, backend=policy.env_backend)
+    env = make_env(policy.env_id, episodes, seed=seed, backend=policy.env_backend,
+                   frame_stack=policy.frame_stack)  # fmt: skip
     try:
         obs = env.torch.reset(seed=seed).numpy()  # sync: none; the env's tensors are host ones
         out = env.torch.empty_step()
@@ -72,36 +72,62 @@ def record(policy: Policy, path: str | Path, seed: int = 0, fps: int = 30) -> in
     if path.suffix.lower() not in (".gif", ".mp4"):
         raise ValueError(f"--record: {path.name} must end in .gif or .mp4")
     if policy.env_backend == "envpool":
-        raise ValueError("--record: EnvPool environments do not render; record a Gymnasium one")
+        frames = _record_envpool(policy, seed)
+    else:
+        frames = _record_one(policy, seed)
+    _write_frames(frames, path, fps)
+    return len(frames)
+
+
+def _record_one(policy: Policy, seed: int) -> list[np.ndarray]:
+    """The frames of one episode of a native env (a vector env of one) or a Gymnasium one."""
     native = policy.env_backend != "gymnasium" and policy.env_id in ENVS
     if native:
         from nostall.envs import make
 
         env = make(policy.env_id, 1, seed=seed, render_mode="rgb_array")
-        obs, _ = env.reset(seed=seed)
         render = lambda: env.render()[0]  # noqa: E731
     else:
-        env = gym.make(policy.env_id, render_mode="rgb_array")
-        obs, _ = env.reset(seed=seed)
-        obs = obs[None]
+        try:
+            env = make_one(policy.env_id, policy.frame_stack)(render_mode="rgb_array")
+        except TypeError as e:  # a module:EnvClass whose constructor takes no render_mode
+            raise ValueError(f"--record: {policy.env_id} cannot render RGB frames ({e})") from e
         render = env.render
-    frames = [render()]
     try:
+        obs, _ = env.reset(seed=seed)
+        frames = [render()]
         for _ in range(MAX_EPISODE_STEPS):
-            action = policy(obs)
-            if native:
-                obs, _, terminated, truncated, _ = env.step(action)
-                done = bool(terminated[0] or truncated[0])
-            else:
-                step_obs, _, terminated, truncated, _ = env.step(action[0])
-                obs, done = step_obs[None], terminated or truncated
+            action = policy(obs.reshape(1, -1))
+            obs, _, terminated, truncated, _ = env.step(action if native else action[0])
             frames.append(render())
-            if done:
+            if np.any(terminated) or np.any(truncated):
                 break
     finally:
         env.close()
-    _write_frames(frames, path, fps)
-    return len(frames)
+    return frames
+
+
+def _record_envpool(policy: Policy, seed: int) -> list[np.ndarray]:
+    """The frames of one episode of an EnvPool env, stepped through the adapter as in
+    training. Its same-step reset makes a fresh start of the frame after the last step, so
+    that one is left out."""
+    from nostall.envs.envpool_adapter import EnvPoolVectorEnv
+
+    env = EnvPoolVectorEnv(policy.env_id, 1, seed=seed, render_mode="rgb_array",
+                           frame_stack=policy.frame_stack)  # fmt: skip
+    try:
+        obs = env.torch.reset().numpy()  # sync: none; host rows
+        out = env.torch.empty_step()
+        frames = [env.render()[0]]
+        for _ in range(MAX_EPISODE_STEPS):
+            env.torch.step(_as_tensor(policy(obs), policy.discrete), out=out)
+            if bool(out.terminated[0] or out.truncated[0]):  # sync: none; host rows
+                break
+            frames.append(env.render()[0])
+            obs = out.obs.numpy().copy()  # sync: none; host rows, kept past the next step
+    finally:
+        env.close()
+    return frames
 
 
 def _write_frames(frames: list[np.ndarray], path: Path, fps: int) -> None:

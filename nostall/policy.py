@@ -25,6 +25,7 @@ def policy_record(agent: ActorCritic, env, args) -> dict:
         "kind": "mlp",
         "env_id": args.env_id,
         "env_backend": args.env_backend,
+        "frame_stack": int(args.frame_stack),
         "obs_dim": int(np.prod(env.single_observation_space.shape)),
         "discrete": bool(agent.discrete),
         "action_dim": int(space.n) if agent.discrete else int(np.prod(space.shape)),
@@ -50,6 +51,7 @@ class Policy:
     def __init__(self, record: dict, deterministic: bool = True, seed: int = 0):
         self.env_id = record["env_id"]
         self.env_backend = record.get("env_backend", "auto")
+        self.frame_stack = int(record.get("frame_stack", 0))
         self.discrete = record["discrete"]
         if record.get("kind") == "cnn":
             self.agent = ConvActorCritic(record["obs_shape"], record["action_dim"],

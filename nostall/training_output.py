@@ -108,6 +108,8 @@ def report(result: TrainResult, algo: str) -> dict:
         "sync_sites": result.sync_sites,
         "mean_rollout_ms": round(1e3 * sum(rollout) / len(rollout), 2) if rollout else None,
         "mean_update_ms": round(1e3 * sum(train) / len(train), 2) if train else None,
+        "dropped_chunks": result.dropped_chunks,
+        "dropped_causes": result.dropped_causes,
     }
 
 
@@ -131,6 +133,14 @@ def format_report(summary: dict) -> str:
             f"  unintended host-device syncs per iteration (trainer side): "
             f"{'n/a' if syncs is None else f'{syncs:g}'}",
         ]
+        + (
+            [
+                f"  chunks dropped with a lost worker: {summary['dropped_chunks']} "
+                f"({'; '.join(summary['dropped_causes'])})"
+            ]
+            if summary.get("dropped_chunks")
+            else []
+        )
     )
 
 

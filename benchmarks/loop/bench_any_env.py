@@ -7,7 +7,9 @@ over the same environments at the same sizes, side by side in one run:
   EnvPool adapter with the Nature CNN against CleanRL's ppo_atari_envpool.py loop (the same CNN).
 
 The same hyperparameters on both sides (nostall's PPO defaults, with the sizes below); steady
-steps/s after the first iteration, median over the seeds; one torch thread.
+steps/s after the first iteration, median over the seeds; one torch thread. nostall's
+asynchronous PPO (appo: rollout overlapped with the update, V-trace) is reported beside its
+synchronous PPO; the speed, not the algorithm, is what it adds.
 
     python benchmarks/loop/bench_any_env.py [--seeds 3] [--pong-steps 2048]
 """
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 
 from benchmarks.loop import cleanrl_ppo
 from benchmarks.loop.bench_ppo import _EnvPoolVector
-from nostall.algos import ppo
+from nostall.algos import appo, ppo
 
 CASES = {
     # name: (env_id, env_backend, num_envs, num_steps)
@@ -36,12 +38,12 @@ CASES = {
 }
 
 
-def ours(env_id, backend, num_envs, num_steps, steps, seed) -> float:
-    args = ppo.Args(
+def ours(env_id, backend, num_envs, num_steps, steps, seed, algo=ppo) -> float:
+    args = algo.Args(
         env_id=env_id, env_backend=backend, num_envs=num_envs, num_steps=num_steps,
         total_timesteps=steps, seed=seed, watch_syncs=False, log_interval=1,
     )  # fmt: skip
-    return ppo.train(args).steady_steps_per_second
+    return algo.train(args).steady_steps_per_second
 
 
 def cleanrl(env_id, backend, num_envs, num_steps, steps, seed) -> float:
@@ -74,15 +76,17 @@ def main() -> None:
     print(f"PPO steady steps/s, {args.seeds} seeds, one torch thread")
     for name, case in CASES.items():
         steps = args.pong_steps if "Pong" in name else args.acrobot_steps
-        runs = {"nostall": [], "cleanrl-style": []}
+        runs = {"nostall ppo": [], "nostall appo": [], "cleanrl-style": []}
         for seed in range(args.seeds):  # interleaved
-            runs["nostall"].append(ours(*case, steps, seed))
+            runs["nostall ppo"].append(ours(*case, steps, seed))
+            runs["nostall appo"].append(ours(*case, steps, seed, algo=appo))
             runs["cleanrl-style"].append(cleanrl(*case, steps, seed))
         medians = {k: statistics.median(v) for k, v in runs.items()}
         print(f"  {name}, {case[2]} envs x {case[3]} steps, {steps} steps a run")
         for k, v in runs.items():
             print(f"    {k:14s} {medians[k]:9.1f} steps/s  [{', '.join(f'{x:.0f}' for x in v)}]")
-        print(f"    => nostall {medians['nostall'] / medians['cleanrl-style']:.2f}x the steps/s")
+        for k in ("nostall ppo", "nostall appo"):
+            print(f"    => {k} {medians[k] / medians['cleanrl-style']:.2f}x the steps/s")
 
 
 if __name__ == "__main__":

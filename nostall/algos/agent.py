@@ -140,6 +140,7 @@ def make_agent(env, hidden: int = 64, policy: str = "auto") -> torch.nn.Module:
     CNN (conv_agent.py) for uint8 image observations ([C, H, W], or [H, W, C]); `policy`
     overrides the choice. ValueError saying which observations each policy takes."""
     from nostall.algos.conv_agent import ConvActorCritic
+    from nostall.envs.frame_stack import channels_last
 
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
@@ -152,11 +153,11 @@ def make_agent(env, hidden: int = 64, policy: str = "auto") -> torch.nn.Module:
                 f"{env.info.id}: the cnn policy takes uint8 image observations [C, H, W] or "
                 f"[H, W, C]; this environment's are {space}"
             )
-        channels_last = space.shape[-1] <= 4 < space.shape[0]
+        last = channels_last(space.shape)
         action_space = env.single_action_space
         discrete = env.info.discrete
         action_dim = int(action_space.n) if discrete else int(np.prod(action_space.shape))
-        return ConvActorCritic(space.shape, action_dim, discrete, channels_last)
+        return ConvActorCritic(space.shape, action_dim, discrete, last)
     if len(space.shape) != 1:
         raise ValueError(
             f"{env.info.id}: the mlp policy takes a 1-D observation vector; this environment's "

@@ -47,7 +47,7 @@ def vtrace_advantages(agent: ActorCritic, chunk: Chunk, args: Args) -> ppo.Targe
     # (T, N) each: the current policy and critic, not the stale behaviour ones
     out, value = agent.logits_value(obs)
     target_log_prob, _ = log_prob_entropy(out, chunk.actions, agent.log_std)
-    done, next_value = ppo.bootstrap_values(agent, chunk)
+    done, next_value = ppo.bootstrap_values(agent, chunk, value)
     value_target, pg_advantage = nostall.vtrace(
         chunk.log_probs,
         target_log_prob,

@@ -62,9 +62,12 @@ class ConvActorCritic(nn.Module):
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         """obs (..., obs_dim) flattened frames, uint8 (or float in [0, 255])."""
         lead = obs.shape[:-1]
-        x = obs.reshape(-1, *self.obs_shape).float() / 255.0
+        x = obs.reshape(-1, *self.obs_shape)
         if self.channels_last:
-            x = x.permute(0, 3, 1, 2)
+            x = x.permute(0, 3, 1, 2)  # a channels-last [N, C, H, W] view
+        # Channels-last input (copied while still uint8): oneDNN's convolutions run it about
+        # 20% faster than channels-first, forward and backward (measured on one CPU thread).
+        x = x.contiguous(memory_format=torch.channels_last).float() / 255.0
         return self.torso(x).reshape(*lead, -1)
 
     def logits_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -68,7 +68,10 @@ class Args:
     env_id: str = "CartPole-v1"
     """the environment: a native one, any Gymnasium id, or module:EnvClass"""
     env_backend: str = "auto"
-    """auto (native when nostall has the id, else Gymnasium), native, or gymnasium"""
+    """auto (native when nostall has the id, else Gymnasium), native, gymnasium, or envpool"""
+    frame_stack: int = 0
+    """stack the last K frames of image observations into one (0: the environment's own;
+    EnvPool's Atari stacks 4, Gymnasium none)"""
     total_timesteps: int = 200_000
     """environment steps to train for"""
     num_envs: int = 8
@@ -114,7 +117,14 @@ class Args:
     publish_every: int = 1
     """publish the trained weights to the rollout side every this many updates (iterations)"""
     backend: str = "thread"
-    """where the rollout side runs: "thread", or "process" (no GIL shared with the trainer)"""
+    """where the rollout side runs: "thread", "process" (no GIL shared with the trainer), or
+    "ray" (worker actors on a Ray cluster, local or joined)"""
+    num_workers: int = 1
+    """rollout workers with --backend ray (each with num_envs environments)"""
+    ray_address: str | None = None
+    """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
+    cpus_per_worker: float = 1.0
+    """--backend ray: CPUs each rollout worker reserves"""
     native_rollout: bool = True
     """collect each chunk in one native call (the actor-critic, the sampling and the
     environments stepped in C++, GIL released); False: one policy call per step from Python"""
@@ -202,12 +212,21 @@ class Args:
             raise ValueError("gamma and gae_lambda must lie in [0, 1]")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.frame_stack < 0:
+            raise ValueError(f"frame_stack must be >= 0, got {self.frame_stack}")
         if self.env_backend not in ENV_BACKENDS:
             raise ValueError(
                 f"env_backend must be one of {', '.join(ENV_BACKENDS)}, got {self.env_backend!r}"
             )
-        if self.backend not in ("thread", "process"):
-            raise ValueError(f"backend must be 'thread' or 'process', got {self.backend!r}")
+        if self.backend not in ("thread", "process", "ray"):
+            raise ValueError(f"backend must be thread, process or ray, got {self.backend!r}")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
+        if self.num_workers > 1 and self.backend != "ray":
+            raise ValueError("num_workers > 1 needs --backend ray")
+        if self.backend == "ray" and (self.checkpoint or self.resume):
+            raise ValueError("checkpoints are not supported with --backend ray yet; use "
+                             "--backend thread or process to checkpoint")  # fmt: skip
         try:
             device = torch.device(self.device)
         except RuntimeError:
@@ -218,13 +237,27 @@ class Args:
             raise ValueError(f"device {self.device!r} asked for, but no CUDA device is present")
 
 
-def bootstrap_values(agent: ActorCritic, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
-    """(done, next_value): V of the observation after each step, the finished episode's last
-    observation where an episode ended (same-step autoreset puts the next episode's first
-    observation in obs[t + 1] there)."""
+def bootstrap_values(
+    agent: ActorCritic, chunk: Chunk, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(done, next_value): V of the observation after each step. Where the episode goes on,
+    that observation is the next step's, whose value is `values[t + 1]` (the critic that gave
+    `values`, V(obs[t]) for t < T), so the critic runs only on the chunk's last observation and
+    on the last observations of truncated episodes (same-step autoreset puts the next
+    episode's first observation in obs[t + 1] there, the last one in final_obs). A terminated
+    episode's next value is never read: GAE and V-trace cut the bootstrap there."""
     done = chunk.terminated | chunk.truncated  # (T, N)
-    next_obs = torch.where(done[..., None], chunk.final_obs, chunk.obs[1:])  # (T, N, obs_dim)
-    return done, agent.value(next_obs)
+    next_value = torch.cat([values[1:], agent.value(chunk.obs[-1:])])
+    if chunk.truncated.device.type == "cpu":
+        # Host tensors: the truncated rows are read at no cost, and only they are evaluated.
+        with allow("the truncated rows of a host chunk (the trainer runs on the CPU)"):
+            rows = chunk.truncated.nonzero(as_tuple=True)  # sync: none, host tensors
+            if len(rows[0]):
+                next_value[rows] = agent.value(chunk.final_obs[rows])
+    else:
+        # On a device: fixed shapes, no host sync; the critic over every final_obs row.
+        next_value = torch.where(chunk.truncated, agent.value(chunk.final_obs), next_value)
+    return done, next_value
 
 
 @dataclass
@@ -239,8 +272,9 @@ class Targets:
 
 @torch.no_grad()
 def gae_advantages(agent: ActorCritic, chunk: Chunk, args: Args) -> Targets:
-    """Advantages and value targets by GAE, for chunks from the current policy."""
-    done, next_value = bootstrap_values(agent, chunk)
+    """Advantages and value targets by GAE, for chunks from the current policy, with the
+    rollout's values (the same critic, at staleness 0)."""
+    done, next_value = bootstrap_values(agent, chunk, chunk.values)
     advantage, value_target = nostall.gae(
         chunk.rewards.float() * args.reward_scale,
         chunk.values,
@@ -318,7 +352,14 @@ def minibatch_loss(
 
 
 def _make_env(args: Args):
-    return make_env(args.env_id, args.num_envs, seed=args.seed, backend=args.env_backend)
+    return make_env(args.env_id, args.num_envs, seed=args.seed, backend=args.env_backend,
+                    frame_stack=args.frame_stack)  # fmt: skip
+
+
+def _make_seeded_env(args: Args, seed: int):
+    """One Ray worker's environments, seeded apart from the other workers'."""
+    return make_env(args.env_id, args.num_envs, seed=seed, backend=args.env_backend,
+                    frame_stack=args.frame_stack)  # fmt: skip
 
 
 def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRuntime:
@@ -329,6 +370,16 @@ def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRunti
         return Runtime(
             env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed,
             rollout=rollout,
+        )  # fmt: skip
+    if args.backend == "ray":
+        from nostall.runtime.ray_runtime import RayRuntime
+
+        return RayRuntime(
+            functools.partial(_make_seeded_env, args),
+            functools.partial(make_agent, hidden=args.hidden, policy=args.policy),
+            agent, act, num_workers=args.num_workers, num_steps=args.num_steps,
+            staleness=args.staleness, seed=args.seed, rollout=rollout, address=args.ray_address,
+            cpus_per_worker=args.cpus_per_worker, **slot_layout(env),
         )  # fmt: skip
     return ProcessRuntime(
         functools.partial(_make_env, args),
@@ -450,6 +501,9 @@ def train(
                 if args.stop_when_solved and result.solved_at is not None:
                     break
     result.syncs_per_iteration = sum(syncs) / len(syncs) if syncs else None
+    loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
+    if loss is not None:
+        result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
     result.steps = steps
     result.seconds = time.perf_counter() - start
     result.timeline = list(runtime.timeline.spans)

@@ -21,6 +21,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from nostall.envs.frame_stack import StackFrames
 from nostall.envs.registry import ENVS
 from nostall.envs.vector import EnvStep, make
 from nostall.runtime.storage import slot_layout
@@ -67,6 +68,26 @@ def _env_factory(env_id: str) -> Callable[[], gym.Env]:
     return lambda: gym.make(env_id)
 
 
+def make_one(env_id: str, frame_stack: int = 0) -> Callable[..., gym.Env]:
+    """A maker of one environment for `env_id` (keyword arguments go to the environment, e.g.
+    render_mode), its frames stacked k deep when frame_stack k > 1."""
+    factory = _env_factory(env_id)
+    if frame_stack < 0:
+        raise ValueError(f"frame_stack must be >= 0, got {frame_stack}")
+    if frame_stack <= 1:
+        return factory
+
+    def make_stacked(**kwargs) -> gym.Env:
+        env = factory(**kwargs)
+        try:
+            return StackFrames(env, frame_stack)
+        except ValueError as e:
+            env.close()
+            raise ValueError(f"{env_id}: {e}") from e
+
+    return make_stacked
+
+
 def check_spaces(env_id: str, observation_space: spaces.Space, action_space: spaces.Space):
     """ValueError naming what the trainers take, for spaces they cannot handle."""
     if not isinstance(action_space, spaces.Discrete | spaces.Box) or (
@@ -89,10 +110,11 @@ class GymnasiumVectorEnv:
     the runtime uses it: spaces, `info`, `torch.reset`, `torch.step(actions, out=rows)`,
     `state_dict` and `close`. Env i is seeded with seed + i, as Gymnasium's vector envs do."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int = 0):
+    def __init__(self, env_id: str, num_envs: int, seed: int = 0, frame_stack: int = 0):
+        """frame_stack k > 1: each observation is the env's last k frames (StackFrames)."""
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-        factory = _env_factory(env_id)
+        factory = make_one(env_id, frame_stack)
         try:
             self.envs = gym.vector.SyncVectorEnv(
                 [factory] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
@@ -206,21 +228,31 @@ def empty_step(env, device: torch.device | str = "cpu") -> EnvStep:
     )
 
 
-def make_env(env_id: str, num_envs: int, seed: int = 0, backend: str = "auto"):
+def make_env(
+    env_id: str, num_envs: int, seed: int = 0, backend: str = "auto", frame_stack: int = 0
+):
     """nostall's native environment for `env_id` when it has one (backend "auto" or
     "native"), else Gymnasium's through GymnasiumVectorEnv ("auto" or "gymnasium"), or
-    EnvPool's ("envpool", only when asked for); same-step autoreset in every case."""
+    EnvPool's ("envpool", only when asked for); same-step autoreset in every case.
+    frame_stack k > 1 stacks the last k frames of image observations (EnvPool's stack_num for
+    EnvPool); 0 keeps the environment's own (EnvPool's Atari stacks 4, Gymnasium none)."""
     if backend not in BACKENDS:
         raise ValueError(f"env backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if frame_stack < 0:
+        raise ValueError(f"frame_stack must be >= 0, got {frame_stack}")
     if backend == "envpool":
         from nostall.envs.envpool_adapter import EnvPoolVectorEnv
 
-        return EnvPoolVectorEnv(env_id, num_envs, seed=seed)
+        return EnvPoolVectorEnv(env_id, num_envs, seed=seed, frame_stack=frame_stack)
     if backend == "native" or (backend == "auto" and env_id in ENVS):
         if env_id not in ENVS:
             raise ValueError(
                 f"{env_id!r} is not a native environment (native: {', '.join(ENVS)}); "
                 "use --env-backend gymnasium or auto"
             )
+        if frame_stack > 1:
+            raise ValueError(
+                f"frame_stack applies to image observations; {env_id} observes a vector"
+            )
         return make(env_id, num_envs, seed=seed, autoreset_mode="SameStep")
-    return GymnasiumVectorEnv(env_id, num_envs, seed=seed)
+    return GymnasiumVectorEnv(env_id, num_envs, seed=seed, frame_stack=frame_stack)

@@ -41,6 +41,12 @@ class EnvStep(NamedTuple):
     truncated: torch.Tensor  # bool [num_envs]
     final_obs: torch.Tensor  # float32 [num_envs, obs_dim] (same-step autoreset), else [0, obs_dim]
 
+    def rows(self, index: slice) -> EnvStep:
+        """The same step's rows `index` (views): one group of environments."""
+        final_obs = self.final_obs[index] if self.final_obs.shape[0] else self.final_obs
+        return EnvStep(self.obs[index], self.reward[index], self.terminated[index],
+                       self.truncated[index], final_obs)  # fmt: skip
+
 
 class EnvBatch(NamedTuple):
     obs: torch.Tensor

@@ -36,6 +36,8 @@ def collect(
     chunk.obs[0].copy_(first_obs)
     if rollout is not None:
         rollout(env, chunk, generator)
+    elif len(getattr(env.torch, "groups", ())) == 2:
+        _collect_pipelined(env, act, chunk, generator)
     else:
         _collect_steps(env, act, chunk, generator)
     # The chunk's episode statistics in one op (logging reads them only between chunks).
@@ -49,14 +51,42 @@ def _collect_steps(env: VectorEnv, act: ActFn, chunk: Chunk, generator: torch.Ge
         chunk.actions[t].copy_(action)
         chunk.log_probs[t].copy_(log_prob)
         chunk.values[t].copy_(value)
-        rows = EnvStep(
-            chunk.obs[t + 1],
-            chunk.rewards[t],
-            chunk.terminated[t],
-            chunk.truncated[t],
-            chunk.final_obs[t],
-        )
-        step_env.step(env_action, out=rows)
+        step_env.step(env_action, out=_step_rows(chunk, t))
+
+
+def _step_rows(chunk: Chunk, t: int) -> EnvStep:
+    """Where step t's results go: obs[t + 1] and the step's rewards and flags."""
+    return EnvStep(chunk.obs[t + 1], chunk.rewards[t], chunk.terminated[t], chunk.truncated[t],
+                   chunk.final_obs[t])  # fmt: skip
+
+
+def _collect_pipelined(
+    env: VectorEnv, act: ActFn, chunk: Chunk, generator: torch.Generator
+) -> None:
+    """For an env in two groups stepped asynchronously (`send` returns at once, `recv` waits):
+    the policy acts on one group while the other steps, so inference and stepping overlap.
+
+        act A(0), send A | act B(0), send B | recv A(0), act A(1), send A | recv B(0), act B(1) ...
+
+    Each group's rows see exactly the steps a synchronous collection gives them; only the
+    order in which the generator's samples are drawn differs."""
+    step_env = env.torch
+    first, second = step_env.groups
+
+    def act_and_send(t: int, group: int, rows: slice) -> None:
+        env_action, action, log_prob, value = act(chunk.obs[t][rows], generator)
+        chunk.actions[t][rows].copy_(action)
+        chunk.log_probs[t][rows].copy_(log_prob)
+        chunk.values[t][rows].copy_(value)
+        step_env.send(group, env_action)
+
+    act_and_send(0, 0, first)
+    for t in range(chunk.num_steps):
+        act_and_send(t, 1, second)  # while the first group steps
+        step_env.recv(0, _step_rows(chunk, t).rows(first))
+        if t + 1 < chunk.num_steps:
+            act_and_send(t + 1, 0, first)  # while the second group steps
+        step_env.recv(1, _step_rows(chunk, t).rows(second))
 
 
 class Timeline:

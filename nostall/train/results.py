@@ -20,6 +20,8 @@ class TrainResult:
     first_iteration_at: tuple[int, float] | None = None  # (env steps, seconds) after iteration 1
     resumed_at_steps: int = 0  # env steps already done by the run this one resumed
     policy: dict | None = None  # the final policy (nostall.policy.policy_record), for policy.pt
+    dropped_chunks: int = 0  # chunks lost with a rollout worker (Ray), never trained on
+    dropped_causes: list[str] = field(default_factory=list)
 
     @property
     def steps_per_second(self) -> float:

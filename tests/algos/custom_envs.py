@@ -50,6 +50,13 @@ class VisualSignEnv(SignEnv):
     half lit when the hidden number is positive, the right half when it is not."""
 
     observation_space = spaces.Box(0, 255, shape=(40, 40, 3), dtype=np.uint8)
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def render(self):
+        return VisualSignEnv._frame(self)
 
     def _frame(self) -> np.ndarray:
         frame = np.zeros((40, 40, 3), dtype=np.uint8)
@@ -66,3 +73,12 @@ class VisualSignEnv(SignEnv):
     def step(self, action):
         _, reward, terminated, truncated, info = super().step(action)
         return self._frame(), reward, terminated, truncated, info
+
+
+class GraySignEnv(VisualSignEnv):
+    """VisualSignEnv in grayscale, [H, W] as Atari preprocessing gives frames."""
+
+    observation_space = spaces.Box(0, 255, shape=(40, 40), dtype=np.uint8)
+
+    def _frame(self) -> np.ndarray:
+        return super()._frame()[..., 0].copy()

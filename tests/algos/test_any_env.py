@@ -205,7 +205,7 @@ def test_a_policy_refuses_observations_it_cannot_take(env_id, policy, message):
 def test_envpool_backend_steps_with_same_step_autoreset():
     """EnvPool's CartPole through the adapter gives what nostall's chunks expect: after a
     finished episode, obs is the next episode's first observation and final_obs the last one."""
-    pytest.importorskip("envpool", reason="EnvPool is a benchmark-only dependency")
+    pytest.importorskip("envpool", reason="EnvPool (a dev dependency) is not installed")
     env = make_env("CartPole-v1", 4, seed=0, backend="envpool")
     obs = env.torch.reset()
     assert obs.shape == (4, 4) and obs.dtype == torch.float32
@@ -226,7 +226,7 @@ def test_envpool_backend_steps_with_same_step_autoreset():
 
 
 def test_ppo_on_envpool_pong_with_the_cnn():
-    pytest.importorskip("envpool", reason="EnvPool is a benchmark-only dependency")
+    pytest.importorskip("envpool", reason="EnvPool (a dev dependency) is not installed")
     args = ppo.Args(env_id="Pong-v5", env_backend="envpool", num_envs=2, num_steps=32,
                     total_timesteps=2 * 64, num_minibatches=2, update_epochs=1,
                     watch_syncs=False, log_interval=1)  # fmt: skip
