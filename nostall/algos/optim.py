@@ -15,7 +15,7 @@ rounding: the norm is taken over the flat gradient at once, not as the norm of p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -45,6 +45,8 @@ class ClippedAdam(torch.optim.Adam):
             )
         super().__init__(params, lr=lr, betas=betas, eps=eps, fused=True)
         self.max_grad_norm = max_grad_norm
+        # Called on the flat gradient before clipping (nostall.train.ddp.average_gradients).
+        self.reduce_grad: Callable[[torch.Tensor], None] | None = None
         self._params = params
         self._flat_param = self._flatten(p.detach() for p in params)
         self._flat_grad = torch.zeros_like(self._flat_param)
@@ -126,6 +128,8 @@ class ClippedAdam(torch.optim.Adam):
                 else:
                     grad.copy_(p.grad)
                 p.grad = grad
+        if self.reduce_grad is not None:  # data-parallel ranks: the mean of their gradients
+            self.reduce_grad(self._flat_grad)
         group = self.param_groups[0]
         total_norm = torch.linalg.vector_norm(self._flat_grad, 2.0)
         clip = torch.clamp(self.max_grad_norm / (total_norm + 1e-6), max=1.0)

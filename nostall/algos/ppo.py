@@ -22,6 +22,7 @@ The asynchronous variant, with V-trace correction for stale chunks, is appo.py.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import sys
@@ -125,6 +126,9 @@ class Args:
     """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
     cpus_per_worker: float = 1.0
     """--backend ray: CPUs each rollout worker reserves"""
+    trainers: int = 1
+    """data-parallel trainer ranks (--backend ray): each minibatch split over them, gradients
+    averaged by torch.distributed (gloo on CPUs, NCCL on GPUs)"""
     native_rollout: bool = True
     """collect each chunk in one native call (the actor-critic, the sampling and the
     environments stepped in C++, GIL released); False: one policy call per step from Python"""
@@ -224,9 +228,14 @@ class Args:
             raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
         if self.num_workers > 1 and self.backend != "ray":
             raise ValueError("num_workers > 1 needs --backend ray")
-        if self.backend == "ray" and (self.checkpoint or self.resume):
-            raise ValueError("checkpoints are not supported with --backend ray yet; use "
-                             "--backend thread or process to checkpoint")  # fmt: skip
+        if self.trainers < 1:
+            raise ValueError(f"trainers must be at least 1, got {self.trainers}")
+        if self.trainers > 1 and self.backend != "ray":
+            raise ValueError("trainers > 1 needs --backend ray (the ranks are Ray actors)")
+        if self.trainers > 1 and (self.batch_size // self.num_minibatches) % self.trainers:
+            raise ValueError(f"the minibatch ({self.batch_size // self.num_minibatches} samples) "
+                             "must split evenly "
+                             f"over {self.trainers} trainers")  # fmt: skip
         try:
             device = torch.device(self.device)
         except RuntimeError:
@@ -297,8 +306,12 @@ def ppo_update(
     targets: Targets,
     args: Args,
     generator: torch.Generator,
+    rank: tuple[int, int] = (0, 1),
 ) -> dict[str, torch.Tensor]:
-    """Clipped-surrogate epochs over one chunk. Returns metrics as tensors (not read here)."""
+    """Clipped-surrogate epochs over one chunk. Returns metrics as tensors (not read here).
+    `rank` (r, M) of M data-parallel trainers: this one trains on its 1/M of each minibatch
+    (the same permutation on every rank: the same generator) and the optimizer averages the
+    gradients (nostall.train.ddp)."""
     T, N = chunk.num_steps, chunk.log_probs.shape[1]
     b_obs = chunk.obs[:-1].reshape(T * N, -1)
     b_actions = chunk.actions.reshape(T * N, *chunk.actions.shape[2:])
@@ -311,6 +324,8 @@ def ppo_update(
         order = torch.randperm(T * N, generator=generator, device=generator.device)
         for start in range(0, T * N, minibatch):
             idx = order[start : start + minibatch]
+            if rank[1] > 1:
+                idx = _shard(idx, *rank)
             loss, stats = minibatch_loss(
                 agent, b_obs[idx], b_actions[idx], *b_targets[:, idx], args
             )
@@ -354,6 +369,80 @@ def minibatch_loss(
 def _make_env(args: Args):
     return make_env(args.env_id, args.num_envs, seed=args.seed, backend=args.env_backend,
                     frame_stack=args.frame_stack)  # fmt: skip
+
+
+def _shard(indices: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Rank `rank`'s contiguous 1/world of a minibatch's indices."""
+    size = len(indices) // world
+    return indices[rank * size : (rank + 1) * size]
+
+
+class _TrainerRanks:
+    """Ranks 1..M-1 of `--trainers M` (nostall.train.ddp), or nothing to do for M = 1."""
+
+    def __init__(self, args: Args, agent, optimizer, generator, advantage_fn, env):
+        self.args, self.ranks = args, None
+        if args.trainers > 1:  # rank 0's state, for the ranks to start from
+            self._state = {
+                "agent": copy.deepcopy(agent).cpu(),  # sync: once, the ranks' starting weights
+                "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                "layout": slot_layout(env), "device": str(next(agent.parameters()).device),
+            }  # fmt: skip
+            self._build = functools.partial(_build_rank, args, advantage_fn)
+            self._optimizer = optimizer
+
+    def __enter__(self) -> _TrainerRanks:
+        if self.args.trainers > 1:
+            from nostall.train import ddp  # torch.distributed: imported only for ranks
+
+            self.ranks = ddp.TrainerRanks(self.args.trainers, self._build, self._state,
+                                          self._optimizer)  # fmt: skip
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def dispatch(self, chunk: Chunk, lr: float) -> None:
+        if self.ranks is not None:
+            self.ranks.dispatch(chunk, lr)
+
+    def wait(self) -> None:
+        if self.ranks is not None:
+            self.ranks.wait()
+
+
+def _build_rank(args: Args, advantage_fn, state: dict):
+    """A trainer rank's agent, optimizer, learning rate, generator and update, from rank 0's
+    state (in the rank's process)."""
+    device = torch.device(state["device"])
+    agent = state["agent"].to(device)
+    lr = torch.tensor(args.learning_rate, device=device)
+    optimizer = ClippedAdam(agent.parameters(), lr=lr, max_grad_norm=args.max_grad_norm, eps=1e-5)
+    optimizer.load_state_dict(state["optimizer"])
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    generator = torch.Generator(device)
+    generator.set_state(state["generator"])
+    return agent, optimizer, lr, generator, _RankUpdate(args, advantage_fn, state["layout"], device)
+
+
+class _RankUpdate:
+    """One iteration's update on a rank: the targets, then its shard of every minibatch."""
+
+    def __init__(self, args: Args, advantage_fn, layout: dict, device: torch.device):
+        self.args, self.advantage_fn, self.device = args, advantage_fn, device
+        self.chunk = Chunk.empty(args.num_steps, layout["num_envs"], layout["obs_dim"],
+                                 layout["action_shape"], layout["discrete"],
+                                 obs_dtype=layout["obs_dtype"])  # fmt: skip
+
+    def empty_chunk(self) -> Chunk:
+        return self.chunk
+
+    def __call__(self, agent, optimizer, chunk: Chunk, generator, rank: tuple[int, int]) -> None:
+        chunk = DeviceChunks(chunk, self.device).to_device(chunk)
+        targets = self.advantage_fn(agent, chunk, self.args)
+        ppo_update(agent, optimizer, chunk, targets, self.args, generator, rank)
 
 
 def _make_seeded_env(args: Args, seed: int):
@@ -436,10 +525,13 @@ def train(
     if args.watch_syncs:
         SyncWatch.prepare()  # outside the run's clock
     start = time.perf_counter()
-    with runtime:
+    ranks = _TrainerRanks(args, agent, optimizer, generator, advantage_fn, env)
+    with runtime, ranks:  # the ranks join the cluster the runtime started
         for iteration in range(first_iteration, args.num_iterations + 1):
+            lr_value = args.learning_rate
             if args.anneal_lr:
-                lr.fill_(args.learning_rate * (1.0 - (iteration - 1) / args.num_iterations))
+                lr_value *= 1.0 - (iteration - 1) / args.num_iterations
+                lr.fill_(lr_value)
             watched = args.watch_syncs and iteration in WATCHED_ITERATIONS
             # The whole iteration, publish included, with the chunk's tensors marked as the
             # device tensors they are on a GPU.
@@ -450,8 +542,11 @@ def train(
                 watch.mark(*host_chunk.tensors().values())
             began = time.perf_counter()
             chunk = device_chunks.to_device(host_chunk)
+            ranks.dispatch(host_chunk, lr_value)  # ranks 1..M-1 start on their shards
             targets = advantage_fn(agent, chunk, args)
-            metrics = ppo_update(agent, optimizer, chunk, targets, args, generator)
+            metrics = ppo_update(agent, optimizer, chunk, targets, args, generator,
+                                 (0, args.trainers))  # fmt: skip
+            ranks.wait()
             lag = runtime.lag(chunk)
             device_chunks.wait_copied()
             runtime.release(slot)
@@ -500,12 +595,15 @@ def train(
                     log(steps, values)
                 if args.stop_when_solved and result.solved_at is not None:
                     break
+        # The run ends with its last update: closing the rollout side (joining a thread, a
+        # process, shutting down a local Ray cluster) is not training time.
+        end = time.perf_counter()
     result.syncs_per_iteration = sum(syncs) / len(syncs) if syncs else None
     loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
     if loss is not None:
         result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
     result.steps = steps
-    result.seconds = time.perf_counter() - start
+    result.seconds = end - start
     result.timeline = list(runtime.timeline.spans)
     result.final_return = result.curve[-1][2] if result.curve else None
     result.policy = policy_record(agent, env, args)

@@ -1,35 +1,36 @@
 """The rollout side on Ray: K worker actors, each owning its environments and a policy copy,
 filling chunks that reach the trainer through Ray's object store. The trainer-facing interface
-is Runtime's (next_chunk, release, publish, lag, boundary, episodes, timeline), so a trainer
-runs on threads, a process or a cluster without knowing which.
+is Runtime's (next_chunk, release, publish, lag, boundary, state_dict, episodes, timeline), so
+a trainer runs on threads, a process or a cluster without knowing which.
 
     runtime = RayRuntime(make_env, make_agent, agent, act, num_workers=2, num_steps=128,
-                         staleness=1, seed=0)
+                         staleness=1, seed=0, **slot_layout(env))
     with runtime:
         slot, chunk = runtime.next_chunk()   # chunk.version, chunk.worker, chunk.seq
 
 The guarantees of the local backends, across all workers:
 - **staleness**: the k-th chunk trained on (counted over every worker) is filled by a policy of
-  version at least k - S. Chunks are requested in order and handed to the trainer in that
-  order (one finished early waits for those before it), so the bound holds however the
-  workers' chunks interleave, and a run is the same whichever worker is quicker. S = 0 with
-  one worker is the thread backend's run, bit for bit (the worker seeds its envs and generator
-  as Runtime does);
+  version at least k - S. Chunk k is requested from worker k mod K, as soon as the bound
+  allows (so S + 1 requests are in flight: S >= 2K - 1 keeps two per worker), and chunks reach
+  the trainer in request order (one finished early waits for those before it). A run is
+  therefore the same whichever worker is quicker, and S = 0 with one worker is the thread
+  backend's run, bit for bit (the worker seeds its envs and generator as Runtime does);
 - **weights once per version**: a published version is `ray.put` once and every worker reads
   that one object (a NumPy state dict, read zero-copy from the node's store), and only a worker
   behind the newest version is sent it;
 - **accounting**: every chunk carries (worker, seq, version); a chunk is trained on once or
   counted as dropped with its cause (a worker that died, restarted by Ray up to max_restarts);
-- **latency hidden**: `inflight` chunk requests per worker (2 by default) are outstanding, so a
-  worker fills its next chunk while the trainer trains on the last one.
+- **checkpoints**: inside `boundary()` no request is made, the chunks in flight are received,
+  and each worker's state (envs, generator, next observation, weights) is read: the keys of
+  Runtime.state_dict (worker 0's at the top level, every worker's under "workers"), so a
+  one-worker checkpoint resumes on any backend and any checkpoint resumes exactly here.
 
-Environments are stepped by the workers (native rollout, or `act` step by step); each worker w
-seeds its N envs with seed + w * N + i and its sampling generator with seed + w. Checkpoints
-are not supported on this backend yet (a clear error at the start of a run)."""
+Each worker w seeds its N envs with seed + w * N + i and its sampling generator with seed + w."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,11 +39,15 @@ import numpy as np
 import torch
 
 from nostall.runtime.episodes import EpisodeTracker
+from nostall.runtime.reaper import Reaper, descendants
 from nostall.runtime.rollout import ActFn, Timeline, collect
+from nostall.runtime.runner import chunk_state
 from nostall.runtime.storage import Chunk, rollout_slots, slot_layout
 
 # How long a worker may take to be placed and start before the run fails with the cause.
 PLACE_TIMEOUT_S = 60.0
+# The per-worker keys of a checkpoint (Runtime.state_dict's names).
+WORKER_KEYS = ("env", "generator", "next_obs", "rollout_weights", "rollout_version")
 
 
 def _ray():
@@ -51,6 +56,13 @@ def _ray():
     except ImportError as e:
         raise ValueError("--backend ray needs Ray: pip install 'ray==2.58.0'") from e
     return ray
+
+
+def _copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
+    """Copies arrays (read-only views of the object store) into host tensors of the same
+    names and shapes."""
+    for name, tensor in tensors.items():
+        np.copyto(tensor.numpy(), arrays[name])  # sync: none, host tensors
 
 
 class _Worker:
@@ -69,16 +81,14 @@ class _Worker:
         self.chunk = Chunk.empty(num_steps, layout["num_envs"], layout["obs_dim"],
                                  layout["action_shape"], layout["discrete"],
                                  obs_dtype=layout["obs_dtype"])  # fmt: skip
-        self.episodes = EpisodeTracker(self.env.num_envs)
-        self.version = -1
+        self.episodes = EpisodeTracker(self.env.num_envs)  # collect's; the trainer keeps its own
+        self.version = -1  # made by make_agent, not yet any published version
 
     def ready(self) -> int:
         return self.worker
 
     def where(self) -> tuple[int, str]:
         """(process id, Ray node id): for tests and diagnostics."""
-        import os
-
         return os.getpid(), _ray().get_runtime_context().get_node_id()
 
     def fill(self, seq: int, version: int, weights) -> dict:
@@ -98,15 +108,22 @@ class _Worker:
         return {"worker": self.worker, "seq": seq, "version": version, "tensors": tensors,
                 "start": start, "end": time.time()}  # fmt: skip
 
-    def close(self) -> None:
-        self.env.close()
+    def state(self) -> dict:
+        """Between fills (actor calls run in order): what resumes this worker exactly."""
+        return {
+            "env": self.env.state_dict(),
+            "generator": self.generator.get_state(),
+            "next_obs": self.next_obs.clone(),
+            "rollout_weights": {k: v.clone() for k, v in self.agent.state_dict().items()},
+            "rollout_version": self.version,
+        }
 
-
-def _copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
-    """Copies arrays (read-only views of the object store) into host tensors of the same
-    names and shapes."""
-    for name, tensor in tensors.items():
-        np.copyto(tensor.numpy(), arrays[name])  # sync: none, host tensors
+    def load(self, state: dict) -> None:
+        self.env.load_state_dict(state["env"])
+        self.generator.set_state(state["generator"])
+        self.next_obs = state["next_obs"].clone()
+        self.agent.load_state_dict(state["rollout_weights"])
+        self.version = int(state["rollout_version"])
 
 
 _WORKER_CLASS = None
@@ -138,20 +155,25 @@ class _WorkerEpisodes:
         self.trackers[worker].update(rewards, done)
 
     def recent(self, n: int) -> tuple[int, float | None, float | None]:
+        """(episodes finished, mean return and length of each worker's last n, pooled)."""
         finished, returns, lengths, weights = 0, 0.0, 0.0, 0
         for tracker in self.trackers:
             count, mean_return, mean_length = tracker.recent(n)
             finished += count
             if mean_return is not None:
                 k = min(n, count, tracker.capacity)
-                returns, lengths, weights = (
-                    returns + k * mean_return,
-                    lengths + k * mean_length,
-                    weights + k,
-                )
+                returns, lengths = returns + k * mean_return, lengths + k * mean_length
+                weights += k
         if weights == 0:
             return finished, None, None
         return finished, returns / weights, lengths / weights
+
+    def state_dict(self) -> list[dict]:
+        return [tracker.state_dict() for tracker in self.trackers]
+
+    def load_state_dict(self, states: list[dict]) -> None:
+        for tracker, state in zip(self.trackers, states, strict=True):
+            tracker.load_state_dict(state)
 
 
 class RayRuntime:
@@ -175,7 +197,6 @@ class RayRuntime:
         address: str | None = None,
         cpus_per_worker: float = 1.0,
         gpus_per_worker: float = 0.0,
-        inflight: int = 2,
         max_restarts: int = 3,
     ):
         """make_env(seed) -> one worker's vector env; make_agent(env) -> a policy of `agent`'s
@@ -184,11 +205,9 @@ class RayRuntime:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {staleness}")
-        if inflight < 1:
-            raise ValueError(f"inflight must be at least 1, got {inflight}")
         self.ray = _ray()
         self._recipe = (make_env, make_agent, act, rollout, num_steps, seed, num_envs)
-        self.num_workers, self.staleness, self.inflight = num_workers, staleness, inflight
+        self.num_workers, self.staleness = num_workers, staleness
         self._address, self._max_restarts = address, max_restarts
         self._resources = {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker}
         self._template = agent
@@ -210,10 +229,11 @@ class RayRuntime:
         self._ready: dict[int, dict] = {}  # request index -> a result not yet handed over
         self._lost: set[int] = set()  # request indices lost with their workers
         self._next_index = 0  # the request index the trainer gets next
-        self._outstanding = [0] * num_workers
-        self._next_worker = 0
         self._seq = [0] * num_workers
+        self._held = False  # inside boundary(): no request is made
+        self._resume: dict | None = None  # a checkpoint's state, applied at start
         self._started_ray = False
+        self._reaper: Reaper | None = None
         self.workers: list = []
 
     # -- lifetime ------------------------------------------------------------------------------
@@ -231,8 +251,8 @@ class RayRuntime:
         if need > have:
             self.close()
             raise ValueError(
-                f"{self.num_workers} workers x {self._resources['num_cpus']:g} CPUs need {need:g} "
-                f"CPUs; the Ray cluster has {have:g}"
+                f"{self.num_workers} workers x {self._resources['num_cpus']:g} CPUs need "
+                f"{need:g} CPUs; the Ray cluster has {have:g}"
             )
         make_env, make_agent, act, rollout, num_steps, seed, num_envs = self._recipe
         worker_class = _worker_class().options(
@@ -243,22 +263,33 @@ class RayRuntime:
             for w in range(self.num_workers)
         ]
         # Every worker placed and built before the run's clock: a failure now, with its cause.
-        ready = [w.ready.remote() for w in self.workers]
-        done, waiting = ray.wait(ready, num_returns=len(ready), timeout=PLACE_TIMEOUT_S)
+        self._wait_all([w.ready.remote() for w in self.workers], "start")
+        if self._started_ray:
+            # The local cluster's processes (the raylet's agents outlive a killed driver):
+            # killed by a watchdog whenever this process exits.
+            self._reaper = Reaper(descendants(os.getpid()))
+        if self._resume is not None:
+            self._apply_resume(self._resume)
+            self._resume = None
+        else:
+            self._put_weights(self._template, 0)
+        self._issue()
+        return self
+
+    def _wait_all(self, refs: list, what: str) -> list:
+        ray = self.ray
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=PLACE_TIMEOUT_S)
         if waiting:
             self.close()
             raise RuntimeError(
-                f"{len(waiting)} of {self.num_workers} Ray workers were not placed within "
+                f"{len(waiting)} of {self.num_workers} Ray workers did not {what} within "
                 f"{PLACE_TIMEOUT_S:.0f} s (resources per worker: {self._resources})"
             )
         try:
-            ray.get(done)
+            return ray.get(refs)
         except Exception as e:
             self.close()
-            raise RuntimeError(f"a Ray rollout worker failed to start: {e}") from e
-        self._put_weights(self._template, 0)
-        self._issue()
-        return self
+            raise RuntimeError(f"a Ray rollout worker failed to {what}: {e}") from e
 
     def close(self) -> None:
         ray = self.ray
@@ -269,6 +300,9 @@ class RayRuntime:
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
 
     def __enter__(self) -> RayRuntime:
         return self.start()
@@ -284,14 +318,10 @@ class RayRuntime:
         self._weights_version = version
 
     def _issue(self) -> None:
-        """Requests chunks while the staleness bound and each worker's `inflight` allow."""
+        """Requests chunks while the staleness bound allows, chunk k from worker k mod K."""
         # Requests lost with a worker are not trained on: they do not count against the bound.
-        while self.version >= self.requested - self.loss.dropped - self.staleness:
-            # The least busy worker, ties to the one asked longest ago (round robin).
-            order = [(self._next_worker + i) % self.num_workers for i in range(self.num_workers)]
-            worker = min(order, key=lambda w: self._outstanding[w])
-            if self._outstanding[worker] >= self.inflight:
-                return
+        while not self._held and self.version >= self.requested - len(self._lost) - self.staleness:
+            worker = self.requested % self.num_workers
             fresh = self._worker_version[worker] < self._weights_version
             weights = self._weights_ref if fresh else None
             self._worker_version[worker] = self._weights_version
@@ -299,15 +329,33 @@ class RayRuntime:
             ref = self.workers[worker].fill.remote(seq, self._weights_version, weights)
             self._pending[ref] = (worker, seq, self.requested)
             self._seq[worker] += 1
-            self._outstanding[worker] += 1
-            self._next_worker = (worker + 1) % self.num_workers
             self.requested += 1
+
+    def _receive_one(self) -> None:
+        """Waits for any request in flight: its result is kept (for its turn) or its loss
+        counted."""
+        ray = self.ray
+        (ref,), _ = ray.wait(list(self._pending), num_returns=1)
+        worker, seq, index = self._pending.pop(ref)
+        try:
+            self._ready[index] = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            self._drop(worker, seq, index, e)
+        except ray.exceptions.RayTaskError as e:  # the worker's own code raised
+            raise RuntimeError(f"Ray rollout worker {worker} failed:\n{e}") from e
+
+    def _drop(self, worker: int, seq: int, index: int, error: Exception) -> None:
+        self._lost.add(index)
+        self.loss.dropped += 1
+        self.loss.causes.append(f"worker {worker} chunk {seq}: {type(error).__name__}")
+        self._worker_version[worker] = -1  # a restarted worker holds its initial weights
+        if self.loss.dropped > (self._max_restarts + 1) * (self.staleness + 1):
+            raise RuntimeError(f"Ray workers keep dying: {self.loss.causes[-3:]}") from error
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Chunk]:
         """The next chunk in request order; a worker that died loses its chunks in flight
         (counted, with the cause), and is asked again once Ray has restarted it."""
-        ray = self.ray
         while True:
             self._issue()
             while self._next_index in self._lost:
@@ -315,36 +363,22 @@ class RayRuntime:
             if self._next_index in self._ready:
                 result = self._ready.pop(self._next_index)
                 self._next_index += 1
-                return self._receive(result)
+                return self._hand_over(result)
             if not self._pending:
                 raise RuntimeError("no chunk requested: the staleness bound allows none")
-            (ref,), _ = ray.wait(list(self._pending), num_returns=1)
-            worker, seq, index = self._pending.pop(ref)
-            self._outstanding[worker] -= 1
-            try:
-                self._ready[index] = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                self._drop(worker, seq, index, e)
-            except ray.exceptions.RayTaskError as e:  # the worker's own code raised
-                raise RuntimeError(f"Ray rollout worker {worker} failed:\n{e}") from e
+            self._receive_one()
 
-    def _drop(self, worker: int, seq: int, index: int, error: Exception) -> None:
-        self._lost.add(index)
-        self.loss.dropped += 1
-        self.loss.causes.append(f"worker {worker} chunk {seq}: {type(error).__name__}")
-        self._worker_version[worker] = -1  # a restarted worker holds its initial weights
-        if self.loss.dropped > (self._max_restarts + 1) * self.num_workers * self.inflight:
-            raise RuntimeError(f"Ray workers keep dying: {self.loss.causes[-3:]}") from error
-
-    def _receive(self, result: dict) -> tuple[int, Chunk]:
+    def _hand_over(self, result: dict) -> tuple[int, Chunk]:
         slot = self._free.pop()
         chunk = self.slots[slot]
         _copy_numpy(chunk.tensors(), result["tensors"])
         chunk.version, chunk.worker, chunk.seq = result["version"], result["worker"], result["seq"]
         self.episodes.update(chunk.worker, chunk.rewards, chunk.terminated | chunk.truncated)
         self.trained.append((chunk.worker, chunk.seq))
-        origin = time.time() - time.perf_counter() + self.timeline.origin
-        self.timeline.spans.append(("rollout", result["start"] - origin, result["end"] - origin))
+        if "start" in result:  # a chunk filled in this run (not one restored from a checkpoint)
+            offset = time.time() - time.perf_counter() + self.timeline.origin
+            self.timeline.spans.append(("rollout", result["start"] - offset,
+                                        result["end"] - offset))  # fmt: skip
         return slot, chunk
 
     def release(self, slot: int) -> None:
@@ -362,11 +396,79 @@ class RayRuntime:
 
     @contextlib.contextmanager
     def boundary(self):
-        yield
+        """No request is made inside: the workers finish what they were asked and stop."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            self._issue()
 
+    # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        raise ValueError("checkpoints are not supported with --backend ray yet; run without "
-                         "--checkpoint, or use --backend thread|process")  # fmt: skip
+        """Inside `boundary()`: Runtime.state_dict's keys (worker 0's state at the top level),
+        every worker's state under "workers", the chunks filled and not yet trained on in
+        order under "queued"."""
+        if not self._held:
+            raise RuntimeError("RayRuntime.state_dict is taken inside `with boundary():`")
+        while self._pending:  # the chunks in flight: received now, trained on after resume
+            self._receive_one()
+        workers = self._wait_all([w.state.remote() for w in self.workers], "save its state")
+        queued = []
+        for index in sorted(self._ready):
+            if index >= self._next_index:
+                result = self._ready[index]
+                chunk = self.slots[self._free[-1]]  # a free slot as scratch: copied out below
+                _copy_numpy(chunk.tensors(), result["tensors"])
+                chunk.version = result["version"]
+                queued.append({**chunk_state(chunk), "worker": result["worker"],
+                               "seq": result["seq"]})  # fmt: skip
+        published = ray_get_weights(self.ray, self._weights_ref)
+        return {
+            **{key: workers[0][key] for key in WORKER_KEYS},
+            "workers": workers,
+            "worker_seq": list(self._seq),
+            "episodes": self.episodes.trackers[0].state_dict(),
+            "worker_episodes": self.episodes.state_dict(),
+            "version": self.version,
+            "chunks_collected": self.requested - len(self._lost),
+            "published_weights": published,
+            "weights_version": self._weights_version,
+            "queued": queued,
+        }
 
     def load_state_dict(self, state: dict, agent: torch.nn.Module) -> None:
-        self.state_dict()
+        """Before `start`: a checkpoint of any backend (one worker's keys at the top level; a
+        Ray checkpoint's every worker under "workers")."""
+        if self.workers:
+            raise RuntimeError("load_state_dict must come before the runtime starts")
+        workers = state.get("workers") or [{key: state[key] for key in WORKER_KEYS}]
+        if len(workers) != self.num_workers:
+            raise ValueError(f"the checkpoint has {len(workers)} rollout workers, this run "
+                             f"{self.num_workers}")  # fmt: skip
+        self._resume = {**state, "workers": workers}
+        self.version = int(state["version"])
+        self.episodes.load_state_dict(state.get("worker_episodes") or [state["episodes"]])
+
+    def _apply_resume(self, state: dict) -> None:
+        pairs = zip(self.workers, state["workers"], strict=True)
+        self._wait_all([worker.load.remote(saved) for worker, saved in pairs], "load its state")
+        published = {k: v.numpy() for k, v in state["published_weights"].items()}
+        self._weights_ref = self.ray.put(published)
+        self._weights_version = int(state["weights_version"])
+        self._worker_version = [int(w["rollout_version"]) for w in state["workers"]]
+        self._seq = list(state.get("worker_seq") or [int(state["chunks_collected"])])
+        self.requested = int(state["chunks_collected"])
+        queued = state["queued"]
+        self._next_index = self.requested - len(queued)
+        for i, saved in enumerate(queued):
+            tensors = {k: saved[k].numpy() for k in self.slots[0].tensors()}
+            self._ready[self._next_index + i] = {
+                "worker": int(saved.get("worker", 0)), "seq": int(saved.get("seq", -1)),
+                "version": int(saved["version"]), "tensors": tensors,
+            }  # fmt: skip
+
+
+def ray_get_weights(ray, ref) -> dict[str, torch.Tensor]:
+    """The published weights as tensors (copies: a checkpoint outlives the object store)."""
+    return {k: torch.from_numpy(np.array(v)) for k, v in ray.get(ref).items()}

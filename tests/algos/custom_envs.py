@@ -50,7 +50,7 @@ class VisualSignEnv(SignEnv):
     half lit when the hidden number is positive, the right half when it is not."""
 
     observation_space = spaces.Box(0, 255, shape=(40, 40, 3), dtype=np.uint8)
-    metadata = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ("rgb_array",)}  # noqa: RUF012 (Gymnasium's attribute)
 
     def __init__(self, render_mode=None):
         self.render_mode = render_mode

@@ -52,7 +52,7 @@ def test_a_failure_in_the_rollout_process_reaches_the_trainer():
 
 
 def test_unknown_backend_is_refused():
-    with pytest.raises(ValueError, match="backend must be 'thread' or 'process'"):
+    with pytest.raises(ValueError, match="backend must be thread, process or ray"):
         ppo.train(ppo.Args(backend="gpu"))
     assert torch.multiprocessing.active_children() == []
 

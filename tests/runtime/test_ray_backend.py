@@ -65,20 +65,27 @@ def test_two_workers_every_chunk_once_within_the_staleness_bound(local_cluster, 
         assert seqs == list(range(len(seqs))) and seqs, (worker, trained)
 
 
-def test_weights_reach_the_workers_once_per_version(local_cluster):
-    """A worker is sent a version's weights only when it is behind it; the chunk it fills is
-    tagged with the version it holds."""
+def test_weights_reach_the_workers_once_per_version(local_cluster, monkeypatch):
+    """A version is put in the object store once, whatever the number of workers, and each
+    chunk after it is filled by those weights (the chunk's version says which)."""
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value: puts.append(value) or real_put(value))
     with _runtime(2, 1) as runtime:
         template = runtime._template
-        for version in range(1, 6):
+        versions = []
+        for _ in range(6):
             slot, chunk = runtime.next_chunk()
+            versions.append(chunk.version)
             runtime.release(slot)
             with torch.no_grad():
                 for p in template.parameters():
                     p.add_(0.01)
             runtime.publish(template)
-        sent_refs = runtime._weights_ref
-        assert runtime._weights_version == 5 and sent_refs is not None
+    assert len(puts) == 7  # version 0 and six published, for two workers
+    assert versions == sorted(versions) and versions[-1] >= 4, versions
+    first = next(iter(puts[-1].values()))
+    assert torch.equal(torch.from_numpy(first.copy()), next(iter(template.state_dict().values())))
 
 
 def test_a_killed_worker_loses_its_chunk_which_is_counted_and_the_run_goes_on(local_cluster):
@@ -131,8 +138,143 @@ def test_appo_on_two_workers_learns_and_the_report_counts_no_drops(local_cluster
     assert report["final_return"] > 100, report  # random play: about 20
 
 
-def test_checkpoints_are_refused_with_the_ray_backend():
-    with pytest.raises(ValueError, match="checkpoints are not supported with --backend ray"):
-        ppo.Args(backend="ray", checkpoint="ckpt-{iteration}.pt").check()
+def test_bad_worker_counts_are_refused():
     with pytest.raises(ValueError, match="num_workers > 1 needs --backend ray"):
         ppo.Args(num_workers=2).check()
+    with pytest.raises(ValueError, match="num_workers must be at least 1"):
+        ppo.Args(num_workers=0, backend="ray").check()
+
+
+def _ray_processes() -> set[int]:
+    from pathlib import Path
+
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if entry.name.isdigit() and (b"ray::" in cmdline or b"/ray/" in cmdline):
+            found.add(int(entry.name))
+    return found
+
+
+def test_a_killed_driver_leaves_no_ray_process_behind():
+    """SIGKILL a run on its own local cluster mid-run: its workers, raylet and agents all go."""
+    import subprocess
+    import sys
+
+    code = (
+        "from nostall.algos import appo\n"
+        "args = appo.Args(backend='ray', num_workers=2, total_timesteps=10**9,"
+        " watch_syncs=False, log_interval=1)\n"
+        "appo.train(args, log=lambda steps, m: print('running', flush=True))\n"
+    )
+    before = _ray_processes()
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "running"
+        assert _ray_processes() - before  # its cluster is up
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 20
+    while (left := _ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left
+
+
+def _agent_params(path, algorithm):
+    return list(ppo.load_checkpoint(path, algorithm)["agent"].values())
+
+
+@pytest.mark.parametrize("workers,staleness", [(1, 0), (2, 1), (2, 3)])
+def test_resume_from_the_kth_checkpoint_on_ray_is_exact(local_cluster, tmp_path, workers,
+                                                          staleness):  # fmt: skip
+    """Chunks are requested from worker k mod K and trained on in request order, so a run on
+    several workers is reproducible and every checkpoint (chunks in flight received, each
+    worker's envs, generator and weights saved) resumes to the uninterrupted run's end."""
+    common = dict(backend="ray", num_workers=workers, staleness=staleness, num_envs=4,
+                  num_steps=64, total_timesteps=8 * 256, checkpoint_every=2, **FAST)  # fmt: skip
+    appo.train(appo.Args(**common, checkpoint=str(tmp_path / "s-{iteration}.pt")))
+    straight = _agent_params(tmp_path / "s-8.pt", "appo")
+    saved = ppo.load_checkpoint(tmp_path / "s-4.pt", "appo")["runtime"]
+    assert len(saved["workers"]) == workers and len(saved["queued"]) <= staleness + 1
+    for k in (2, 6):
+        resumed = tmp_path / f"r-{k}.pt"
+        appo.train(appo.Args(**common, checkpoint=str(resumed), resume=str(tmp_path / f"s-{k}.pt")))
+        for a, b in zip(straight, _agent_params(resumed, "appo"), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"resumed from {k}")
+
+
+def test_a_checkpoint_moves_between_the_thread_and_ray_backends(local_cluster, tmp_path):
+    common = dict(total_timesteps=6 * 1024, checkpoint_every=3, **FAST)
+    for saved_on, resumed_on in (("thread", "ray"), ("ray", "thread")):
+        ppo.train(ppo.Args(**common, backend=saved_on,
+                           checkpoint=str(tmp_path / f"{saved_on}-{{iteration}}.pt")))  # fmt: skip
+        resumed = tmp_path / f"{saved_on}-to-{resumed_on}.pt"
+        ppo.train(ppo.Args(**common, backend=resumed_on, checkpoint=str(resumed),
+                           resume=str(tmp_path / f"{saved_on}-3.pt")))  # fmt: skip
+        for a, b in zip(_agent_params(tmp_path / f"{saved_on}-6.pt", "ppo"),
+                        _agent_params(resumed, "ppo"), strict=True):  # fmt: skip
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"{saved_on} -> {resumed_on}")
+
+
+def test_a_checkpoint_of_two_workers_refuses_a_run_of_one(local_cluster, tmp_path):
+    common = dict(backend="ray", total_timesteps=2 * 1024, checkpoint_every=2, **FAST)
+    ppo.train(ppo.Args(**common, num_workers=2, checkpoint=str(tmp_path / "s-{iteration}.pt")))
+    with pytest.raises(ValueError, match="num_workers"):
+        ppo.train(ppo.Args(**common, num_workers=1, resume=str(tmp_path / "s-2.pt")))
+
+
+def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
+    """DDP with 2 ranks (gloo): each rank's half of the minibatch, gradients averaged, gives
+    the gradient of the whole minibatch on one rank; both ranks then hold the same weights."""
+    import copy
+    import dataclasses
+
+    from nostall.algos.optim import ClippedAdam
+    from nostall.runtime.episodes import EpisodeTracker
+    from nostall.runtime.rollout import collect
+    from nostall.runtime.storage import rollout_slots
+
+    args = ppo.Args(norm_adv=False, num_envs=4, num_steps=32, num_minibatches=2,
+                    update_epochs=1, trainers=2, backend="ray", max_grad_norm=1e9)  # fmt: skip
+    args.check()
+    env = _make_env(0)
+    agent = make_agent(env)
+    chunk = rollout_slots(0, 32, **slot_layout(env))[0]
+    collect(env, lambda obs, g: act(agent, obs, g), chunk, env.torch.reset(seed=0),
+            torch.Generator().manual_seed(0), EpisodeTracker(4))  # fmt: skip
+    grads = {}
+    for world in (1, 2):
+        model = copy.deepcopy(agent)
+        lr = torch.tensor(args.learning_rate)
+        optimizer = ClippedAdam(model.parameters(), lr=lr, max_grad_norm=args.max_grad_norm,
+                                eps=1e-5)  # as ppo.train makes it
+        generator = torch.Generator().manual_seed(1)
+        ranks = ppo._TrainerRanks(dataclasses.replace(args, trainers=world), model, optimizer,
+                                  generator, ppo.gae_advantages, env)  # fmt: skip
+        with ranks:
+            ranks.dispatch(chunk, args.learning_rate)
+            targets = ppo.gae_advantages(model, chunk, args)
+            ppo.ppo_update(model, optimizer, chunk, targets, args, generator, (0, world))
+            ranks.wait()
+            grads[world] = optimizer._flat_grad.clone()  # the last minibatch's, averaged
+            if world == 2:
+                other = ranks.ranks.weights(1)
+                for name, value in model.state_dict().items():
+                    assert torch.equal(value, other[name]), name
+    torch.testing.assert_close(grads[2], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def test_appo_with_two_trainer_ranks_runs_from_the_command(local_cluster, tmp_path):
+    from nostall.cli import main
+
+    code = main(["train", "appo", "--backend", "ray", "--trainers", "2", "--total-timesteps",
+                 "4096", "--no-progress", "--no-watch-syncs", "--out", str(tmp_path)])  # fmt: skip
+    assert code == 0 and (tmp_path / "policy.pt").exists()
+    with pytest.raises(ValueError, match="trainers > 1 needs --backend ray"):
+        ppo.Args(trainers=2).check()
+    with pytest.raises(ValueError, match="must split evenly over 3 trainers"):
+        ppo.Args(trainers=3, backend="ray").check()

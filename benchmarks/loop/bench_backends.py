@@ -1,0 +1,116 @@
+"""The rollout backends side by side: thread, process and Ray (1 and 2 workers, a local
+cluster on this machine), on the same PPO run, in one run of this script.
+
+1. Transport: a rollout-only loop (next_chunk, release, publish the weights; no update), so
+   the time per chunk is the rollout's plus the backend's hand-over. The hand-over cost is the
+   difference to the thread backend's time per chunk, and MB/s is the chunk's bytes over the
+   time per chunk.
+2. PPO's steady steps/s on each backend, staleness 1 (appo), on two workloads: the native
+   rollout (one C++ call a chunk, about 2 ms) and a rollout stepped from Python
+   (--no-native-rollout, about 20 ms a chunk: the balanced workload).
+
+    python benchmarks/loop/bench_backends.py [--chunks 200] [--steps 40960]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
+
+from nostall.algos import appo, ppo
+from nostall.algos.agent import act, make_agent, native_rollout
+from nostall.runtime import Runtime
+from nostall.runtime.process import ProcessRuntime
+from nostall.runtime.ray_runtime import RayRuntime
+from nostall.runtime.storage import slot_layout
+
+BACKENDS = {  # name: (backend, num_workers)
+    "thread": ("thread", 1),
+    "process": ("process", 1),
+    "ray, 1 worker": ("ray", 1),
+    "ray, 2 workers": ("ray", 2),
+}
+
+
+def _runtime(backend: str, workers: int, args: ppo.Args, native: bool):
+    env = ppo._make_env(args)
+    agent = make_agent(env)
+    rollout = native_rollout if native else None
+    common = dict(num_steps=args.num_steps, staleness=1, seed=0, rollout=rollout)
+    if backend == "thread":
+        return Runtime(env, agent, act, **common), agent
+    make = functools.partial(make_agent, hidden=args.hidden, policy=args.policy)
+    if backend == "process":
+        return ProcessRuntime(functools.partial(ppo._make_env, args), make, agent, act,
+                              **common, **slot_layout(env)), agent  # fmt: skip
+    return RayRuntime(functools.partial(ppo._make_seeded_env, args), make, agent, act,
+                      num_workers=workers, **common, **slot_layout(env)), agent  # fmt: skip
+
+
+def transport(backend: str, workers: int, chunks: int, native: bool) -> tuple[float, int]:
+    """(seconds per chunk, bytes per chunk) of a rollout-only loop."""
+    args = ppo.Args()
+    runtime, agent = _runtime(backend, workers, args, native)
+    with runtime:
+        for i in range(chunks + 10):
+            if i == 10:  # after warm-up
+                start = time.perf_counter()
+            slot, chunk = runtime.next_chunk()
+            runtime.release(slot)
+            runtime.publish(agent)
+        seconds = (time.perf_counter() - start) / chunks
+    size = sum(t.numel() * t.element_size() for t in chunk.tensors().values())
+    return seconds, size
+
+
+def ppo_speed(backend: str, workers: int, steps: int, native: bool) -> float:
+    args = appo.Args(backend=backend, num_workers=workers, total_timesteps=steps,
+                     native_rollout=native, watch_syncs=False, log_interval=1)  # fmt: skip
+    return appo.train(args).steady_steps_per_second
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=8 * 128 * 40)
+    parser.add_argument("--python-steps", type=int, default=8 * 128 * 12)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    print("Rollout-only loop, CartPole-v1, 8 envs x 128 steps a chunk (staleness 1)")
+    for native in (True, False):
+        kind = "native rollout" if native else "rollout stepped from Python"
+        chunks = args.chunks if native else max(20, args.chunks // 8)
+        print(f"  {kind}, {chunks} chunks")
+        base = None
+        for name, (backend, workers) in BACKENDS.items():
+            seconds, size = transport(backend, workers, chunks, native)
+            base = seconds if base is None else base
+            print(f"    {name:15s} {seconds * 1e6:9.0f} us/chunk  {size / seconds / 1e6:7.1f} MB/s"
+                  f"  hand-over vs thread {1e6 * (seconds - base):+8.0f} us")  # fmt: skip
+    print("PPO (appo, staleness 1) steady steps/s, CartPole-v1, 8 envs x 128 steps")
+    for native in (True, False):
+        kind = "native rollout" if native else "rollout stepped from Python"
+        steps = args.steps if native else args.python_steps
+        speeds = {}
+        for name, (backend, workers) in BACKENDS.items():
+            speeds[name] = statistics.median(
+                ppo_speed(backend, workers, steps, native) for _ in range(2)
+            )
+        print(f"  {kind}, {steps} steps a run (median of 2)")
+        for name, speed in speeds.items():
+            ratio = speed / speeds["process"]
+            print(f"    {name:15s} {speed:9.0f} steps/s  {ratio:5.2f}x the process backend")
+
+
+if __name__ == "__main__":
+    main()

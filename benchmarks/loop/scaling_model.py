@@ -1,0 +1,73 @@
+"""A model of the Ray backend's steps/s from 1 to 128 rollout workers, from per-chunk costs
+measured on this machine (bench_backends.py), with the plot in docs/scaling.png.
+
+Per chunk of N envs x T steps:
+- R: a worker fills it (its rollout), plus the object-store round trip (hand-over);
+- U: the trainer updates on it, plus receiving it (copy out of the store) and publishing;
+- B: a weight version's `ray.put`, once per version, on the trainer's side.
+
+Chunks are handed to the trainer in request order and at most S + 1 of them are ahead of it
+(the staleness bound), so at most min(K, S + 1) workers are busy at once:
+
+    chunks/s = min(min(K, S + 1) / R, 1 / (U + B))
+
+It stops scaling where the trainer saturates (K R / (S + 1) no longer hides U + B) or where the
+staleness bound leaves workers idle; larger S or larger chunks per worker move both limits.
+
+    python benchmarks/loop/scaling_model.py --rollout-ms R --update-ms U --put-ms B
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
+
+from nostall.training_output import figure
+
+WORKERS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def predicted(workers: int, staleness: int, rollout_s: float, update_s: float, put_s: float,
+              chunk_steps: int) -> float:  # fmt: skip
+    busy = min(workers, staleness + 1)
+    return chunk_steps * min(busy / rollout_s, 1.0 / (update_s + put_s))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollout-ms", type=float, required=True)
+    parser.add_argument("--update-ms", type=float, required=True)
+    parser.add_argument("--put-ms", type=float, default=0.1)
+    parser.add_argument("--chunk-steps", type=int, default=8 * 128)
+    parser.add_argument("--measured", default="", help="K=steps/s,... to mark on the plot")
+    parser.add_argument("--plot", default="docs/scaling.png")
+    args = parser.parse_args()
+    r, u, b = args.rollout_ms / 1e3, args.update_ms / 1e3, args.put_ms / 1e3
+    fig, ax = figure((7, 4))
+    print(f"{'workers':>8} " + " ".join(f"{'S=' + str(s):>10}" for s in (1, 7, 127)))
+    for staleness in (1, 7, 127):
+        speeds = [predicted(k, staleness, r, u, b, args.chunk_steps) for k in WORKERS]
+        ax.plot(WORKERS, speeds, marker="o", label=f"model, staleness {staleness}")
+    for k in WORKERS:
+        row = [predicted(k, s, r, u, b, args.chunk_steps) for s in (1, 7, 127)]
+        print(f"{k:8d} " + " ".join(f"{v:10.0f}" for v in row))
+    if args.measured:
+        points = [tuple(map(float, p.split("="))) for p in args.measured.split(",")]
+        ax.scatter(*zip(*points, strict=True), color="black", zorder=3, label="measured (S=1)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rollout workers")
+    ax.set_ylabel("steps/s")
+    ax.set_title(f"Ray backend model: rollout {args.rollout_ms} ms, update {args.update_ms} ms "
+                 "a chunk")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
+    print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
