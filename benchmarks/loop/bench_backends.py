@@ -72,10 +72,16 @@ def transport(backend: str, workers: int, chunks: int, native: bool) -> tuple[fl
     return seconds, size
 
 
-def ppo_speed(backend: str, workers: int, steps: int, native: bool) -> float:
+def ppo_speed(backend: str, workers: int, steps: int, native: bool) -> tuple[float, float, float]:
+    """(steady steps/s, mean ms a chunk's rollout takes, mean ms an update takes)."""
     args = appo.Args(backend=backend, num_workers=workers, total_timesteps=steps,
                      native_rollout=native, watch_syncs=False, log_interval=1)  # fmt: skip
-    return appo.train(args).steady_steps_per_second
+    result = appo.train(args)
+    spans = {"rollout": [], "train": []}
+    for side, start, end in result.timeline:
+        spans[side].append(1e3 * (end - start))
+    return (result.steady_steps_per_second, statistics.mean(spans["rollout"]),
+            statistics.mean(spans["train"]))  # fmt: skip
 
 
 def main() -> None:
@@ -101,15 +107,17 @@ def main() -> None:
     for native in (True, False):
         kind = "native rollout" if native else "rollout stepped from Python"
         steps = args.steps if native else args.python_steps
-        speeds = {}
+        runs = {}
         for name, (backend, workers) in BACKENDS.items():
-            speeds[name] = statistics.median(
-                ppo_speed(backend, workers, steps, native) for _ in range(2)
+            runs[name] = sorted(ppo_speed(backend, workers, steps, native) for _ in range(2))
+        print(f"  {kind}, {steps} steps a run (the faster of 2)")
+        for name, results in runs.items():
+            speed, rollout_ms, update_ms = results[-1]
+            ratio = speed / runs["process"][-1][0]
+            print(
+                f"    {name:15s} {speed:9.0f} steps/s  {ratio:5.2f}x the process backend"
+                f"  (rollout {rollout_ms:5.1f} ms, update {update_ms:5.1f} ms a chunk)"
             )
-        print(f"  {kind}, {steps} steps a run (median of 2)")
-        for name, speed in speeds.items():
-            ratio = speed / speeds["process"]
-            print(f"    {name:15s} {speed:9.0f} steps/s  {ratio:5.2f}x the process backend")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,13 @@ Per chunk of N envs x T steps:
 - B: a weight version's `ray.put`, once per version, on the trainer's side.
 
 Chunks are handed to the trainer in request order and at most S + 1 of them are ahead of it
-(the staleness bound), so at most min(K, S + 1) workers are busy at once:
+(the staleness bound), so at most min(K, S + 1) workers are busy at once; and C cores cannot
+do more than C core-seconds of rollout and update a second:
 
-    chunks/s = min(min(K, S + 1) / R, 1 / (U + B))
+    chunks/s = min(min(K, S + 1) / R, 1 / (U + B), C / (R + U + B))
+
+On a cluster each worker has its own core (C = K + 1, the bound never binds); on this 2-core
+machine C = 2, which is what the measured points at 1 and 2 workers are checked against.
 
 It stops scaling where the trainer saturates (K R / (S + 1) no longer hides U + B) or where the
 staleness bound leaves workers idle; larger S or larger chunks per worker move both limits.
@@ -31,9 +35,11 @@ WORKERS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def predicted(workers: int, staleness: int, rollout_s: float, update_s: float, put_s: float,
-              chunk_steps: int) -> float:  # fmt: skip
+              chunk_steps: int, cores: int | None = None) -> float:  # fmt: skip
     busy = min(workers, staleness + 1)
-    return chunk_steps * min(busy / rollout_s, 1.0 / (update_s + put_s))
+    cores = workers + 1 if cores is None else cores
+    work = rollout_s + update_s + put_s
+    return chunk_steps * min(busy / rollout_s, 1.0 / (update_s + put_s), cores / work)
 
 
 def main() -> None:
@@ -43,6 +49,7 @@ def main() -> None:
     parser.add_argument("--put-ms", type=float, default=0.1)
     parser.add_argument("--chunk-steps", type=int, default=8 * 128)
     parser.add_argument("--measured", default="", help="K=steps/s,... to mark on the plot")
+    parser.add_argument("--cores", type=int, default=2, help="this machine's, for --measured")
     parser.add_argument("--plot", default="docs/scaling.png")
     args = parser.parse_args()
     r, u, b = args.rollout_ms / 1e3, args.update_ms / 1e3, args.put_ms / 1e3
@@ -56,6 +63,12 @@ def main() -> None:
         print(f"{k:8d} " + " ".join(f"{v:10.0f}" for v in row))
     if args.measured:
         points = [tuple(map(float, p.split("="))) for p in args.measured.split(",")]
+        for k, measured in points:
+            model = predicted(int(k), 1, r, u, b, args.chunk_steps, cores=args.cores)
+            print(
+                f"{int(k)} workers on {args.cores} cores, S=1: model {model:.0f} steps/s, "
+                f"measured {measured:.0f} ({measured / model:.2f}x the model)"
+            )
         ax.scatter(*zip(*points, strict=True), color="black", zorder=3, label="measured (S=1)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rollout workers")

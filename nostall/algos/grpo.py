@@ -112,8 +112,13 @@ class Args:
     device: str = "cpu"
     """where the model, generation and update run ("cpu", "cuda", "cuda:1")"""
     backend: str = "thread"
-    """where generation runs: "thread" (beside the trainer, in this process) or "process" (its
-    own process, CPU only: no GIL shared with the trainer)"""
+    """where generation runs: "thread" (beside the trainer, in this process), "process" (its
+    own process, CPU only: no GIL shared with the trainer) or "ray" (worker actors on a Ray
+    cluster, CPU only)"""
+    num_workers: int = 1
+    """generation workers with --backend ray (each generates whole batches)"""
+    ray_address: str | None = None
+    """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
     cuda_graph: bool = True
     """on a GPU, capture each decode step as a CUDA graph (one launch per token)"""
     seed: int = 0
@@ -186,11 +191,18 @@ class Args:
             raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
-        if self.backend not in ("thread", "process"):
-            raise ValueError(f"--backend must be thread or process, got {self.backend!r}")
-        if self.backend == "process" and device.type != "cpu":
-            raise ValueError("--backend process generates on the CPU; with --device "
+        if self.backend not in ("thread", "process", "ray"):
+            raise ValueError(f"--backend must be thread, process or ray, got {self.backend!r}")
+        if self.backend in ("process", "ray") and device.type != "cpu":
+            raise ValueError(f"--backend {self.backend} generates on the CPU; with --device "
                              f"{self.device} use --backend thread")  # fmt: skip
+        if self.num_workers < 1:
+            raise ValueError(f"--num-workers must be at least 1, got {self.num_workers}")
+        if self.num_workers > 1 and self.backend != "ray":
+            raise ValueError("--num-workers > 1 needs --backend ray")
+        if self.backend == "ray" and self.inflight_weights:
+            raise ValueError("--inflight-weights is not available with --backend ray (a worker "
+                             "takes new weights between batches)")  # fmt: skip
         if self.inflight_weights and self.staleness < 1:
             raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
                              "no weights are published while a batch is generated)")  # fmt: skip

@@ -308,6 +308,14 @@ class ProcessLoop:
         body = functools.partial(_fill_chunks, *self._body_args, self._initial_state)
         self._child.start(run_child, (body, self._child.heartbeat(), self._child.errors,
                                       self._child.stop))  # fmt: skip
+        try:
+            self._wait_ready()
+        except BaseException:  # the child failed to start: it is joined before the error
+            self.close(failed=True)
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
         # Returns once the child has built its side, so a run's clock starts with both sides
         # ready, as with the thread transport.
         while self._child.heartbeat_value.value == 0.0:
@@ -321,7 +329,6 @@ class ProcessLoop:
             while self._weights.pulls.value < 1:
                 self._child.check()
                 time.sleep(0.005)
-        return self
 
     def close(self, failed: bool = False) -> None:
         self._child.close(failed)

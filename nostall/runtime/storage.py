@@ -65,6 +65,14 @@ class Chunk:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "version"}
 
+    def host_state(self) -> dict:
+        """What the chunk holds on the host besides its tensors (a transport sends it along):
+        nothing but its version, which travels apart."""
+        return {}
+
+    def load_host_state(self, state: dict) -> None:
+        pass
+
 
 def slot_layout(env) -> dict:
     """The chunk sizes a vector env's rollouts need (keyword arguments of rollout_slots)."""

@@ -23,6 +23,7 @@ from nostall.runtime.process_loop import ProcessLoop
 
 if TYPE_CHECKING:
     from nostall.algos.grpo import Args, TrainResult
+    from nostall.runtime.ray_loop import RayLoop
 
 
 def _rewards(args: Args) -> Rewards:
@@ -47,16 +48,19 @@ class Setup:
     lm: LanguageModel
     decoder: Decoder
     generator: GroupGenerator | None  # the thread backend's (the process backend's is its own)
-    loop: RolloutLoop | ProcessLoop
+    loop: RolloutLoop | ProcessLoop | RayLoop
     optimizer: ClippedAdam
     banned: torch.Tensor
     group_index: torch.Tensor
     reference: Decoder | None
 
 
-def build_generator(args: Args, lm: LanguageModel | None = None) -> GroupGenerator:
+def build_generator(
+    args: Args, lm: LanguageModel | None = None, seed: int | None = None
+) -> GroupGenerator:
     """The generation side: its own model copy (of `lm`'s, or loaded anew: in the rollout
-    process), engine, prompt source and reward functions."""
+    process), engine, prompt source and reward functions; prompts and samples drawn from
+    `seed` (default args.seed)."""
     source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
     rewards = _rewards(args)
     if lm is None:
@@ -73,9 +77,16 @@ def build_generator(args: Args, lm: LanguageModel | None = None) -> GroupGenerat
         pad_token_id=lm.pad_token_id, banned_token_ids=lm.banned_token_ids(),
     )  # fmt: skip
     generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
-                               num_generations=args.num_generations, seed=args.seed)  # fmt: skip
+                               num_generations=args.num_generations,
+                               seed=args.seed if seed is None else seed)  # fmt: skip
     generator.watch_syncs = args.watch_syncs
     return generator
+
+
+def ray_generator(args: Args, worker: int) -> GroupGenerator:
+    """Ray worker `worker`'s generation side: prompts and samples of its own (seed + worker:
+    worker 0's are the thread backend's)."""
+    return build_generator(args, seed=args.seed + worker)
 
 
 def build(args: Args) -> Setup:
@@ -92,7 +103,13 @@ def build(args: Args) -> Setup:
     slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)
              for _ in range(args.staleness + 2)]  # fmt: skip
     generator = None
-    if args.backend == "process":
+    if args.backend == "ray":
+        from nostall.runtime.ray_loop import RayLoop
+
+        loop = RayLoop(slots, functools.partial(ray_generator, args), model,
+                       staleness=args.staleness, num_workers=args.num_workers,
+                       address=args.ray_address, torch_threads=args.torch_threads)  # fmt: skip
+    elif args.backend == "process":
         loop = ProcessLoop(slots, functools.partial(build_generator, args), model,
                            staleness=args.staleness, inflight=args.inflight_weights,
                            torch_threads=args.torch_threads)  # fmt: skip

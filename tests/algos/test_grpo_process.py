@@ -93,7 +93,7 @@ def test_a_reward_that_raises_in_the_child_stops_the_run_with_its_traceback():
 
 @pytest.mark.parametrize(
     "change,message",
-    [(dict(backend="ray"), "--backend must be thread or process"),
+    [(dict(backend="mpi"), "--backend must be thread, process or ray"),
      (dict(backend="process", device="cuda"), "--backend process generates on the CPU|no CUDA")],
 )  # fmt: skip
 def test_bad_backend_arguments_are_named(change, message):

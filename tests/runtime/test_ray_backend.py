@@ -250,8 +250,9 @@ def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
     for world in (1, 2):
         model = copy.deepcopy(agent)
         lr = torch.tensor(args.learning_rate)
-        optimizer = ClippedAdam(model.parameters(), lr=lr, max_grad_norm=args.max_grad_norm,
-                                eps=1e-5)  # as ppo.train makes it
+        optimizer = ClippedAdam(
+            model.parameters(), lr=lr, max_grad_norm=args.max_grad_norm, eps=1e-5
+        )  # as ppo.train makes it
         generator = torch.Generator().manual_seed(1)
         ranks = ppo._TrainerRanks(dataclasses.replace(args, trainers=world), model, optimizer,
                                   generator, ppo.gae_advantages, env)  # fmt: skip

@@ -1,0 +1,62 @@
+"""The environments' rollout side as a fill for any transport (RolloutLoop's thread,
+ProcessLoop's process, RayLoop's workers): its vector env, a policy copy, a sampling generator
+and the observation the next chunk starts from; `side(chunk)` fills one chunk."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from nostall.runtime.episodes import EpisodeTracker
+from nostall.runtime.rollout import ActFn, collect
+from nostall.runtime.storage import Chunk
+
+
+class EnvSide:
+    def __init__(self, env, model: torch.nn.Module, act: ActFn, rollout: Callable | None,
+                 generator_seed: int, reset_seed: int):  # fmt: skip
+        """`act(model, obs, generator)` steps the policy; `rollout(model, env, chunk,
+        generator)`, when given, collects a whole chunk in one call instead."""
+        self.env, self.model = env, model
+        self._act = functools.partial(act, model)
+        self._rollout = None if rollout is None else functools.partial(rollout, model)
+        self.generator = torch.Generator().manual_seed(generator_seed)
+        self.next_obs = env.torch.reset(seed=reset_seed)
+        # collect's own count; the trainer keeps the statistics from the chunks it receives
+        self._episodes = EpisodeTracker(env.num_envs)
+
+    def __call__(self, chunk: Chunk) -> None:
+        collect(self.env, self._act, chunk, self.next_obs, self.generator, self._episodes,
+                self._rollout)  # fmt: skip
+        self.next_obs = chunk.obs[-1].clone()
+
+    def stats(self) -> dict:
+        """Figures a transport sends with each chunk: none (the trainer counts episodes)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"env": self.env.state_dict(), "generator": self.generator.get_state(),
+                "next_obs": self.next_obs.clone()}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.env.load_state_dict(state["env"])
+        self.generator.set_state(state["generator"])
+        self.next_obs = state["next_obs"].clone()
+
+
+def make_env_side(
+    make_env: Callable[[int], object],
+    make_agent: Callable,
+    act: ActFn,
+    rollout: Callable | None,
+    seed: int,
+    num_envs: int,
+    worker: int = 0,
+) -> EnvSide:
+    """Worker `worker`'s side: its N envs seeded seed + worker * N + i, its generator seed +
+    worker (worker 0's are the thread backend's)."""
+    env_seed = seed + worker * num_envs
+    env = make_env(env_seed)
+    return EnvSide(env, make_agent(env), act, rollout, seed + worker, env_seed)

@@ -1,0 +1,442 @@
+"""RolloutLoop's interface with the rollout side on Ray: K worker actors, each building its
+side from a picklable recipe (`make_side(worker)`, as ProcessLoop's child does) and filling
+slots that reach the trainer through Ray's object store. Any fill runs on it: environment
+rollouts (RayRuntime) or a language model's generation (GRPO).
+
+A side is a callable `side(slot)` that fills one slot, with `side.model` (the policy copy that
+published weights are loaded into), `side.state_dict()` / `side.load_state_dict()` (its
+resumable state: environments, generators, prompt streams) and optionally `side.stats()`.
+A slot has `tensors()`, `version`, and `host_state()` / `load_host_state()` for what it holds
+on the host.
+
+The guarantees of the local transports, across all workers:
+- **staleness**: the k-th slot trained on (counted over every worker) was filled by a policy of
+  version at least k - S. Slot k is requested from worker k mod K as soon as the bound allows
+  (S + 1 requests are in flight: S >= 2K - 1 keeps two per worker), and slots reach the
+  trainer in request order (one finished early waits for those before it). A run is therefore
+  the same whichever worker is quicker, and S = 0 with one worker is the thread transport's
+  run, bit for bit;
+- **weights once per version**: a published version is `ray.put` once (a NumPy state dict,
+  read zero-copy from each node's store) and only a worker behind it is sent the reference;
+- **accounting**: every slot carries (worker, seq, version); a request is trained on once or
+  counted as dropped with its cause (a worker that died, restarted by Ray up to max_restarts);
+- **checkpoints**: inside `boundary()` no request is made, the requests in flight are
+  received, and each worker's side state and weights are read: RolloutLoop.state_dict's keys
+  (worker 0's at the top level, every worker's under "workers"), so a one-worker checkpoint
+  resumes on any transport and any checkpoint resumes exactly here;
+- **clean exits**: too few CPUs is an error at once; a run that started its own local cluster
+  leaves no Ray process behind however it ends (reaper.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from nostall.runtime.loop import check_slots
+from nostall.runtime.reaper import Reaper, descendants
+from nostall.runtime.rollout import Timeline
+
+# How long workers may take to be placed, start, or save and load their state.
+PLACE_TIMEOUT_S = 60.0
+
+
+def ray_module():
+    try:
+        import ray
+    except ImportError as e:
+        raise ValueError("--backend ray needs Ray: pip install 'ray==2.58.0'") from e
+    return ray
+
+
+def copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
+    """Copies arrays (read-only views of the object store) into host tensors of the same
+    names and shapes."""
+    for name, tensor in tensors.items():
+        np.copyto(tensor.numpy(), arrays[name])  # sync: none, host tensors
+
+
+def _empty_like(slot: Any) -> Any:
+    """A slot of the same layout with its own storage (for a worker)."""
+    import copy
+
+    fresh = copy.copy(slot)
+    for name, tensor in slot.tensors().items():
+        setattr(fresh, name, torch.zeros_like(tensor, device="cpu"))
+    return fresh
+
+
+class _Worker:
+    """One rollout worker (a Ray actor): its side, its slot, the weights version it holds."""
+
+    def __init__(self, make_side: Callable, worker: int, slot: Any, torch_threads: int):
+        torch.set_num_threads(torch_threads)
+        self.worker = worker
+        self.side = make_side(worker)
+        self.slot = _empty_like(slot)
+        self.version = -1  # the side's own initial weights, not yet any published version
+
+    def ready(self) -> int:
+        return self.worker
+
+    def where(self) -> tuple[int, str]:
+        """(process id, Ray node id): for tests and diagnostics."""
+        return os.getpid(), ray_module().get_runtime_context().get_node_id()
+
+    def fill(self, seq: int, version: int, weights) -> dict:
+        """Fills the slot with the policy of `version` (`weights` None: already held) and
+        returns its tensors as NumPy arrays (zero-copy in the store) and its host state."""
+        if weights is not None:
+            copy_numpy(self.side.model.state_dict(), weights)
+        self.version = version
+        start = time.time()
+        self.side(self.slot)
+        end = time.time()
+        stats = self.side.stats() if hasattr(self.side, "stats") else {}
+        return {
+            "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,
+            "tensors": {k: v.numpy() for k, v in self.slot.tensors().items()},  # sync: none
+            "host": self.slot.host_state(), "stats": stats,
+        }  # fmt: skip
+
+    def state(self) -> dict:
+        """Between fills (actor calls run in order): what resumes this worker exactly."""
+        model = self.side.model
+        return {
+            "side": self.side.state_dict(),
+            "rollout_weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "rollout_version": max(self.version, 0),
+        }
+
+    def load(self, state: dict) -> None:
+        if state.get("side"):
+            self.side.load_state_dict(state["side"])
+        with torch.no_grad():
+            for name, value in self.side.model.state_dict().items():
+                value.copy_(state["rollout_weights"][name])
+        self.version = int(state["rollout_version"])
+
+
+@dataclass
+class WorkerLoss:
+    """Requests lost with their workers: counted, never trained on."""
+
+    dropped: int = 0
+    causes: list[str] = field(default_factory=list)
+
+
+class RayLoop:
+    def __init__(
+        self,
+        slots: list[Any],
+        make_side: Callable[[int], Any],
+        trainer_model: torch.nn.Module,
+        *,
+        staleness: int = 0,
+        num_workers: int = 1,
+        address: str | None = None,
+        cpus_per_worker: float = 1.0,
+        gpus_per_worker: float = 0.0,
+        max_restarts: int = 3,
+        torch_threads: int = 1,
+    ):
+        """`slots`: the trainer's (at least 2; received slots are copied into them).
+        `address`: None starts a local cluster, "auto" joins a running one."""
+        check_slots(staleness, max(len(slots), staleness + 2))
+        if len(slots) < 2:
+            raise ValueError(f"RayLoop needs 2 slots, got {len(slots)}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.ray = ray_module()
+        self.slots, self.staleness, self.num_workers = slots, staleness, num_workers
+        self._make_side, self._trainer_model = make_side, trainer_model
+        self._address, self._max_restarts, self._threads = address, max_restarts, torch_threads
+        self._resources = {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker}
+        self._free = list(range(len(slots)))
+        self.timeline = Timeline()
+        self.loss = WorkerLoss()
+        self.version = 0  # updates the trainer has published
+        self.requested = 0  # requests made so far, over all workers: the next one's index
+        self.trained: list[tuple[int, int]] = []  # (worker, seq) of every slot handed over
+        self._stats: dict = {}
+        self._weights_ref = None  # the newest published version, put once
+        self._weights_version = 0
+        self._worker_version: list[int] = [-1] * num_workers
+        self._pending: dict = {}  # ObjectRef -> (worker, seq, request index)
+        self._ready: dict[int, dict] = {}  # request index -> a result not yet handed over
+        self._lost: set[int] = set()  # request indices lost with their workers
+        self._next_index = 0  # the request index the trainer gets next
+        self._seq = [0] * num_workers
+        self._held = False  # inside boundary(): no request is made
+        self._resume: dict | None = None  # a checkpoint's state, applied at start
+        self._started_ray = False
+        self._reaper: Reaper | None = None
+        self.workers: list = []
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def start(self) -> RayLoop:
+        ray = self.ray
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self._address, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)  # fmt: skip
+            except ConnectionError as e:
+                raise RuntimeError(f"cannot reach the Ray cluster at {self._address!r}: {e}") from e
+            self._started_ray = True
+        need = self._resources["num_cpus"] * self.num_workers
+        have = ray.cluster_resources().get("CPU", 0.0)
+        if need > have:
+            self.close()
+            raise ValueError(
+                f"{self.num_workers} workers x {self._resources['num_cpus']:g} CPUs need "
+                f"{need:g} CPUs; the Ray cluster has {have:g}"
+            )
+        worker_class = ray.remote(_Worker).options(
+            max_restarts=self._max_restarts, max_task_retries=0, **self._resources
+        )
+        self.workers = [
+            worker_class.remote(self._make_side, w, self.slots[0], self._threads)
+            for w in range(self.num_workers)
+        ]
+        # Every worker placed and built before the run's clock: a failure now, with its cause.
+        self._wait_all([w.ready.remote() for w in self.workers], "start")
+        if self._started_ray:
+            # The local cluster's processes (the raylet's agents outlive a killed driver, and
+            # all exist once the workers do): killed by a watchdog whenever this process exits.
+            self._reaper = Reaper(descendants(os.getpid()))
+        if self._resume is not None:
+            self._apply_resume(self._resume)
+            self._resume = None
+        else:
+            self._put_weights(self._trainer_model, 0)
+        self._issue()
+        return self
+
+    def _wait_all(self, refs: list, what: str) -> list:
+        ray = self.ray
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=PLACE_TIMEOUT_S)
+        if waiting:
+            self.close()
+            raise RuntimeError(
+                f"{len(waiting)} of {self.num_workers} Ray workers did not {what} within "
+                f"{PLACE_TIMEOUT_S:.0f} s (resources per worker: {self._resources})"
+            )
+        try:
+            return ray.get(refs)
+        except Exception as e:
+            self.close()
+            raise RuntimeError(f"a Ray rollout worker failed to {what}: {e}") from e
+
+    def close(self) -> None:
+        ray = self.ray
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                ray.kill(worker)
+        self.workers, self._pending = [], {}
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
+
+    def __enter__(self) -> RayLoop:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------------------------
+    def _put_weights(self, model: torch.nn.Module, version: int) -> None:
+        # sync: once per published version, the weights to the host for the object store
+        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        self._weights_ref = self.ray.put(state)
+        self._weights_version = version
+
+    def _issue(self) -> None:
+        """Requests slots while the staleness bound allows, slot k from worker k mod K."""
+        # Requests lost with a worker are not trained on: they do not count against the bound.
+        while not self._held and self.version >= self.requested - len(self._lost) - self.staleness:
+            worker = self.requested % self.num_workers
+            fresh = self._worker_version[worker] < self._weights_version
+            weights = self._weights_ref if fresh else None
+            self._worker_version[worker] = self._weights_version
+            seq = self._seq[worker]
+            ref = self.workers[worker].fill.remote(seq, self._weights_version, weights)
+            self._pending[ref] = (worker, seq, self.requested)
+            self._seq[worker] += 1
+            self.requested += 1
+
+    def _receive_one(self) -> None:
+        """Waits for any request in flight: its result is kept for its turn, or its loss
+        counted."""
+        ray = self.ray
+        (ref,), _ = ray.wait(list(self._pending), num_returns=1)
+        worker, seq, index = self._pending.pop(ref)
+        try:
+            self._ready[index] = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            self._drop(worker, seq, index, e)
+        except ray.exceptions.RayTaskError as e:  # the side's own code raised
+            raise RuntimeError(f"Ray rollout worker {worker} failed:\n{e}") from e
+
+    def _drop(self, worker: int, seq: int, index: int, error: Exception) -> None:
+        self._lost.add(index)
+        self.loss.dropped += 1
+        self.loss.causes.append(f"worker {worker} chunk {seq}: {type(error).__name__}")
+        self._worker_version[worker] = -1  # a restarted worker holds its initial weights
+        if self.loss.dropped > (self._max_restarts + 1) * (self.staleness + 1):
+            raise RuntimeError(f"Ray workers keep dying: {self.loss.causes[-3:]}") from error
+
+    # -- the trainer side ----------------------------------------------------------------------
+    def next_chunk(self) -> tuple[int, Any]:
+        """The next slot in request order; a worker that died loses its requests in flight
+        (counted, with the cause), and is asked again once Ray has restarted it."""
+        while True:
+            self._issue()
+            while self._next_index in self._lost:
+                self._next_index += 1
+            if self._next_index in self._ready:
+                result = self._ready.pop(self._next_index)
+                self._next_index += 1
+                return self._hand_over(result)
+            if not self._pending:
+                raise RuntimeError("no slot requested: the staleness bound allows none")
+            self._receive_one()
+
+    def _hand_over(self, result: dict) -> tuple[int, Any]:
+        index = self._free.pop()
+        slot = self.slots[index]
+        self._load(slot, result)
+        self.trained.append((slot.worker, slot.seq))
+        self._stats = result.get("stats") or self._stats
+        if "start" in result:  # filled in this run (not restored from a checkpoint)
+            offset = time.time() - time.perf_counter() + self.timeline.origin
+            self.timeline.spans.append(("rollout", result["start"] - offset,
+                                        result["end"] - offset))  # fmt: skip
+        return index, slot
+
+    @staticmethod
+    def _load(slot: Any, result: dict) -> None:
+        copy_numpy(slot.tensors(), result["tensors"])
+        slot.load_host_state(result["host"])
+        slot.version, slot.worker, slot.seq = result["version"], result["worker"], result["seq"]
+
+    def release(self, index: int) -> None:
+        self._free.append(index)
+
+    def publish(self, model: torch.nn.Module, weights: bool = True) -> int:
+        self.version += 1
+        if weights:
+            self._put_weights(model, self.version)
+        self._issue()
+        return self.version
+
+    def lag(self, slot: Any) -> int:
+        return self.version - slot.version
+
+    @property
+    def stats(self) -> dict:
+        """The newest figures a worker's side sent with its slot."""
+        return dict(self._stats)
+
+    @contextlib.contextmanager
+    def boundary(self):
+        """No request is made inside: the workers finish what they were asked and stop."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            self._issue()
+
+    # -- checkpoints: inside boundary() --------------------------------------------------------
+    def _worker_states(self) -> list[dict]:
+        if not self._held:
+            raise RuntimeError("RayLoop's state is taken inside `with boundary():`")
+        while self._pending:  # the requests in flight: received now, trained on after resume
+            self._receive_one()
+        return self._wait_all([w.state.remote() for w in self.workers], "save its state")
+
+    def state_dict(self, clone_slot: Callable[[Any], dict]) -> dict:
+        """RolloutLoop.state_dict's keys (worker 0's weights at the top level), every worker's
+        state under "workers", the slots filled and not yet trained on in order ("queued")."""
+        workers = self._worker_states()
+        scratch = self.slots[self._free[-1]]  # a free slot: each queued one is copied out
+        queued = []
+        for index in sorted(i for i in self._ready if i >= self._next_index):
+            result = self._ready[index]
+            self._load(scratch, result)
+            queued.append({**clone_slot(scratch), "worker": result["worker"],
+                           "seq": result["seq"]})  # fmt: skip
+        published = {k: torch.from_numpy(np.array(v))
+                     for k, v in self.ray.get(self._weights_ref).items()}  # fmt: skip
+        return {
+            "version": self.version,
+            "rollout_version": workers[0]["rollout_version"],
+            "chunks_collected": self.requested - len(self._lost),
+            "rollout_weights": workers[0]["rollout_weights"],
+            "published_weights": published,
+            "weights_version": self._weights_version,
+            "queued": queued,
+            "workers": workers,
+            "worker_seq": list(self._seq),
+        }
+
+    def fill_state(self) -> dict:
+        """Inside `boundary()`: worker 0's side state (each worker's is under "workers")."""
+        return self._worker_states()[0]["side"]
+
+    def load_state_dict(
+        self, state: dict, trainer_model: torch.nn.Module, restore_slot: Callable[[Any, dict], None]
+    ) -> None:
+        """Before `start`: a checkpoint of any transport (one worker's weights at the top
+        level; a Ray checkpoint's every worker under "workers")."""
+        if self.workers:
+            raise RuntimeError("load_state_dict must come before the loop starts")
+        workers = state.get("workers") or [{
+            "side": None, "rollout_weights": state["rollout_weights"],
+            "rollout_version": state["rollout_version"],
+        }]  # fmt: skip
+        if len(workers) != self.num_workers:
+            raise ValueError(f"the checkpoint has {len(workers)} rollout workers, this run "
+                             f"{self.num_workers}")  # fmt: skip
+        queued = []
+        for saved in state["queued"]:  # restored into a slot, sent as a received result
+            scratch = self.slots[0]
+            restore_slot(scratch, saved)
+            queued.append({
+                "worker": int(saved.get("worker", 0)), "seq": int(saved.get("seq", -1)),
+                "version": int(saved["version"]), "host": scratch.host_state(),
+                "tensors": {k: v.numpy().copy() for k, v in scratch.tensors().items()},
+            })  # fmt: skip
+        self._resume = {**state, "workers": [dict(w) for w in workers], "queued": queued}
+        self.version = int(state["version"])
+
+    def load_fill_state(self, side_state: dict) -> None:
+        """Before `start`: worker 0's side state, for a checkpoint that keeps it apart from
+        the loop's (a thread or process one)."""
+        if self._resume is None:
+            raise RuntimeError("load_fill_state comes after load_state_dict")
+        if not self._resume["workers"][0].get("side"):
+            self._resume["workers"][0]["side"] = side_state
+
+    def _apply_resume(self, state: dict) -> None:
+        pairs = zip(self.workers, state["workers"], strict=True)
+        self._wait_all([worker.load.remote(saved) for worker, saved in pairs], "load its state")
+        published = {k: v.numpy() for k, v in state["published_weights"].items()}
+        self._weights_ref = self.ray.put(published)
+        self._weights_version = int(state["weights_version"])
+        self._worker_version = [int(w["rollout_version"]) for w in state["workers"]]
+        self.requested = int(state["chunks_collected"])
+        self._seq = list(state.get("worker_seq") or [self.requested])
+        self._next_index = self.requested - len(state["queued"])
+        for i, result in enumerate(state["queued"]):
+            self._ready[self._next_index + i] = result
