@@ -53,14 +53,23 @@ def main() -> None:
     parser.add_argument("--plot", default="docs/scaling.png")
     args = parser.parse_args()
     r, u, b = args.rollout_ms / 1e3, args.update_ms / 1e3, args.put_ms / 1e3
-    fig, ax = figure((7, 4))
-    print(f"{'workers':>8} " + " ".join(f"{'S=' + str(s):>10}" for s in (1, 7, 127)))
-    for staleness in (1, 7, 127):
-        speeds = [predicted(k, staleness, r, u, b, args.chunk_steps) for k in WORKERS]
-        ax.plot(WORKERS, speeds, marker="o", label=f"model, staleness {staleness}")
-    for k in WORKERS:
-        row = [predicted(k, s, r, u, b, args.chunk_steps) for s in (1, 7, 127)]
-        print(f"{k:8d} " + " ".join(f"{v:10.0f}" for v in row))
+    fig, ax = figure((7, 4.5))
+    # The measured costs at two staleness bounds; with M data-parallel trainers (the update
+    # divided by M, plus an all-reduce); and a rollout ten times the update (generation-bound,
+    # as language-model RL is at scale): what the bound K* = R / (U + B) means in each case.
+    curves = {
+        "measured costs, S=1": (r, u, 1),
+        "measured costs, S=127": (r, u, 127),
+        "--trainers 4 (U/4 + 1 ms), S=127": (r, u / 4 + 1e-3, 127),
+        "rollout 10x the update, S=127": (10 * u, u, 127),
+    }
+    print(f"{'workers':>8} " + " ".join(f"{name[:24]:>26}" for name in curves))
+    table = {name: [predicted(k, st, rr, uu, b, args.chunk_steps) for k in WORKERS]
+             for name, (rr, uu, st) in curves.items()}  # fmt: skip
+    for i, k in enumerate(WORKERS):
+        print(f"{k:8d} " + " ".join(f"{table[name][i]:26.0f}" for name in curves))
+    for name, speeds in table.items():
+        ax.plot(WORKERS, speeds, marker="o", label=f"model: {name}")
     if args.measured:
         points = [tuple(map(float, p.split("="))) for p in args.measured.split(",")]
         for k, measured in points:
@@ -69,14 +78,16 @@ def main() -> None:
                 f"{int(k)} workers on {args.cores} cores, S=1: model {model:.0f} steps/s, "
                 f"measured {measured:.0f} ({measured / model:.2f}x the model)"
             )
-        ax.scatter(*zip(*points, strict=True), color="black", zorder=3, label="measured (S=1)")
+        ax.scatter(*zip(*points, strict=True), color="black", zorder=3,
+                   label=f"measured here ({args.cores} cores, S=1)")  # fmt: skip
+    ax.set_yscale("log")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rollout workers")
     ax.set_ylabel("steps/s")
-    ax.set_title(f"Ray backend model: rollout {args.rollout_ms} ms, update {args.update_ms} ms "
-                 "a chunk")  # fmt: skip
+    ax.set_title(f"Ray backend: rollout {args.rollout_ms} ms, update {args.update_ms} ms "
+                 "a chunk (measured)")  # fmt: skip
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)
     print(f"plot: {args.plot}")

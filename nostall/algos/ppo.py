@@ -126,6 +126,12 @@ class Args:
     """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
     cpus_per_worker: float = 1.0
     """--backend ray: CPUs each rollout worker reserves"""
+    gpus_per_worker: float = 0.0
+    """--backend ray: GPUs each rollout worker reserves (one each for collective weights
+    between GPUs: NCCL takes one device per rank)"""
+    ray_weights: str = "store"
+    """--backend ray: how weights reach the workers: "store" (one ray.put a version) or
+    "collective" (broadcast by gloo, NCCL between GPUs)"""
     trainers: int = 1
     """data-parallel trainer ranks (--backend ray): each minibatch split over them, gradients
     averaged by torch.distributed (gloo on CPUs, NCCL on GPUs)"""
@@ -228,6 +234,8 @@ class Args:
             raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
         if self.num_workers > 1 and self.backend != "ray":
             raise ValueError("num_workers > 1 needs --backend ray")
+        if self.ray_weights not in ("store", "collective"):
+            raise ValueError(f"ray_weights must be store or collective, got {self.ray_weights!r}")
         if self.trainers < 1:
             raise ValueError(f"trainers must be at least 1, got {self.trainers}")
         if self.trainers > 1 and self.backend != "ray":
@@ -468,7 +476,8 @@ def _make_runtime(args: Args, env, agent: ActorCritic) -> Runtime | ProcessRunti
             functools.partial(make_agent, hidden=args.hidden, policy=args.policy),
             agent, act, num_workers=args.num_workers, num_steps=args.num_steps,
             staleness=args.staleness, seed=args.seed, rollout=rollout, address=args.ray_address,
-            cpus_per_worker=args.cpus_per_worker, **slot_layout(env),
+            cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
+            weights=args.ray_weights, **slot_layout(env),
         )  # fmt: skip
     return ProcessRuntime(
         functools.partial(_make_env, args),

@@ -82,6 +82,16 @@ class _Worker:
         self.side = make_side(worker)
         self.slot = _empty_like(slot)
         self.version = -1  # the side's own initial weights, not yet any published version
+        self.receiver = None  # with weights="collective": collective_weights.Receiver
+
+    def join_weights(self, host: str, port: int, world: int, device: str) -> int:
+        """Joins the trainer's weight broadcast (weights="collective") as rank worker + 1."""
+        from nostall.runtime.collective_weights import Receiver, flat_size
+
+        model = self.side.model
+        self.receiver = Receiver(host, port, self.worker + 1, world, flat_size(model),
+                                 torch.device(device))  # fmt: skip
+        return self.worker
 
     def ready(self) -> int:
         return self.worker
@@ -93,7 +103,10 @@ class _Worker:
     def fill(self, seq: int, version: int, weights) -> dict:
         """Fills the slot with the policy of `version` (`weights` None: already held) and
         returns its tensors as NumPy arrays (zero-copy in the store) and its host state."""
-        if weights is not None:
+        if self.receiver is not None:
+            if self.version < version:  # the broadcast of `version` (or newer) loaded
+                self.receiver.load(self.side.model, version)
+        elif weights is not None:
             copy_numpy(self.side.model.state_dict(), weights)
         self.version = version
         start = time.time()
@@ -146,9 +159,14 @@ class RayLoop:
         gpus_per_worker: float = 0.0,
         max_restarts: int = 3,
         torch_threads: int = 1,
+        weights: str = "store",
     ):
         """`slots`: the trainer's (at least 2; received slots are copied into them).
-        `address`: None starts a local cluster, "auto" joins a running one."""
+        `address`: None starts a local cluster, "auto" joins a running one. `weights`:
+        "store" (each version `ray.put` once) or "collective" (broadcast by gloo or NCCL,
+        collective_weights.py; a worker lost then ends the run, as it cannot rejoin)."""
+        if weights not in ("store", "collective"):
+            raise ValueError(f"weights must be store or collective, got {weights!r}")
         check_slots(staleness, max(len(slots), staleness + 2))
         if len(slots) < 2:
             raise ValueError(f"RayLoop needs 2 slots, got {len(slots)}")
@@ -157,7 +175,11 @@ class RayLoop:
         self.ray = ray_module()
         self.slots, self.staleness, self.num_workers = slots, staleness, num_workers
         self._make_side, self._trainer_model = make_side, trainer_model
-        self._address, self._max_restarts, self._threads = address, max_restarts, torch_threads
+        self._address, self._threads = address, torch_threads
+        self._collective = weights == "collective"
+        self._max_restarts = 0 if self._collective else max_restarts
+        self._sender = None  # with weights="collective": collective_weights.Sender
+        self._published: dict[str, torch.Tensor] | None = None  # its newest, for checkpoints
         self._resources = {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker}
         self._free = list(range(len(slots)))
         self.timeline = Timeline()
@@ -211,6 +233,8 @@ class RayLoop:
             # The local cluster's processes (the raylet's agents outlive a killed driver, and
             # all exist once the workers do): killed by a watchdog whenever this process exits.
             self._reaper = Reaper(descendants(os.getpid()))
+        if self._collective:
+            self._join_collective()
         if self._resume is not None:
             self._apply_resume(self._resume)
             self._resume = None
@@ -218,6 +242,21 @@ class RayLoop:
             self._put_weights(self._trainer_model, 0)
         self._issue()
         return self
+
+    def _join_collective(self) -> None:
+        from nostall.runtime.collective_weights import Sender
+        from nostall.train.ddp import free_port
+
+        host, port = self.ray.util.get_node_ip_address(), free_port()
+        world = self.num_workers + 1
+        device = str(next(self._trainer_model.parameters()).device)
+        joined = [w.join_weights.remote(host, port, world, device) for w in self.workers]
+        try:
+            self._sender = Sender(host, port, world, torch.device(device))
+        except Exception as e:
+            self.close()
+            raise RuntimeError(f"the workers could not join the weight broadcast: {e}") from e
+        self._wait_all(joined, "join the weight broadcast")
 
     def _wait_all(self, refs: list, what: str) -> list:
         ray = self.ray
@@ -240,6 +279,9 @@ class RayLoop:
             with contextlib.suppress(Exception):
                 ray.kill(worker)
         self.workers, self._pending = [], {}
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False
@@ -255,10 +297,14 @@ class RayLoop:
 
     # -- requests ------------------------------------------------------------------------------
     def _put_weights(self, model: torch.nn.Module, version: int) -> None:
+        self._weights_version = version
+        if self._sender is not None:  # broadcast from the trainer's device, in order
+            self._sender.publish(model.state_dict(), version)
+            self._published = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            return
         # sync: once per published version, the weights to the host for the object store
         state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
         self._weights_ref = self.ray.put(state)
-        self._weights_version = version
 
     def _issue(self) -> None:
         """Requests slots while the staleness bound allows, slot k from worker k mod K."""
@@ -266,7 +312,7 @@ class RayLoop:
         while not self._held and self.version >= self.requested - len(self._lost) - self.staleness:
             worker = self.requested % self.num_workers
             fresh = self._worker_version[worker] < self._weights_version
-            weights = self._weights_ref if fresh else None
+            weights = self._weights_ref if fresh and self._sender is None else None
             self._worker_version[worker] = self._weights_version
             seq = self._seq[worker]
             ref = self.workers[worker].fill.remote(seq, self._weights_version, weights)
@@ -376,8 +422,11 @@ class RayLoop:
             self._load(scratch, result)
             queued.append({**clone_slot(scratch), "worker": result["worker"],
                            "seq": result["seq"]})  # fmt: skip
-        published = {k: torch.from_numpy(np.array(v))
-                     for k, v in self.ray.get(self._weights_ref).items()}  # fmt: skip
+        if self._published is not None:
+            published = {k: v.cpu().clone() for k, v in self._published.items()}  # sync: saving
+        else:
+            published = {k: torch.from_numpy(np.array(v))
+                         for k, v in self.ray.get(self._weights_ref).items()}  # fmt: skip
         return {
             "version": self.version,
             "rollout_version": workers[0]["rollout_version"],
@@ -431,9 +480,13 @@ class RayLoop:
     def _apply_resume(self, state: dict) -> None:
         pairs = zip(self.workers, state["workers"], strict=True)
         self._wait_all([worker.load.remote(saved) for worker, saved in pairs], "load its state")
-        published = {k: v.numpy() for k, v in state["published_weights"].items()}
-        self._weights_ref = self.ray.put(published)
+        published = state["published_weights"]
         self._weights_version = int(state["weights_version"])
+        if self._sender is not None:
+            self._sender.publish(published, self._weights_version)
+            self._published = {k: v.clone() for k, v in published.items()}
+        else:
+            self._weights_ref = self.ray.put({k: v.numpy() for k, v in published.items()})
         self._worker_version = [int(w["rollout_version"]) for w in state["workers"]]
         self.requested = int(state["chunks_collected"])
         self._seq = list(state.get("worker_seq") or [self.requested])

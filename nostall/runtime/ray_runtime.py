@@ -47,6 +47,7 @@ class RayRuntime(LoopRuntime):
         cpus_per_worker: float = 1.0,
         gpus_per_worker: float = 0.0,
         max_restarts: int = 3,
+        weights: str = "store",
     ):
         """make_env(seed) -> one worker's vector env; make_agent(env) -> a policy of `agent`'s
         architecture. `address`: None starts a local cluster, "auto" joins a running one."""
@@ -57,7 +58,8 @@ class RayRuntime(LoopRuntime):
                                       num_envs)  # fmt: skip
         loop = RayLoop(slots, make_side, agent, staleness=staleness, num_workers=num_workers,
                        address=address, cpus_per_worker=cpus_per_worker,
-                       gpus_per_worker=gpus_per_worker, max_restarts=max_restarts)  # fmt: skip
+                       gpus_per_worker=gpus_per_worker, max_restarts=max_restarts,
+                       weights=weights)  # fmt: skip
         super().__init__(loop, num_workers=num_workers, num_envs=num_envs)
         self.loss = loop.loss
         self._template = agent

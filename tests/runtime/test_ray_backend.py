@@ -279,3 +279,34 @@ def test_appo_with_two_trainer_ranks_runs_from_the_command(local_cluster, tmp_pa
         ppo.Args(trainers=2).check()
     with pytest.raises(ValueError, match="must split evenly over 3 trainers"):
         ppo.Args(trainers=3, backend="ray").check()
+
+
+@pytest.mark.parametrize("workers,staleness", [(1, 0), (2, 2)])
+def test_collective_weights_train_the_same_run_as_the_object_store(local_cluster, tmp_path,
+                                                                   workers, staleness):  # fmt: skip
+    """Weights broadcast by gloo (as NCCL would between GPUs) reach the workers as the object
+    store's do: the same run, bit for bit, and its checkpoints resume exactly."""
+    common = dict(backend="ray", num_workers=workers, staleness=staleness, num_envs=4,
+                  num_steps=64, total_timesteps=6 * 256, checkpoint_every=3, **FAST)  # fmt: skip
+    appo.train(appo.Args(**common, checkpoint=str(tmp_path / "store-{iteration}.pt")))
+    appo.train(appo.Args(**common, ray_weights="collective",
+                         checkpoint=str(tmp_path / "coll-{iteration}.pt")))  # fmt: skip
+    store = _agent_params(tmp_path / "store-6.pt", "appo")
+    for a, b in zip(store, _agent_params(tmp_path / "coll-6.pt", "appo"), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    resumed = tmp_path / "resumed.pt"
+    appo.train(appo.Args(**common, ray_weights="collective", checkpoint=str(resumed),
+                         resume=str(tmp_path / "coll-3.pt")))  # fmt: skip
+    for a, b in zip(store, _agent_params(resumed, "appo"), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (NCCL: one a rank)")
+def test_collective_weights_over_nccl_on_gpus():
+    """The same run with the trainer on a GPU and the broadcast over NCCL to a worker on the
+    other GPU."""
+    common = dict(backend="ray", num_workers=1, total_timesteps=4 * 1024, device="cuda",
+                  gpus_per_worker=1, **FAST)  # fmt: skip
+    first = appo.train(appo.Args(**common))
+    second = appo.train(appo.Args(**common, ray_weights="collective"))
+    assert [c[2] for c in first.curve] == [c[2] for c in second.curve]
