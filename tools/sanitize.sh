@@ -37,7 +37,8 @@ for mode in $modes; do
       # Not the Ray backend's tests: Ray's own binaries (raylet, GCS) would start under the
       # preloaded sanitizer; its workers make the native calls the other runtime tests make.
       select=(-k "not peak_memory and not cuda and not solves and not learns and not improves"
-              --ignore=tests/runtime/test_ray_backend.py --ignore=tests/runtime/test_ray_multinode.py)
+              --ignore=tests/runtime/test_ray_backend.py --ignore=tests/runtime/test_ray_multinode.py
+              --ignore=tests/runtime/test_ray_errors.py)
       ;;
     tsan)
       flags="-fsanitize=thread -fno-omit-frame-pointer -g"

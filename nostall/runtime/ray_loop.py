@@ -56,6 +56,20 @@ def ray_module():
     return ray
 
 
+def _probe(address: str | None, timeout_s: float = 5.0) -> None:
+    """RuntimeError within `timeout_s` if a "host:port" cluster address does not answer."""
+    if address is None or address == "auto" or "://" in address:
+        return  # a local cluster, the running one (Ray says if there is none), or a client
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"cannot reach the Ray cluster at {address!r}: {e}") from e
+
+
 def copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
     """Copies arrays (read-only views of the object store) into host tensors of the same
     names and shapes."""
@@ -206,6 +220,7 @@ class RayLoop:
     def start(self) -> RayLoop:
         ray = self.ray
         if not ray.is_initialized():
+            _probe(self._address)  # Ray itself retries an unreachable address for ever
             try:
                 ray.init(address=self._address, include_dashboard=False, log_to_driver=False,
                          configure_logging=False)  # fmt: skip
