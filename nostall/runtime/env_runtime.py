@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from nostall.runtime.episodes import EpisodeTracker
-from nostall.runtime.runner import chunk_state, load_chunk_state
-from nostall.runtime.storage import Chunk
+from nostall.runtime.storage import Chunk, chunk_state, load_chunk_state
 
 SIDE_KEYS = ("env", "generator", "next_obs")  # EnvSide.state_dict's
 

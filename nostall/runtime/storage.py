@@ -108,3 +108,14 @@ def rollout_slots(
         Chunk.empty(*shape, pin_memory=pin_memory, obs_dtype=obs_dtype)
         for _ in range(staleness + 2)
     ]
+
+
+def chunk_state(chunk: Chunk) -> dict:
+    """A copy of a filled chunk (for a checkpoint)."""
+    return {**{k: v.clone() for k, v in chunk.tensors().items()}, "version": chunk.version}
+
+
+def load_chunk_state(chunk: Chunk, state: dict) -> None:
+    for name, tensor in chunk.tensors().items():
+        tensor.copy_(state[name])
+    chunk.version = int(state["version"])
