@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import torch
 
-from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.rollout import ActFn, collect
 from nostall.runtime.storage import Chunk
 
@@ -24,12 +23,10 @@ class EnvSide:
         self._rollout = None if rollout is None else functools.partial(rollout, model)
         self.generator = torch.Generator().manual_seed(generator_seed)
         self.next_obs = env.torch.reset(seed=reset_seed)
-        # collect's own count; the trainer keeps the statistics from the chunks it receives
-        self._episodes = EpisodeTracker(env.num_envs)
 
     def __call__(self, chunk: Chunk) -> None:
-        collect(self.env, self._act, chunk, self.next_obs, self.generator, self._episodes,
-                self._rollout)  # fmt: skip
+        # No episode count here: the runtime keeps it from the chunks the trainer receives.
+        collect(self.env, self._act, chunk, self.next_obs, self.generator, None, self._rollout)
         self.next_obs = chunk.obs[-1].clone()
 
     def stats(self) -> dict:

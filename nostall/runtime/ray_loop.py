@@ -41,19 +41,12 @@ import numpy as np
 import torch
 
 from nostall.runtime.loop import check_slots
+from nostall.runtime.ray_worker import Worker, copy_numpy, ray_module
 from nostall.runtime.reaper import Reaper, descendants
 from nostall.runtime.rollout import Timeline
 
 # How long workers may take to be placed, start, or save and load their state.
 PLACE_TIMEOUT_S = 60.0
-
-
-def ray_module():
-    try:
-        import ray
-    except ImportError as e:
-        raise ValueError("--backend ray needs Ray: pip install 'ray==2.58.0'") from e
-    return ray
 
 
 def _probe(address: str | None, timeout_s: float = 5.0) -> None:
@@ -68,87 +61,6 @@ def _probe(address: str | None, timeout_s: float = 5.0) -> None:
             pass
     except (OSError, ValueError) as e:
         raise RuntimeError(f"cannot reach the Ray cluster at {address!r}: {e}") from e
-
-
-def copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
-    """Copies arrays (read-only views of the object store) into host tensors of the same
-    names and shapes."""
-    for name, tensor in tensors.items():
-        np.copyto(tensor.numpy(), arrays[name])  # sync: none, host tensors
-
-
-def _empty_like(slot: Any) -> Any:
-    """A slot of the same layout with its own storage (for a worker)."""
-    import copy
-
-    fresh = copy.copy(slot)
-    for name, tensor in slot.tensors().items():
-        setattr(fresh, name, torch.zeros_like(tensor, device="cpu"))
-    return fresh
-
-
-class _Worker:
-    """One rollout worker (a Ray actor): its side, its slot, the weights version it holds."""
-
-    def __init__(self, make_side: Callable, worker: int, slot: Any, torch_threads: int):
-        torch.set_num_threads(torch_threads)
-        self.worker = worker
-        self.side = make_side(worker)
-        self.slot = _empty_like(slot)
-        self.version = -1  # the side's own initial weights, not yet any published version
-        self.receiver = None  # with weights="collective": collective_weights.Receiver
-
-    def join_weights(self, host: str, port: int, world: int, device: str) -> int:
-        """Joins the trainer's weight broadcast (weights="collective") as rank worker + 1."""
-        from nostall.runtime.collective_weights import Receiver, flat_size
-
-        model = self.side.model
-        self.receiver = Receiver(host, port, self.worker + 1, world, flat_size(model),
-                                 torch.device(device))  # fmt: skip
-        return self.worker
-
-    def ready(self) -> int:
-        return self.worker
-
-    def where(self) -> tuple[int, str]:
-        """(process id, Ray node id): for tests and diagnostics."""
-        return os.getpid(), ray_module().get_runtime_context().get_node_id()
-
-    def fill(self, seq: int, version: int, weights) -> dict:
-        """Fills the slot with the policy of `version` (`weights` None: already held) and
-        returns its tensors as NumPy arrays (zero-copy in the store) and its host state."""
-        if self.receiver is not None:
-            if self.version < version:  # the broadcast of `version` (or newer) loaded
-                self.receiver.load(self.side.model, version)
-        elif weights is not None:
-            copy_numpy(self.side.model.state_dict(), weights)
-        self.version = version
-        start = time.time()
-        self.side(self.slot)
-        end = time.time()
-        stats = self.side.stats() if hasattr(self.side, "stats") else {}
-        return {
-            "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,
-            "tensors": {k: v.numpy() for k, v in self.slot.tensors().items()},  # sync: none
-            "host": self.slot.host_state(), "stats": stats,
-        }  # fmt: skip
-
-    def state(self) -> dict:
-        """Between fills (actor calls run in order): what resumes this worker exactly."""
-        model = self.side.model
-        return {
-            "side": self.side.state_dict(),
-            "rollout_weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "rollout_version": max(self.version, 0),
-        }
-
-    def load(self, state: dict) -> None:
-        if state.get("side"):
-            self.side.load_state_dict(state["side"])
-        with torch.no_grad():
-            for name, value in self.side.model.state_dict().items():
-                value.copy_(state["rollout_weights"][name])
-        self.version = int(state["rollout_version"])
 
 
 @dataclass
@@ -235,7 +147,7 @@ class RayLoop:
                 f"{self.num_workers} workers x {self._resources['num_cpus']:g} CPUs need "
                 f"{need:g} CPUs; the Ray cluster has {have:g}"
             )
-        worker_class = ray.remote(_Worker).options(
+        worker_class = ray.remote(Worker).options(
             max_restarts=self._max_restarts, max_task_retries=0, **self._resources
         )
         self.workers = [
@@ -317,8 +229,8 @@ class RayLoop:
             self._sender.publish(model.state_dict(), version)
             self._published = {k: v.detach().clone() for k, v in model.state_dict().items()}
             return
-        # sync: once per published version, the weights to the host for the object store
-        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        # The weights to the host for the object store, once a version.
+        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}  # sync: once
         self._weights_ref = self.ray.put(state)
 
     def _issue(self) -> None:
@@ -479,7 +391,8 @@ class RayLoop:
             queued.append({
                 "worker": int(saved.get("worker", 0)), "seq": int(saved.get("seq", -1)),
                 "version": int(saved["version"]), "host": scratch.host_state(),
-                "tensors": {k: v.numpy().copy() for k, v in scratch.tensors().items()},
+                "tensors": {k: v.numpy().copy()  # sync: none, a host slot
+                            for k, v in scratch.tensors().items()},
             })  # fmt: skip
         self._resume = {**state, "workers": [dict(w) for w in workers], "queued": queued}
         self.version = int(state["version"])
@@ -501,7 +414,8 @@ class RayLoop:
             self._sender.publish(published, self._weights_version)
             self._published = {k: v.clone() for k, v in published.items()}
         else:
-            self._weights_ref = self.ray.put({k: v.numpy() for k, v in published.items()})
+            arrays = {k: v.numpy() for k, v in published.items()}  # sync: none, a checkpoint's
+            self._weights_ref = self.ray.put(arrays)
         self._worker_version = [int(w["rollout_version"]) for w in state["workers"]]
         self.requested = int(state["chunks_collected"])
         self._seq = list(state.get("worker_seq") or [self.requested])

@@ -28,11 +28,12 @@ def collect(
     chunk: Chunk,
     first_obs: torch.Tensor,
     generator: torch.Generator,
-    episodes: EpisodeTracker,
+    episodes: EpisodeTracker | None,
     rollout: RolloutFn | None = None,
 ) -> None:
     """Fills `chunk` with T steps starting from `first_obs` (N, obs_dim): with `rollout` in one
-    call, else one `act` and one environment step at a time."""
+    call, else one `act` and one environment step at a time. `episodes`, when given, counts
+    the chunk's episodes (the runtimes count them on the trainer's side instead)."""
     chunk.obs[0].copy_(first_obs)
     if rollout is not None:
         rollout(env, chunk, generator)
@@ -40,8 +41,8 @@ def collect(
         _collect_pipelined(env, act, chunk, generator)
     else:
         _collect_steps(env, act, chunk, generator)
-    # The chunk's episode statistics in one op (logging reads them only between chunks).
-    episodes.update(chunk.rewards, chunk.terminated | chunk.truncated)
+    if episodes is not None:  # the chunk's episode statistics in one op
+        episodes.update(chunk.rewards, chunk.terminated | chunk.truncated)
 
 
 def _collect_steps(env: VectorEnv, act: ActFn, chunk: Chunk, generator: torch.Generator) -> None:

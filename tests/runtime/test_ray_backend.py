@@ -237,6 +237,7 @@ def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
     from nostall.runtime.episodes import EpisodeTracker
     from nostall.runtime.rollout import collect
     from nostall.runtime.storage import rollout_slots
+    from nostall.train.ppo_ranks import TrainerRanks
 
     args = ppo.Args(norm_adv=False, num_envs=4, num_steps=32, num_minibatches=2,
                     update_epochs=1, trainers=2, backend="ray", max_grad_norm=1e9)  # fmt: skip
@@ -254,7 +255,7 @@ def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
             model.parameters(), lr=lr, max_grad_norm=args.max_grad_norm, eps=1e-5
         )  # as ppo.train makes it
         generator = torch.Generator().manual_seed(1)
-        ranks = ppo._TrainerRanks(dataclasses.replace(args, trainers=world), model, optimizer,
+        ranks = TrainerRanks(dataclasses.replace(args, trainers=world), model, optimizer,
                                   generator, ppo.gae_advantages, env)  # fmt: skip
         with ranks:
             ranks.dispatch(chunk, args.learning_rate)

@@ -1,0 +1,102 @@
+"""One RayLoop worker (a Ray actor, ray_loop.py): it builds its rollout side from a picklable
+recipe, fills its own slot with the policy version it is asked for, and returns the slot's
+tensors as NumPy arrays, which Ray's object store hands to the trainer without a copy."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def ray_module():
+    try:
+        import ray
+    except ImportError as e:
+        raise ValueError("--backend ray needs Ray: pip install 'ray==2.58.0'") from e
+    return ray
+
+
+def copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
+    """Copies arrays (read-only views of the object store) into host tensors of the same
+    names and shapes."""
+    for name, tensor in tensors.items():
+        np.copyto(tensor.numpy(), arrays[name])  # sync: none, host tensors
+
+
+def _empty_like(slot: Any) -> Any:
+    """A slot of the same layout with its own storage (for a worker)."""
+    import copy
+
+    fresh = copy.copy(slot)
+    for name, tensor in slot.tensors().items():
+        setattr(fresh, name, torch.zeros_like(tensor, device="cpu"))
+    return fresh
+
+
+class Worker:
+    """One rollout worker (a Ray actor): its side, its slot, the weights version it holds."""
+
+    def __init__(self, make_side: Callable, worker: int, slot: Any, torch_threads: int):
+        torch.set_num_threads(torch_threads)
+        self.worker = worker
+        self.side = make_side(worker)
+        self.slot = _empty_like(slot)
+        self.version = -1  # the side's own initial weights, not yet any published version
+        self.receiver = None  # with weights="collective": collective_weights.Receiver
+
+    def join_weights(self, host: str, port: int, world: int, device: str) -> int:
+        """Joins the trainer's weight broadcast (weights="collective") as rank worker + 1."""
+        from nostall.runtime.collective_weights import Receiver, flat_size
+
+        model = self.side.model
+        self.receiver = Receiver(host, port, self.worker + 1, world, flat_size(model),
+                                 torch.device(device))  # fmt: skip
+        return self.worker
+
+    def ready(self) -> int:
+        return self.worker
+
+    def where(self) -> tuple[int, str]:
+        """(process id, Ray node id): for tests and diagnostics."""
+        return os.getpid(), ray_module().get_runtime_context().get_node_id()
+
+    def fill(self, seq: int, version: int, weights) -> dict:
+        """Fills the slot with the policy of `version` (`weights` None: already held) and
+        returns its tensors as NumPy arrays (zero-copy in the store) and its host state."""
+        if self.receiver is not None:
+            if self.version < version:  # the broadcast of `version` (or newer) loaded
+                self.receiver.load(self.side.model, version)
+        elif weights is not None:
+            copy_numpy(self.side.model.state_dict(), weights)
+        self.version = version
+        start = time.time()
+        self.side(self.slot)
+        end = time.time()
+        stats = self.side.stats() if hasattr(self.side, "stats") else {}
+        return {
+            "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,
+            "tensors": {k: v.numpy() for k, v in self.slot.tensors().items()},  # sync: none
+            "host": self.slot.host_state(), "stats": stats,
+        }  # fmt: skip
+
+    def state(self) -> dict:
+        """Between fills (actor calls run in order): what resumes this worker exactly."""
+        model = self.side.model
+        return {
+            "side": self.side.state_dict(),
+            "rollout_weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "rollout_version": max(self.version, 0),
+        }
+
+    def load(self, state: dict) -> None:
+        if state.get("side"):
+            self.side.load_state_dict(state["side"])
+        with torch.no_grad():
+            for name, value in self.side.model.state_dict().items():
+                value.copy_(state["rollout_weights"][name])
+        self.version = int(state["rollout_version"])
