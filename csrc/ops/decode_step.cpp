@@ -55,14 +55,14 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
   const float* sp = sin.const_data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t heads = w.num_heads, kv = w.kv_heads, Q = w.qkv_width, groups = heads / kv;
-  std::vector<float> scratch(static_cast<size_t>(D)), scores(static_cast<size_t>(S));
+  std::vector<float> scores(static_cast<size_t>(S));
   float* kc = keys.mutable_data_ptr<float>();
   float* vc = values.mutable_data_ptr<float>();
   decoder::run_layers(w, x, [&](int64_t l, float* qkv, float* att) {
     for (int64_t b = 0; b < B; ++b) {
       float* row = qkv + b * Q;
       for (int64_t head = 0; head < heads + kv; ++head) {
-        decoder::rotate(row + head * D, cp + pos[b] * D, sp + pos[b] * D, D, scratch.data());
+        decoder::rotate(row + head * D, cp + pos[b] * D, sp + pos[b] * D, D);
       }
       // The new key and value into the cache at slot s.
       for (int64_t kh = 0; kh < kv; ++kh) {

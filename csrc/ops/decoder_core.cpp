@@ -43,12 +43,13 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
   STD_TORCH_CHECK(err == AOTI_TORCH_SUCCESS, "decoder: matrix product failed");
 }
 
-void rms_norm(float* out, const float* x, const float* weight, int64_t N, int64_t H, float eps) {
+// (An AVX2 clone where the CPU has it, as for every loop below that runs per token.)
+__attribute__((target_clones("avx2", "default"))) void rms_norm(float* out, const float* x,
+                                                                const float* weight, int64_t N,
+                                                                int64_t H, float eps) {
   for (int64_t b = 0; b < N; ++b) {
     const float* xb = x + b * H;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < H; ++j) sum += xb[j] * xb[j];
-    const float scale = 1.0f / std::sqrt(sum / static_cast<float>(H) + eps);
+    const float scale = 1.0f / std::sqrt(dot(xb, xb, H) / static_cast<float>(H) + eps);
     for (int64_t j = 0; j < H; ++j) out[b * H + j] = weight[j] * (xb[j] * scale);
   }
 }
@@ -216,23 +217,15 @@ Tensor logits(const Weights& w, const Tensor& x) {
   return out;
 }
 
-void rotate(float* x, const float* cos, const float* sin, int64_t D, float* scratch) {
-  const int64_t half = D / 2;
-  for (int64_t d = 0; d < D; ++d) scratch[d] = x[d];
-  for (int64_t d = 0; d < D; ++d) {
-    const float rolled = scratch[d < half ? d + half : d - half];
-    x[d] = scratch[d] * cos[d] + rolled * sin[d];
-  }
-}
-
-void attend_one(const float* q, const float* keys, const float* values, int64_t S, int64_t D,
-                float scale, const bool* allowed, float* scores, float* out) {
+__attribute__((target_clones("avx2", "default"))) void attend_one(const float* q, const float* keys,
+                                                                  const float* values, int64_t S,
+                                                                  int64_t D, float scale,
+                                                                  const bool* allowed,
+                                                                  float* scores, float* out) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < S; ++t) {
     if (!allowed[t]) continue;
-    float dot = 0.0f;
-    for (int64_t d = 0; d < D; ++d) dot += q[d] * keys[t * D + d];
-    scores[t] = dot * scale;
+    scores[t] = dot(q, keys + t * D, D) * scale;
     m = scores[t] > m ? scores[t] : m;
   }
   float total = 0.0f;
@@ -243,9 +236,7 @@ void attend_one(const float* q, const float* keys, const float* values, int64_t 
   }
   for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
   for (int64_t t = 0; t < S; ++t) {
-    if (!allowed[t]) continue;
-    const float p = scores[t] / total;
-    for (int64_t d = 0; d < D; ++d) out[d] += p * values[t * D + d];
+    if (allowed[t]) axpy(out, scores[t] / total, values + t * D, D);
   }
 }
 

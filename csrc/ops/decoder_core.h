@@ -90,8 +90,35 @@ inline float fast_exp(float x) {
 // logits [N, V] of x [N, H] after the final RMSNorm.
 Tensor logits(const Weights& w, const Tensor& x);
 
-// In place on one head's D values: x * cos + roll(x, D/2) * signed sin.
-void rotate(float* x, const float* cos, const float* sin, int64_t D, float* scratch);
+// a . b over n floats, in eight interleaved partial sums: one running sum is a chain the
+// compiler may not reorder, so it would stay scalar; these vectorize (a different rounding order).
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int64_t j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+// out[0..n) += s * x[0..n).
+inline void axpy(float* __restrict out, float s, const float* __restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] += s * x[i];
+}
+
+// In place on one head's D values: x * cos + roll(x, D/2) * signed sin, pair by pair (element
+// d and d + D/2 read each other), so no copy is needed.
+inline void rotate(float* __restrict x, const float* __restrict cos, const float* __restrict sin,
+                   int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    const float a = x[d], b = x[d + half];
+    x[d] = a * cos[d] + b * sin[d];
+    x[d + half] = b * cos[d + half] + a * sin[d + half];
+  }
+}
 
 // out[D] = sum over the allowed slots t of softmax_t(q . k_t * scale) v_t: one query of one head
 // over that head's keys and values [S, D]; allowed [S] (at least one true), scores [S] scratch.

@@ -141,20 +141,18 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
 }
 
 // dx += d rms_norm(x; weight) / dx . dy, and grad_weight += dy * x / rms(x), row by row.
-void rms_norm_backward(const float* dy, const float* x, const float* weight, int64_t N, int64_t H,
-                       float eps, float* dx, float* grad_weight) {
+__attribute__((target_clones("avx2", "default"))) void rms_norm_backward(
+    const float* dy, const float* x, const float* weight, int64_t N, int64_t H, float eps,
+    float* __restrict dx, float* __restrict grad_weight) {
+  std::vector<float> wdy(static_cast<size_t>(H));
   for (int64_t b = 0; b < N; ++b) {
     const float* xb = x + b * H;
     const float* db = dy + b * H;
-    float sum = 0.0f, dot = 0.0f;
+    for (int64_t j = 0; j < H; ++j) wdy[j] = weight[j] * db[j];
+    const float r = 1.0f / std::sqrt(decoder::dot(xb, xb, H) / static_cast<float>(H) + eps);
+    const float coef = r * r * r * decoder::dot(wdy.data(), xb, H) / static_cast<float>(H);
     for (int64_t j = 0; j < H; ++j) {
-      sum += xb[j] * xb[j];
-      dot += weight[j] * db[j] * xb[j];
-    }
-    const float r = 1.0f / std::sqrt(sum / static_cast<float>(H) + eps);
-    const float coef = r * r * r * dot / static_cast<float>(H);
-    for (int64_t j = 0; j < H; ++j) {
-      dx[b * H + j] += r * weight[j] * db[j] - coef * xb[j];
+      dx[b * H + j] += r * wdy[j] - coef * xb[j];
       grad_weight[j] += db[j] * xb[j] * r;
     }
   }
@@ -186,13 +184,84 @@ __attribute__((target_clones("avx2", "default"))) void silu_gate_backward(
 
 // One head's gradient g [D], taken back in place through the rotation y = x * cos +
 // roll(x, D/2) * signed sin: its transpose, dx[e] = dy[e] cos[e] + dy[e'] sin[e'] with
-// e' = (e + D/2) mod D.
-void unrotate_grad(float* g, const float* cos, const float* sin, int64_t D, float* scratch) {
+// e' = (e + D/2) mod D, pair by pair.
+inline void unrotate_grad(float* __restrict g, const float* __restrict cos,
+                          const float* __restrict sin, int64_t D) {
   const int64_t half = D / 2;
-  for (int64_t d = 0; d < D; ++d) scratch[d] = g[d];
-  for (int64_t e = 0; e < D; ++e) {
-    const int64_t f = e < half ? e + half : e - half;
-    g[e] = scratch[e] * cos[e] + scratch[f] * sin[f];
+  for (int64_t e = 0; e < half; ++e) {
+    const float a = g[e], b = g[e + half];
+    g[e] = a * cos[e] + b * sin[e + half];
+    g[e + half] = b * cos[e + half] + a * sin[e];
+  }
+}
+
+// The attention of decoder_train's layer: for each of the N rows and each head, the softmax
+// over its K slots (key_row [N, K], -1: masked) of q . k * scale into probs [N, heads, K]
+// (0 where masked), and their average of the values into att [N, heads * D]. qkv [N, Q] holds
+// the rotated queries, keys and values of every row.
+__attribute__((target_clones("avx2", "default"))) void attention_forward(
+    const float* qkv, const int64_t* key_row, int64_t N, int64_t K, int64_t Q, int64_t heads,
+    int64_t kv, int64_t D, float scale, float* probs, float* att) {
+  const int64_t groups = heads / kv, A = heads * D;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t* keys = key_row + n * K;
+    for (int64_t head = 0; head < heads; ++head) {
+      const float* q = qkv + n * Q + head * D;
+      const int64_t kh = head / groups;
+      float* pr = probs + (n * heads + head) * K;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < K; ++s) {
+        if (keys[s] < 0) continue;
+        pr[s] = decoder::dot(q, qkv + keys[s] * Q + (heads + kh) * D, D) * scale;
+        m = pr[s] > m ? pr[s] : m;
+      }
+      float total = 0.0f;
+      for (int64_t s = 0; s < K; ++s) {
+        pr[s] = keys[s] < 0 ? 0.0f : std::exp(pr[s] - m);
+        total += pr[s];
+      }
+      float* out = att + n * A + head * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+      for (int64_t s = 0; s < K; ++s) {
+        pr[s] /= total;
+        if (keys[s] >= 0) decoder::axpy(out, pr[s], qkv + keys[s] * Q + (heads + kv + kh) * D, D);
+      }
+    }
+  }
+}
+
+// The gradient of attention_forward: from datt [N, heads * D] and the saved probs into dqkv
+// [N, Q] (zeroed here; keys and values gather from every row attending to them); dp [K] scratch.
+__attribute__((target_clones("avx2", "default"))) void attention_backward(
+    const float* qkv, const float* probs, const float* datt, const int64_t* key_row, int64_t N,
+    int64_t K, int64_t Q, int64_t heads, int64_t kv, int64_t D, float scale, float* dqkv,
+    float* dp) {
+  const int64_t groups = heads / kv, A = heads * D;
+  std::memset(dqkv, 0, sizeof(float) * N * Q);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t* keys = key_row + n * K;
+    for (int64_t head = 0; head < heads; ++head) {
+      const int64_t kh = head / groups;
+      const float* q = qkv + n * Q + head * D;
+      const float* pr = probs + (n * heads + head) * K;
+      const float* dout = datt + n * A + head * D;
+      float weighted = 0.0f;
+      for (int64_t s = 0; s < K; ++s) {
+        dp[s] = 0.0f;
+        if (keys[s] < 0) continue;
+        dp[s] = decoder::dot(dout, qkv + keys[s] * Q + (heads + kv + kh) * D, D);
+        weighted += pr[s] * dp[s];
+      }
+      float* dqh = dqkv + n * Q + head * D;
+      for (int64_t s = 0; s < K; ++s) {
+        if (keys[s] < 0) continue;
+        const float ds = pr[s] * (dp[s] - weighted) * scale;
+        const int64_t row = keys[s] * Q;
+        decoder::axpy(dqh, ds, qkv + row + (heads + kh) * D, D);
+        decoder::axpy(dqkv + row + (heads + kh) * D, ds, q, D);
+        decoder::axpy(dqkv + row + (heads + kv + kh) * D, pr[s], dout, D);
+      }
+    }
   }
 }
 
@@ -215,7 +284,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
       final_norm, cos, sin, num_heads, kv_heads, eps);
   const Layout lay = layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
   const int64_t L = w.layers, N = lay.N, H = w.hidden, Q = w.qkv_width, I = w.intermediate;
-  const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads, groups = heads / kv;
+  const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads;
   const int64_t A = heads * D, K = lay.K;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
@@ -229,7 +298,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
   Tensor act = new_contiguous(embed, {N, I});
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();
-  std::vector<float> scratch(static_cast<size_t>(D)), silu_scratch(static_cast<size_t>(I));
+  std::vector<float> silu_scratch(static_cast<size_t>(I));
 
   float* res = residuals.mutable_data_ptr<float>();
   const float* ep = embed.const_data_ptr<float>();
@@ -247,41 +316,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
     for (int64_t n = 0; n < N; ++n) {
       const int64_t p = lay.position[n];
       for (int64_t head = 0; head < heads + kv; ++head) {
-        decoder::rotate(qp + n * Q + head * D, cp + p * D, sp + p * D, D, scratch.data());
+        decoder::rotate(qp + n * Q + head * D, cp + p * D, sp + p * D, D);
       }
     }
-    float* pp = probs.mutable_data_ptr<float>() + l * N * heads * K;
-    float* ap = attended.mutable_data_ptr<float>() + l * N * A;
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t* keys = lay.key_row.data() + n * K;
-      for (int64_t head = 0; head < heads; ++head) {
-        const float* q = qp + n * Q + head * D;
-        const int64_t kh = head / groups;
-        float* pr = pp + (n * heads + head) * K;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t s = 0; s < K; ++s) {
-          if (keys[s] < 0) continue;
-          const float* k = qp + keys[s] * Q + (heads + kh) * D;
-          float dot = 0.0f;
-          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-          pr[s] = dot * scale;
-          m = pr[s] > m ? pr[s] : m;
-        }
-        float total = 0.0f;
-        for (int64_t s = 0; s < K; ++s) {
-          pr[s] = keys[s] < 0 ? 0.0f : std::exp(pr[s] - m);
-          total += pr[s];
-        }
-        float* out = ap + n * A + head * D;
-        for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-        for (int64_t s = 0; s < K; ++s) {
-          pr[s] /= total;
-          if (keys[s] < 0) continue;
-          const float* v = qp + keys[s] * Q + (heads + kv + kh) * D;
-          for (int64_t d = 0; d < D; ++d) out[d] += pr[s] * v[d];
-        }
-      }
-    }
+    attention_forward(qp, lay.key_row.data(), N, K, Q, heads, kv, D, scale,
+                      probs.mutable_data_ptr<float>() + l * N * heads * K,
+                      attended.mutable_data_ptr<float>() + l * N * A);
     decoder::linear(tmp, rows(attended, l * N, N), w.o_weight[l], nullptr);
     add_into(xmid, xin, tmp.const_data_ptr<float>(), N * H);
     decoder::rms_norm(h.mutable_data_ptr<float>(), xmid, w.post_norm[l].const_data_ptr<float>(), N,
@@ -323,7 +363,7 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
       final_norm, cos, sin, num_heads, kv_heads, eps);
   const Layout lay = layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
   const int64_t L = w.layers, N = lay.N, H = w.hidden, Q = w.qkv_width, I = w.intermediate;
-  const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads, groups = heads / kv;
+  const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads;
   const int64_t A = heads * D, K = lay.K, B = lay.B, C = lay.C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   auto check_saved = [&](const Tensor& t, const char* name, int64_t r, int64_t c) {
@@ -366,8 +406,7 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
   const float* res = residuals.const_data_ptr<float>();
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();
-  std::vector<float> scratch(static_cast<size_t>(D)), dp(static_cast<size_t>(K)),
-      silu_scratch(static_cast<size_t>(I));
+  std::vector<float> dp(static_cast<size_t>(K)), silu_scratch(static_cast<size_t>(I));
   float* dxp = dx.mutable_data_ptr<float>();
   float* dmp = dmid.mutable_data_ptr<float>();
 
@@ -402,45 +441,15 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     decoder::mm(g_o[l], transposed(dmid), rows(attended, l * N, N));
     decoder::mm(datt, dmid, w.o_weight[l]);
     // The attention: softmax over each query's slots, then the rotation.
-    const float* qp = qkv.const_data_ptr<float>() + l * N * Q;
-    const float* pp = probs.const_data_ptr<float>() + l * N * heads * K;
-    const float* dap = datt.const_data_ptr<float>();
     float* dq = dqkv.mutable_data_ptr<float>();
-    std::memset(dq, 0, sizeof(float) * N * Q);
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t* keys = lay.key_row.data() + n * K;
-      for (int64_t head = 0; head < heads; ++head) {
-        const int64_t kh = head / groups;
-        const float* q = qp + n * Q + head * D;
-        const float* pr = pp + (n * heads + head) * K;
-        const float* dout = dap + n * A + head * D;
-        float weighted = 0.0f;
-        for (int64_t s = 0; s < K; ++s) {
-          dp[s] = 0.0f;
-          if (keys[s] < 0) continue;
-          const float* v = qp + keys[s] * Q + (heads + kv + kh) * D;
-          for (int64_t d = 0; d < D; ++d) dp[s] += dout[d] * v[d];
-          weighted += pr[s] * dp[s];
-        }
-        float* dqh = dq + n * Q + head * D;
-        for (int64_t s = 0; s < K; ++s) {
-          if (keys[s] < 0) continue;
-          const float ds = pr[s] * (dp[s] - weighted) * scale;
-          const float* k = qp + keys[s] * Q + (heads + kh) * D;
-          float* dk = dq + keys[s] * Q + (heads + kh) * D;
-          float* dv = dq + keys[s] * Q + (heads + kv + kh) * D;
-          for (int64_t d = 0; d < D; ++d) {
-            dqh[d] += ds * k[d];
-            dk[d] += ds * q[d];
-            dv[d] += pr[s] * dout[d];
-          }
-        }
-      }
-    }
+    attention_backward(qkv.const_data_ptr<float>() + l * N * Q,
+                       probs.const_data_ptr<float>() + l * N * heads * K,
+                       datt.const_data_ptr<float>(), lay.key_row.data(), N, K, Q, heads, kv, D,
+                       scale, dq, dp.data());
     for (int64_t n = 0; n < N; ++n) {
       const int64_t p = lay.position[n];
       for (int64_t head = 0; head < heads + kv; ++head) {
-        unrotate_grad(dq + n * Q + head * D, cp + p * D, sp + p * D, D, scratch.data());
+        unrotate_grad(dq + n * Q + head * D, cp + p * D, sp + p * D, D);
       }
     }
     if (!w.qkv_bias.empty()) {

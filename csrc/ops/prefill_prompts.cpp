@@ -67,7 +67,7 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
   const float* sp = sin.const_data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t heads = w.num_heads, kv = w.kv_heads, Q = w.qkv_width, groups = heads / kv;
-  std::vector<float> scratch(static_cast<size_t>(D)), scores(static_cast<size_t>(P));
+  std::vector<float> scores(static_cast<size_t>(P));
   std::vector<char> allowed(static_cast<size_t>(P));
   float* kc = keys.mutable_data_ptr<float>();
   float* vc = values.mutable_data_ptr<float>();
@@ -82,7 +82,7 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
         float* row = qkv + (b * P + i) * Q;
         const int64_t p = pos[b * P + i];
         for (int64_t head = 0; head < heads + kv; ++head) {
-          decoder::rotate(row + head * D, cp + p * D, sp + p * D, D, scratch.data());
+          decoder::rotate(row + head * D, cp + p * D, sp + p * D, D);
         }
         for (int64_t kh = 0; kh < kv; ++kh) {
           const int64_t base = cache_at(l, b * G, kh) + i * D;

@@ -34,8 +34,10 @@ import torch
 import nostall
 from nostall.algos.optim import ClippedAdam
 from nostall.lm.decoder import Decoder
+from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
 from nostall.profiler import SyncWatch, allow
+from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint
 from nostall.train.grpo_setup import Setup, build, restore, snapshot
 
@@ -250,10 +252,10 @@ class TrainResult:
 
 
 def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
-                     banned: torch.Tensor, group_size: int) -> torch.Tensor:  # fmt: skip
+                     vocab: SampledVocab | None, group_size: int) -> torch.Tensor:  # fmt: skip
     """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
-    model's, at `temperature`, renormalised over the tokens the sampler may draw); each
-    group's prompt is run once."""
+    model's, at `temperature`, over the tokens the sampler may draw: `vocab`, None for all);
+    each group's prompt is run once."""
     hidden = (
         decoder.grouped_hidden(
             batch.prompt_ids[::group_size],
@@ -263,15 +265,10 @@ def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
         )
         / temperature
     )  # (B, C, H): the states that predict the completion tokens
-    weight = decoder.output_weight
-    tokens = batch.completion_ids
-    log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)  # (B, C)
-    if banned.numel() == 0:
-        return log_prob
-    # log p_masked(tok) = log p(tok) - log(1 - p(banned)); logsumexp = logit(tok) - log p(tok).
-    logit = (hidden * weight[tokens]).sum(-1)
-    log_p_banned = torch.logsumexp(hidden @ weight[banned].T, -1) - (logit - log_prob)
-    return log_prob - torch.log(-torch.expm1(log_p_banned))
+    weight, tokens = decoder.output_weight, batch.completion_ids
+    if vocab is not None:  # the softmax over the allowed tokens' rows only
+        weight, tokens = weight[vocab.ids], vocab.index[tokens]
+    return nostall.token_log_prob_linear(hidden, weight, tokens)  # (B, C)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str,
@@ -306,7 +303,7 @@ def grpo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: tor
 
 
 def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: Args,
-                banned: torch.Tensor, reference: Decoder | None, decoupled: bool,
+                vocab: SampledVocab | None, reference: Decoder | None, decoupled: bool,
                 group_index: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
     """updates_per_batch optimizer steps on one batch; metrics as tensors (not read here)."""
     advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
@@ -315,11 +312,11 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
     ref_log_prob = None
     if reference is not None:
         with torch.no_grad():
-            ref_log_prob = policy_log_probs(reference, batch, args.temperature, banned, G)
+            ref_log_prob = policy_log_probs(reference, batch, args.temperature, vocab, G)
     totals = torch.zeros(len(METRICS), device=batch.rewards.device)
     old_log_prob = None
     for _ in range(args.updates_per_batch):
-        log_prob = policy_log_probs(decoder, batch, args.temperature, banned, G)
+        log_prob = policy_log_probs(decoder, batch, args.temperature, vocab, G)
         if old_log_prob is None:  # the proximal policy: the weights before this update
             old_log_prob = log_prob.detach()
         loss, clip_fraction, approx_kl, kl = grpo_loss(
@@ -361,7 +358,8 @@ def train(
     step = first - 1
     if args.watch_syncs:
         SyncWatch.prepare()  # outside the run's clock
-    with loop:  # (a rollout process is ready when this returns: the clock starts after it)
+    # (A rollout process is ready when the loop's block begins: the clock starts after it.)
+    with frozen_heap(), loop:
         run_start = time.perf_counter()
         start = run_start - offset  # step times count from the original run's start
         for step in range(first, args.steps + 1):
@@ -372,9 +370,11 @@ def train(
             with watch:
                 if watched:
                     # Built on the run's device before the watch began.
-                    watch.mark(*batch.tensors().values(), setup.banned, setup.group_index)
+                    watch.mark(*batch.tensors().values(), setup.group_index)
+                    if setup.vocab is not None:
+                        watch.mark(setup.vocab.ids, setup.vocab.index)
                 decoupled = args.staleness > 0
-                metrics = grpo_update(decoder, optimizer, batch, args, setup.banned,
+                metrics = grpo_update(decoder, optimizer, batch, args, setup.vocab,
                                       setup.reference, decoupled, setup.group_index)  # fmt: skip
             if watched:
                 report = watch.report()

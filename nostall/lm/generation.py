@@ -50,6 +50,31 @@ class Completions:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass
+class SampledVocab:
+    """The tokens the sampler may draw when some are banned (special tokens other than <eos>):
+    their ids, and each token's index among them. Log-probabilities under the sampling
+    distribution are then a softmax over those rows of the output weight alone, with no
+    correction for the banned tokens' mass."""
+
+    ids: Tensor  # (V',) int64: the allowed token ids, ascending
+    index: Tensor  # (V,) int64: token id -> its index in ids (0 for banned ones: never sampled)
+
+    @classmethod
+    def build(cls, vocab_size: int, banned_token_ids: list[int],
+              device: torch.device | str = "cpu") -> SampledVocab | None:  # fmt: skip
+        """None when nothing is banned (every token may be sampled)."""
+        banned = set(banned_token_ids)
+        if not banned:
+            return None
+        ids = [t for t in range(vocab_size) if t not in banned]
+        if not ids:
+            raise ValueError("every token of the vocabulary is banned from sampling")
+        index = torch.zeros(vocab_size, dtype=torch.int64)
+        index[ids] = torch.arange(len(ids))
+        return cls(torch.tensor(ids, dtype=torch.int64, device=device), index.to(device))
+
+
 def positions_of(mask: Tensor) -> Tensor:
     """Position ids of a left-padded batch: 0 at each row's first real token (padding: 0)."""
     return (mask.long().cumsum(1) - 1).clamp(min=0)

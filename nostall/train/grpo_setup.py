@@ -14,7 +14,7 @@ import torch
 
 from nostall.algos.optim import ClippedAdam
 from nostall.lm.decoder import Decoder
-from nostall.lm.generation import GenerationEngine, SamplingConfig
+from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
 from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
 from nostall.lm.tasks import Rewards, answer_reward, dataset_source, load_reward, task_source
@@ -50,7 +50,7 @@ class Setup:
     generator: GroupGenerator | None  # the thread backend's (the process backend's is its own)
     loop: RolloutLoop | ProcessLoop | RayLoop
     optimizer: ClippedAdam
-    banned: torch.Tensor
+    vocab: SampledVocab | None  # the tokens the sampler may draw (None: all)
     group_index: torch.Tensor
     reference: Decoder | None
 
@@ -125,8 +125,8 @@ def build(args: Args) -> Setup:
         reference = Decoder(copy.deepcopy(model).requires_grad_(False))
     group_index = torch.arange(args.num_prompts, device=device)
     group_index = group_index.repeat_interleave(args.num_generations)
-    banned = torch.tensor(lm.banned_token_ids(), dtype=torch.int64, device=device)
-    return Setup(lm, Decoder(model), generator, loop, optimizer, banned, group_index, reference)
+    vocab = SampledVocab.build(lm.vocab_size, lm.banned_token_ids(), device)
+    return Setup(lm, Decoder(model), generator, loop, optimizer, vocab, group_index, reference)
 
 
 def snapshot(setup: Setup, step: int, result: TrainResult) -> dict:

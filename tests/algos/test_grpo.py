@@ -92,7 +92,7 @@ def test_staleness_zero_is_a_plain_generate_then_train_loop():
     rewards = []
     for _ in range(args.steps):
         plain.generator(batch)  # with the rollout copy, synced after every update below
-        grpo.grpo_update(plain.decoder, plain.optimizer, batch, args, plain.banned, None, False,
+        grpo.grpo_update(plain.decoder, plain.optimizer, batch, args, plain.vocab, None, False,
                          plain.group_index)  # fmt: skip
         plain.loop.rollout_model.load_state_dict(plain.lm.model.state_dict())
         rewards.append(batch.reward_mean)

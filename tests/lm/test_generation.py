@@ -8,7 +8,13 @@ import torch.nn.functional as F
 
 from nostall.algos.grpo import policy_log_probs
 from nostall.lm.decoder import Decoder
-from nostall.lm.generation import Completions, GenerationEngine, SamplingConfig, positions_of
+from nostall.lm.generation import (
+    Completions,
+    GenerationEngine,
+    SampledVocab,
+    SamplingConfig,
+    positions_of,
+)
 from nostall.lm.rollout import LMBatch
 from nostall.profiler import SyncWatch
 
@@ -86,7 +92,8 @@ def test_behaviour_log_probs_equal_the_trainers(varied_tiny):
     batch.prompt_mask.copy_(mask)
     engine.generate(batch.completions(), torch.Generator().manual_seed(3), G)
     with torch.no_grad():
-        recomputed = policy_log_probs(Decoder(model), batch, 0.8, torch.tensor(banned), G)
+        vocab = SampledVocab.build(lm.vocab_size, banned)
+        recomputed = policy_log_probs(Decoder(model), batch, 0.8, vocab, G)
     m = batch.completion_mask
     assert m.sum() > len(ids)  # several tokens per row
     # Stated tolerance: float32 rounding of a cached one-token decode against a full forward,
@@ -280,3 +287,12 @@ def test_native_prefill_opcheck_and_errors(varied_tiny):
         args = dict(prompt_ids=ids, prompt_mask=mask, cache=cache, group_size=2) | change
         with torch.no_grad(), pytest.raises(RuntimeError, match=message):
             decoder.prefill(**args)
+
+
+def test_sampled_vocab_maps_allowed_tokens_and_refuses_an_empty_one():
+    vocab = SampledVocab.build(6, [0, 4])
+    assert vocab.ids.tolist() == [1, 2, 3, 5]
+    assert vocab.index[vocab.ids].tolist() == [0, 1, 2, 3]
+    assert SampledVocab.build(6, []) is None
+    with pytest.raises(ValueError, match="every token"):
+        SampledVocab.build(2, [0, 1])

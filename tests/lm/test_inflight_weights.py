@@ -175,7 +175,7 @@ def test_grpo_generator_records_each_tokens_version():
     with loop:
         index, first = loop.next_chunk()
         assert first.version == 0 and first.token_versions == [0] * 5
-        grpo.grpo_update(run.decoder, run.optimizer, first, args, run.banned, None, True,
+        grpo.grpo_update(run.decoder, run.optimizer, first, args, run.vocab, None, True,
                          run.group_index)  # fmt: skip
         loop.release(index)
         assert reached.wait(10)
