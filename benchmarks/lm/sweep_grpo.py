@@ -1,6 +1,7 @@
 """How nostall's GRPO defaults were chosen: steps and seconds to a mean reward of 0.7 (copy,
-tiny model) for the TRL-equal configuration and the variants a user would try first, seeds
-1-3, one torch thread. Steps (sample efficiency) and ms per step (speed) are printed apart.
+tiny model) for the TRL-equal configuration (synchronous) and the variants a user would try
+first, synchronous and with generation a version ahead, seeds 1-3, one torch thread. Steps
+(sample efficiency) and ms per step (speed) are printed apart.
 
     python -m benchmarks.lm.sweep_grpo [--seeds 3] [--time-limit 40]
 """
@@ -14,7 +15,7 @@ from benchmarks.lm.bench_grpo import SAME_AS_TRL, TARGET
 from nostall.algos import grpo
 
 VARIANTS = {
-    "TRL-equal (the defaults)": {},
+    "TRL-equal (synchronous)": {},
     "lr 3e-3": dict(learning_rate=3e-3),
     "lr 5e-3": dict(learning_rate=5e-3),
     "2 updates per batch": dict(updates_per_batch=2),
@@ -22,6 +23,12 @@ VARIANTS = {
     "clip high 0.28": dict(clip_high=0.28),
     "4 prompts x 16": dict(num_prompts=4, num_generations=16),
     "scale rewards by batch": dict(scale_rewards="batch"),
+    "lr 1e-3": dict(learning_rate=1e-3),
+    "staleness 1": dict(staleness=1),
+    "staleness 1, lr 1e-3 (defaults)": dict(staleness=1, learning_rate=1e-3),
+    "staleness 1, lr 1.2e-3": dict(staleness=1, learning_rate=1.2e-3),
+    "staleness 1, lr 1e-3, cap 5": dict(staleness=1, learning_rate=1e-3, is_cap=5.0),
+    "staleness 1, cap 1": dict(staleness=1, is_cap=1.0),
 }
 
 
@@ -30,7 +37,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--time-limit", type=float, default=40.0, help="seconds per run")
     a = p.parse_args()
-    print(f"{'':28} {'solved':>7} {'steps (each seed)':>24} {'time s':>8} {'ms/step':>8}")
+    print(f"{'':32} {'solved':>7} {'steps (each seed)':>24} {'time s':>8} {'ms/step':>8}")
     for name, change in VARIANTS.items():
         runs = []
         for seed in range(1, a.seeds + 1):
@@ -42,7 +49,7 @@ def main() -> None:
         solved = [r for r in runs if r[0] is not None]
         steps = ", ".join("never" if r[0] is None else str(r[0]) for r in runs)
         time = f"{statistics.median(r[1] for r in solved):8.2f}" if solved else f"{'-':>8}"
-        print(f"{name:28} {len(solved)}/{len(runs):<5} {steps:>24} {time} "
+        print(f"{name:32} {len(solved)}/{len(runs):<5} {steps:>24} {time} "
               f"{statistics.median(r[2] for r in runs):8.1f}", flush=True)  # fmt: skip
 
 

@@ -84,8 +84,9 @@ class Args:
     """sample from the k most likely tokens (0: all)"""
     top_p: float = 1.0
     """sample from the smallest set of tokens whose probability reaches top_p (1: all)"""
-    learning_rate: float = 2e-3
-    """Adam's learning rate (constant)"""
+    learning_rate: float = 1e-3
+    """Adam's learning rate (constant). The default is tuned with --staleness 1 (benchmarks/
+    RESULTS.md); a synchronous run (--staleness 0) learns the copy task faster at 2e-3"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
     loss_type: str = "dapo"
@@ -100,8 +101,9 @@ class Args:
     """weight of the KL penalty to the initial model (k3 estimator); 0: no reference model"""
     updates_per_batch: int = 1
     """optimizer steps per generation batch (TRL's num_iterations)"""
-    staleness: int = 0
-    """how many policy versions generation may run ahead of training (0: synchronous GRPO)"""
+    staleness: int = 1
+    """how many policy versions generation may run ahead of training (0: synchronous GRPO, the
+    same run as a generate-then-train loop; the default 1 overlaps generation with the update)"""
     inflight_weights: bool = False
     """with staleness >= 1: the generator takes weights published while it generates a batch
     between two decode steps (in flight, as PipelineRL does), each token's version recorded;

@@ -75,7 +75,10 @@ def test_decoupled_loss_matches_its_formula():
                                atol=1e-6)  # fmt: skip
 
 
-FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2)
+# Staleness 0 unless a test says otherwise: bit-for-bit comparisons need the synchronous run.
+FAST = dict(
+    steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2, staleness=0
+)
 
 
 def _parameters(setup) -> dict[str, torch.Tensor]:
@@ -119,7 +122,7 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.Args(**FAST, staleness=1, checkpoint=str(tmp_path / "c-{step}.pt"),
+    args = grpo.Args(**dict(FAST, staleness=1), checkpoint=str(tmp_path / "c-{step}.pt"),
                      checkpoint_every=3)  # fmt: skip
     first = grpo.train(args)
     resumed = grpo.train(dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"),
@@ -140,11 +143,12 @@ def test_resume_refuses_conflicting_arguments(tmp_path):
 
 
 def test_tiny_model_learns_copy():
-    """Chance is about 0.1 (1 in 8 letters per position); a fixed seed must get well above."""
-    args = grpo.Args(steps=120, watch_syncs=False, log_interval=40, seed=1)
+    """Chance is about 0.1 (1 in 8 letters per position); a fixed seed must get well above,
+    with the defaults (generation a version ahead, lr 1e-3: about 190 steps to 0.7)."""
+    args = grpo.Args(steps=200, watch_syncs=False, log_interval=50, seed=1)
     result = grpo.train(args)
     assert sum(result.rewards[:10]) / 10 < 0.2
-    assert sum(result.rewards[-10:]) / 10 > 0.4, result.rewards[-10:]
+    assert sum(result.rewards[-10:]) / 10 > 0.5, result.rewards[-10:]
 
 
 def test_no_unintended_sync_in_an_update_or_a_decode_step():

@@ -13,7 +13,10 @@ import torch.multiprocessing as mp
 import nostall
 from nostall.algos import grpo
 
-FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2)
+# Staleness 0 unless a test says otherwise: bit-for-bit comparisons need the synchronous run.
+FAST = dict(
+    steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2, staleness=0
+)
 
 
 def _parameters(setup) -> dict[str, torch.Tensor]:
@@ -58,7 +61,7 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.Args(**FAST, staleness=1, backend="process",
+    args = grpo.Args(**dict(FAST, staleness=1), backend="process",
                      checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=3)  # fmt: skip
     first = grpo.train(args)
     resumed = grpo.train(dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"),
@@ -69,7 +72,7 @@ def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
 
 
 def test_the_generation_sides_figures_cross_the_process_boundary():
-    args = grpo.Args(**dict(FAST, watch_syncs=True), backend="process", staleness=1,
+    args = grpo.Args(**dict(FAST, watch_syncs=True, staleness=1), backend="process",
                      inflight_weights=True)  # fmt: skip
     result = grpo.train(args)
     assert result.syncs_per_decode_step == 0, result.sync_sites  # measured in the child

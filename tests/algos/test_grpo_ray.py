@@ -12,7 +12,10 @@ from nostall.algos import grpo
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
 
-FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2)
+# Staleness 0 unless a test says otherwise: bit-for-bit comparisons need the synchronous run.
+FAST = dict(
+    steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2, staleness=0
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,7 @@ def test_resume_from_the_kth_checkpoint_moves_between_thread_and_ray(local_clust
 
 
 def test_two_generation_workers_every_batch_once_within_the_bound(local_cluster, tmp_path):
-    args = grpo.Args(**FAST, backend="ray", num_workers=2, staleness=1,
+    args = grpo.Args(**dict(FAST, staleness=1), backend="ray", num_workers=2,
                      checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=2)  # fmt: skip
     setup = grpo.build(args)
     lags, lag = [], setup.loop.lag

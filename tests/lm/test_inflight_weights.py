@@ -208,4 +208,4 @@ def test_a_run_with_inflight_weights_reports_its_token_lag():
 
 def test_inflight_weights_need_staleness():
     with pytest.raises(ValueError, match="--inflight-weights needs --staleness of at least 1"):
-        grpo.Args(inflight_weights=True).check()
+        grpo.Args(inflight_weights=True, staleness=0).check()
