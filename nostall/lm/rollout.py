@@ -102,16 +102,17 @@ class PromptEncoder:
         """Left-padded ids and mask of each prompt, `repeat` rows each, built on the host and
         copied to the batch's device in one copy each."""
         rows = self.tokenizer(prompts).input_ids
-        host_ids = torch.full((len(rows), self.length), self.pad_token_id, dtype=torch.int64)
-        host_mask = torch.zeros(len(rows), self.length, dtype=torch.bool)
-        for i, row in enumerate(rows):
+        for prompt, row in zip(prompts, rows, strict=True):
             if len(row) > self.length:
                 raise ValueError(
-                    f"prompt {prompts[i]!r} has {len(row)} tokens, more than the {self.length} "
+                    f"prompt {prompt!r} has {len(row)} tokens, more than the {self.length} "
                     "the run was sized for"
                 )
-            host_ids[i, self.length - len(row) :] = torch.tensor(row)
-            host_mask[i, self.length - len(row) :] = True
+        # Padded as lists, then one tensor each (a tensor per row cost more than the tokenizer).
+        pads = [self.length - len(row) for row in rows]
+        padded = [[self.pad_token_id] * n + row for n, row in zip(pads, rows, strict=True)]
+        host_ids = torch.tensor(padded, dtype=torch.int64)
+        host_mask = torch.tensor([[False] * n + [True] * (self.length - n) for n in pads])
         ids.copy_(host_ids.repeat_interleave(repeat, 0))
         mask.copy_(host_mask.repeat_interleave(repeat, 0))
 
