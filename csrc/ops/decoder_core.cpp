@@ -44,9 +44,8 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
 }
 
 // (An AVX2 clone where the CPU has it, as for every loop below that runs per token.)
-__attribute__((target_clones("avx2", "default"))) void rms_norm(float* out, const float* x,
-                                                                const float* weight, int64_t N,
-                                                                int64_t H, float eps) {
+NOSTALL_AVX2_CLONES void rms_norm(float* out, const float* x, const float* weight, int64_t N,
+                                  int64_t H, float eps) {
   for (int64_t b = 0; b < N; ++b) {
     const float* xb = x + b * H;
     const float scale = 1.0f / std::sqrt(dot(xb, xb, H) / static_cast<float>(H) + eps);
@@ -61,9 +60,8 @@ void mm(Tensor& out, const Tensor& a, const Tensor& b) {
 
 // act [N, I] = silu(gate) * up, gate_up [N, 2I]: an AVX2 clone where the CPU has it (chosen
 // once at load), plain SSE otherwise.
-__attribute__((target_clones("avx2", "default"))) void silu_gate(const float* gate_up, float* act,
-                                                                 int64_t N, int64_t I,
-                                                                 float* scratch) {
+NOSTALL_AVX2_CLONES void silu_gate(const float* gate_up, float* act, int64_t N, int64_t I,
+                                   float* scratch) {
   for (int64_t b = 0; b < N; ++b) {
     const float* gate = gate_up + b * 2 * I;
     const float* up = gate + I;
@@ -217,11 +215,9 @@ Tensor logits(const Weights& w, const Tensor& x) {
   return out;
 }
 
-__attribute__((target_clones("avx2", "default"))) void attend_one(const float* q, const float* keys,
-                                                                  const float* values, int64_t S,
-                                                                  int64_t D, float scale,
-                                                                  const bool* allowed,
-                                                                  float* scores, float* out) {
+NOSTALL_AVX2_CLONES void attend_one(const float* q, const float* keys, const float* values,
+                                    int64_t S, int64_t D, float scale, const bool* allowed,
+                                    float* scores, float* out) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < S; ++t) {
     if (!allowed[t]) continue;

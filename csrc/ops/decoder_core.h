@@ -12,6 +12,16 @@
 
 #include "common/checks.h"
 
+// An AVX2 clone of a per-token loop, chosen once at load where the CPU has AVX2 (the library is
+// built for baseline x86-64). The ThreadSanitizer build goes without (tools/sanitize.sh defines
+// NOSTALL_NO_CLONES): the clones' resolvers run while the library is being relocated, before
+// the instrumented calls they make can be resolved, and the load crashes.
+#if defined(NOSTALL_NO_CLONES)
+#define NOSTALL_AVX2_CLONES
+#else
+#define NOSTALL_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+
 namespace nostall::decoder {
 
 struct Weights {

@@ -141,9 +141,9 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
 }
 
 // dx += d rms_norm(x; weight) / dx . dy, and grad_weight += dy * x / rms(x), row by row.
-__attribute__((target_clones("avx2", "default"))) void rms_norm_backward(
-    const float* dy, const float* x, const float* weight, int64_t N, int64_t H, float eps,
-    float* __restrict dx, float* __restrict grad_weight) {
+NOSTALL_AVX2_CLONES void rms_norm_backward(const float* dy, const float* x, const float* weight,
+                                           int64_t N, int64_t H, float eps, float* __restrict dx,
+                                           float* __restrict grad_weight) {
   std::vector<float> wdy(static_cast<size_t>(H));
   for (int64_t b = 0; b < N; ++b) {
     const float* xb = x + b * H;
@@ -161,9 +161,10 @@ __attribute__((target_clones("avx2", "default"))) void rms_norm_backward(
 // d(silu(gate) * up) for gate_up [N, 2I] and the gradient of the product, dact [N, I], into
 // dgate_up [N, 2I]; act [N, I] gets silu(gate) * up (the down projection's input). The
 // exponentials go through scratch [I] in a loop of their own, so both loops vectorize.
-__attribute__((target_clones("avx2", "default"))) void silu_gate_backward(
-    const float* __restrict gate_up, const float* __restrict dact, int64_t N, int64_t I,
-    float* __restrict dgate_up, float* __restrict act, float* __restrict scratch) {
+NOSTALL_AVX2_CLONES void silu_gate_backward(const float* __restrict gate_up,
+                                            const float* __restrict dact, int64_t N, int64_t I,
+                                            float* __restrict dgate_up, float* __restrict act,
+                                            float* __restrict scratch) {
   for (int64_t b = 0; b < N; ++b) {
     const float* __restrict gate = gate_up + b * 2 * I;
     const float* __restrict up = gate + I;
@@ -199,9 +200,9 @@ inline void unrotate_grad(float* __restrict g, const float* __restrict cos,
 // over its K slots (key_row [N, K], -1: masked) of q . k * scale into probs [N, heads, K]
 // (0 where masked), and their average of the values into att [N, heads * D]. qkv [N, Q] holds
 // the rotated queries, keys and values of every row.
-__attribute__((target_clones("avx2", "default"))) void attention_forward(
-    const float* qkv, const int64_t* key_row, int64_t N, int64_t K, int64_t Q, int64_t heads,
-    int64_t kv, int64_t D, float scale, float* probs, float* att) {
+NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_row, int64_t N,
+                                           int64_t K, int64_t Q, int64_t heads, int64_t kv,
+                                           int64_t D, float scale, float* probs, float* att) {
   const int64_t groups = heads / kv, A = heads * D;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
@@ -232,10 +233,10 @@ __attribute__((target_clones("avx2", "default"))) void attention_forward(
 
 // The gradient of attention_forward: from datt [N, heads * D] and the saved probs into dqkv
 // [N, Q] (zeroed here; keys and values gather from every row attending to them); dp [K] scratch.
-__attribute__((target_clones("avx2", "default"))) void attention_backward(
-    const float* qkv, const float* probs, const float* datt, const int64_t* key_row, int64_t N,
-    int64_t K, int64_t Q, int64_t heads, int64_t kv, int64_t D, float scale, float* dqkv,
-    float* dp) {
+NOSTALL_AVX2_CLONES void attention_backward(const float* qkv, const float* probs, const float* datt,
+                                            const int64_t* key_row, int64_t N, int64_t K, int64_t Q,
+                                            int64_t heads, int64_t kv, int64_t D, float scale,
+                                            float* dqkv, float* dp) {
   const int64_t groups = heads / kv, A = heads * D;
   std::memset(dqkv, 0, sizeof(float) * N * Q);
   for (int64_t n = 0; n < N; ++n) {
