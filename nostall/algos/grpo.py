@@ -85,8 +85,8 @@ class Args:
     top_p: float = 1.0
     """sample from the smallest set of tokens whose probability reaches top_p (1: all)"""
     learning_rate: float = 1e-3
-    """Adam's learning rate (constant). The default is tuned with --staleness 1 (benchmarks/
-    RESULTS.md); a synchronous run (--staleness 0) learns the copy task faster at 2e-3"""
+    """Adam's learning rate (constant). The default is tuned for --staleness 1 (see
+    benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses 2e-3"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
     loss_type: str = "dapo"
