@@ -79,11 +79,12 @@ def test_greedy_generation_matches_generate_token_for_token(varied_tiny, group_s
     assert torch.equal(batch.completion_mask, (ended - (expected == lm.eos_token_id).long()) == 0)
 
 
-def test_behaviour_log_probs_equal_the_trainers(varied_tiny):
+@pytest.mark.parametrize("ban", [True, False], ids=["specials banned", "nothing banned"])
+def test_behaviour_log_probs_equal_the_trainers(varied_tiny, ban):
     model, lm = varied_tiny
     G, C = 4, 6
     ids, mask = _encode(lm, PROMPTS, G)
-    banned = lm.banned_token_ids()
+    banned = lm.banned_token_ids() if ban else []
     engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C, temperature=0.8),
                               eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
                               banned_token_ids=banned)  # fmt: skip
@@ -92,7 +93,7 @@ def test_behaviour_log_probs_equal_the_trainers(varied_tiny):
     batch.prompt_mask.copy_(mask)
     engine.generate(batch.completions(), torch.Generator().manual_seed(3), G)
     with torch.no_grad():
-        vocab = SampledVocab.build(lm.vocab_size, banned)
+        vocab = SampledVocab.build(lm.vocab_size, banned)  # None when nothing is banned
         recomputed = policy_log_probs(Decoder(model), batch, 0.8, vocab, G)
     m = batch.completion_mask
     assert m.sum() > len(ids)  # several tokens per row
