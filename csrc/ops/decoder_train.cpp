@@ -3,10 +3,10 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <utility>
 
 #include "common/tensor_utils.h"
+#include "ops/decoder_attention.h"
 #include "ops/decoder_core.h"
 
 namespace nostall {
@@ -140,17 +140,17 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
   return lay;
 }
 
-// dx += d rms_norm(x; weight) / dx . dy, and grad_weight += dy * x / rms(x), row by row.
+// dx += d rms_norm(x; weight) / dx . dy, and grad_weight += dy * x / rms(x), row by row;
+// wdy [H] scratch (the final norm calls this once per completion token: no allocation per call).
 NOSTALL_AVX2_CLONES void rms_norm_backward(const float* dy, const float* x, const float* weight,
                                            int64_t N, int64_t H, float eps, float* __restrict dx,
-                                           float* __restrict grad_weight) {
-  std::vector<float> wdy(static_cast<size_t>(H));
+                                           float* __restrict grad_weight, float* __restrict wdy) {
   for (int64_t b = 0; b < N; ++b) {
     const float* xb = x + b * H;
     const float* db = dy + b * H;
     for (int64_t j = 0; j < H; ++j) wdy[j] = weight[j] * db[j];
     const float r = 1.0f / std::sqrt(decoder::dot(xb, xb, H) / static_cast<float>(H) + eps);
-    const float coef = r * r * r * decoder::dot(wdy.data(), xb, H) / static_cast<float>(H);
+    const float coef = r * r * r * decoder::dot(wdy, xb, H) / static_cast<float>(H);
     for (int64_t j = 0; j < H; ++j) {
       dx[b * H + j] += r * wdy[j] - coef * xb[j];
       grad_weight[j] += db[j] * xb[j] * r;
@@ -193,76 +193,6 @@ inline void unrotate_grad(float* __restrict g, const float* __restrict cos,
     const float a = g[e], b = g[e + half];
     g[e] = a * cos[e] + b * sin[e + half];
     g[e + half] = b * cos[e + half] + a * sin[e];
-  }
-}
-
-// The attention of decoder_train's layer: for each of the N rows and each head, the softmax
-// over its K slots (key_row [N, K], -1: masked) of q . k * scale into probs [N, heads, K]
-// (0 where masked), and their average of the values into att [N, heads * D]. qkv [N, Q] holds
-// the rotated queries, keys and values of every row.
-NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_row, int64_t N,
-                                           int64_t K, int64_t Q, int64_t heads, int64_t kv,
-                                           int64_t D, float scale, float* probs, float* att) {
-  const int64_t groups = heads / kv, A = heads * D;
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t* keys = key_row + n * K;
-    for (int64_t head = 0; head < heads; ++head) {
-      const float* q = qkv + n * Q + head * D;
-      const int64_t kh = head / groups;
-      float* pr = probs + (n * heads + head) * K;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < K; ++s) {
-        if (keys[s] < 0) continue;
-        pr[s] = decoder::dot(q, qkv + keys[s] * Q + (heads + kh) * D, D) * scale;
-        m = pr[s] > m ? pr[s] : m;
-      }
-      float total = 0.0f;
-      for (int64_t s = 0; s < K; ++s) {
-        pr[s] = keys[s] < 0 ? 0.0f : std::exp(pr[s] - m);
-        total += pr[s];
-      }
-      float* out = att + n * A + head * D;
-      for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-      for (int64_t s = 0; s < K; ++s) {
-        pr[s] /= total;
-        if (keys[s] >= 0) decoder::axpy(out, pr[s], qkv + keys[s] * Q + (heads + kv + kh) * D, D);
-      }
-    }
-  }
-}
-
-// The gradient of attention_forward: from datt [N, heads * D] and the saved probs into dqkv
-// [N, Q] (zeroed here; keys and values gather from every row attending to them); dp [K] scratch.
-NOSTALL_AVX2_CLONES void attention_backward(const float* qkv, const float* probs, const float* datt,
-                                            const int64_t* key_row, int64_t N, int64_t K, int64_t Q,
-                                            int64_t heads, int64_t kv, int64_t D, float scale,
-                                            float* dqkv, float* dp) {
-  const int64_t groups = heads / kv, A = heads * D;
-  std::memset(dqkv, 0, sizeof(float) * N * Q);
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t* keys = key_row + n * K;
-    for (int64_t head = 0; head < heads; ++head) {
-      const int64_t kh = head / groups;
-      const float* q = qkv + n * Q + head * D;
-      const float* pr = probs + (n * heads + head) * K;
-      const float* dout = datt + n * A + head * D;
-      float weighted = 0.0f;
-      for (int64_t s = 0; s < K; ++s) {
-        dp[s] = 0.0f;
-        if (keys[s] < 0) continue;
-        dp[s] = decoder::dot(dout, qkv + keys[s] * Q + (heads + kv + kh) * D, D);
-        weighted += pr[s] * dp[s];
-      }
-      float* dqh = dqkv + n * Q + head * D;
-      for (int64_t s = 0; s < K; ++s) {
-        if (keys[s] < 0) continue;
-        const float ds = pr[s] * (dp[s] - weighted) * scale;
-        const int64_t row = keys[s] * Q;
-        decoder::axpy(dqh, ds, qkv + row + (heads + kh) * D, D);
-        decoder::axpy(dqkv + row + (heads + kh) * D, ds, q, D);
-        decoder::axpy(dqkv + row + (heads + kv + kh) * D, pr[s], dout, D);
-      }
-    }
   }
 }
 
@@ -320,9 +250,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
         decoder::rotate(qp + n * Q + head * D, cp + p * D, sp + p * D, D);
       }
     }
-    attention_forward(qp, lay.key_row.data(), N, K, Q, heads, kv, D, scale,
-                      probs.mutable_data_ptr<float>() + l * N * heads * K,
-                      attended.mutable_data_ptr<float>() + l * N * A);
+    decoder::attention_forward(qp, lay.key_row.data(), N, K, Q, heads, kv, D, scale,
+                               probs.mutable_data_ptr<float>() + l * N * heads * K,
+                               attended.mutable_data_ptr<float>() + l * N * A);
     decoder::linear(tmp, rows(attended, l * N, N), w.o_weight[l], nullptr);
     add_into(xmid, xin, tmp.const_data_ptr<float>(), N * H);
     decoder::rms_norm(h.mutable_data_ptr<float>(), xmid, w.post_norm[l].const_data_ptr<float>(), N,
@@ -407,7 +337,8 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
   const float* res = residuals.const_data_ptr<float>();
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();
-  std::vector<float> dp(static_cast<size_t>(K)), silu_scratch(static_cast<size_t>(I));
+  std::vector<float> dp(static_cast<size_t>(K)), silu_scratch(static_cast<size_t>(I)),
+      wdy(static_cast<size_t>(H));
   float* dxp = dx.mutable_data_ptr<float>();
   float* dmp = dmid.mutable_data_ptr<float>();
 
@@ -418,7 +349,7 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     for (int64_t c = 0; c < C; ++c) {
       const int64_t s = lay.source(r, c);
       rms_norm_backward(gh + (r * C + c) * H, last + s * H, final_norm.const_data_ptr<float>(), 1,
-                        H, w.eps, dxp + s * H, g_final.mutable_data_ptr<float>());
+                        H, w.eps, dxp + s * H, g_final.mutable_data_ptr<float>(), wdy.data());
     }
   }
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -437,16 +368,16 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     decoder::mm(dh, dgate_up, w.gate_up_weight[l]);
     std::memcpy(dmp, dxp, sizeof(float) * N * H);
     rms_norm_backward(dh.const_data_ptr<float>(), xmid, w.post_norm[l].const_data_ptr<float>(), N,
-                      H, w.eps, dmp, g_post_norm[l].mutable_data_ptr<float>());
+                      H, w.eps, dmp, g_post_norm[l].mutable_data_ptr<float>(), wdy.data());
     // The attention's output projection: x_mid = x_in + attended @ o^T.
     decoder::mm(g_o[l], transposed(dmid), rows(attended, l * N, N));
     decoder::mm(datt, dmid, w.o_weight[l]);
     // The attention: softmax over each query's slots, then the rotation.
     float* dq = dqkv.mutable_data_ptr<float>();
-    attention_backward(qkv.const_data_ptr<float>() + l * N * Q,
-                       probs.const_data_ptr<float>() + l * N * heads * K,
-                       datt.const_data_ptr<float>(), lay.key_row.data(), N, K, Q, heads, kv, D,
-                       scale, dq, dp.data());
+    decoder::attention_backward(qkv.const_data_ptr<float>() + l * N * Q,
+                                probs.const_data_ptr<float>() + l * N * heads * K,
+                                datt.const_data_ptr<float>(), lay.key_row.data(), N, K, Q, heads,
+                                kv, D, scale, dq, dp.data());
     for (int64_t n = 0; n < N; ++n) {
       const int64_t p = lay.position[n];
       for (int64_t head = 0; head < heads + kv; ++head) {
@@ -466,7 +397,7 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     decoder::mm(dh, dqkv, w.qkv_weight[l]);
     std::memcpy(dxp, dmp, sizeof(float) * N * H);
     rms_norm_backward(dh.const_data_ptr<float>(), xin, w.input_norm[l].const_data_ptr<float>(), N,
-                      H, w.eps, dxp, g_input_norm[l].mutable_data_ptr<float>());
+                      H, w.eps, dxp, g_input_norm[l].mutable_data_ptr<float>(), wdy.data());
   }
   Tensor g_embed = zeros(embed, w.vocab, H);
   float* ge = g_embed.mutable_data_ptr<float>();
