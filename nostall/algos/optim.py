@@ -61,6 +61,21 @@ class ClippedAdam(torch.optim.Adam):
             p.grad = grad
         self._bind_state()
 
+    @property
+    def parameters_in_order(self) -> list[torch.nn.Parameter]:
+        """The parameters, in the order they lie in the flat buffers."""
+        return list(self._params)
+
+    @property
+    def flat_parameters(self) -> torch.Tensor:
+        """Every parameter's data, end to end (each parameter is a view of it)."""
+        return self._flat_param
+
+    @property
+    def flat_gradient(self) -> torch.Tensor:
+        """Every parameter's gradient, end to end; `step` reads it."""
+        return self._flat_grad
+
     def add_param_group(self, param_group: dict) -> None:
         # Optimizer.add_param_group is wrapped to be skipped by torch.compile, and the wrapper
         # imports torch._dynamo on its first call: about 3 s of a run's start-up here, for an

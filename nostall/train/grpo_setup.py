@@ -14,6 +14,7 @@ import torch
 
 from nostall.algos.optim import ClippedAdam
 from nostall.lm.decoder import Decoder
+from nostall.lm.explicit_update import training_order
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
 from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
@@ -118,15 +119,17 @@ def build(args: Args) -> Setup:
         loop = RolloutLoop(slots, generator, generator.model, model, staleness=args.staleness)
         if args.inflight_weights:
             generator.refresh = loop.refresh
-    optimizer = ClippedAdam(model.parameters(), lr=args.learning_rate,
-                            max_grad_norm=args.max_grad_norm)  # fmt: skip
+    decoder = Decoder(model)
+    # In decoder_train's order where it covers the model: the update then needs no cats.
+    order = training_order(decoder) or list(model.parameters())
+    optimizer = ClippedAdam(order, lr=args.learning_rate, max_grad_norm=args.max_grad_norm)
     reference = None
     if args.beta > 0:
         reference = Decoder(copy.deepcopy(model).requires_grad_(False))
     group_index = torch.arange(args.num_prompts, device=device)
     group_index = group_index.repeat_interleave(args.num_generations)
     vocab = SampledVocab.build(lm.vocab_size, lm.banned_token_ids(), device)
-    return Setup(lm, Decoder(model), generator, loop, optimizer, vocab, group_index, reference)
+    return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference)
 
 
 def snapshot(setup: Setup, step: int, result: TrainResult) -> dict:
@@ -134,6 +137,7 @@ def snapshot(setup: Setup, step: int, result: TrainResult) -> dict:
     state = {
         "model": {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()},
         "optimizer": setup.optimizer.state_dict(),
+        "optimizer_parameters": _optimizer_names(setup),
         "loop": setup.loop.state_dict(LMBatch.state_dict),
         **setup.loop.fill_state(),  # the generator's sampling and prompt streams
         "step": step,
@@ -145,12 +149,37 @@ def snapshot(setup: Setup, step: int, result: TrainResult) -> dict:
     return state
 
 
+def _optimizer_names(setup: Setup) -> list[str]:
+    """The parameters' names in the optimizer's order."""
+    names = {id(p): name for name, p in setup.lm.model.named_parameters()}
+    return [names[id(p)] for p in setup.optimizer.parameters_in_order]
+
+
+def _reordered(setup: Setup, state: dict) -> dict:
+    """The checkpoint's optimizer state, its entries in this optimizer's order: a checkpoint
+    names its order (older ones kept model.named_parameters()'s), and the moments of one
+    parameter must not be loaded into another's of the same size."""
+    saved = state.get("optimizer_parameters")
+    if saved is None:
+        saved = [name for name, _ in setup.lm.model.named_parameters()]
+    current = _optimizer_names(setup)
+    optimizer = state["optimizer"]
+    if saved == current:
+        return optimizer
+    if sorted(saved) != sorted(current):
+        raise ValueError("the checkpoint's optimizer holds other parameters than this model's")
+    where = {name: index for index, name in enumerate(saved)}
+    entries = optimizer["state"]
+    moved = {i: entries[where[name]] for i, name in enumerate(current) if where[name] in entries}
+    return {**optimizer, "state": moved}
+
+
 def restore(setup: Setup, state: dict, result: TrainResult) -> int:
     model = setup.lm.model
     with torch.no_grad():
         for name, value in model.state_dict().items():
             value.copy_(state["model"][name])
-    setup.optimizer.load_state_dict(state["optimizer"])
+    setup.optimizer.load_state_dict(_reordered(setup, state))
     setup.loop.load_state_dict(state["loop"], model, LMBatch.load_state_dict)
     setup.loop.load_fill_state({"generator": state["generator"], "prompts": state["prompts"]})
     if setup.reference is not None:

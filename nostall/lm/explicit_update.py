@@ -1,0 +1,187 @@
+"""The GRPO update without autograd: the forward, the loss and each adjoint called in turn as
+native ops, the gradients written straight into the optimizer's flat buffer.
+
+Why: on the race's tiny model the autograd graph of an update cost about 2 ms of 5. That is the
+Python autograd formula of `decoder_train` and torch.library's pytree wrapping of it, the cats
+of each layer's q/k/v and gate/up weights and their backward nodes, the vocabulary slice, and
+27 gradient accumulations. It also held the GIL while the generator thread waited for it. Here
+an update is a dozen op calls.
+
+What removes the cats: ClippedAdam keeps every parameter as a view of one flat buffer, in the
+order it is given. `training_order` lists the parameters in the order of
+`decoder_train_backward`'s outputs: the embedding, each layer's input norm, each layer's q, k, v
+weights, their biases, the output projections, the post-attention norms, gate and up weights,
+down weights, the final norm, then an untied output weight. So each layer's fused q/k/v (and
+gate/up) weight is one contiguous view of the flat parameters, and the op's gradients, laid end
+to end, are the flat gradient.
+
+The same arithmetic as `policy_log_probs` + `grpo_loss` + `loss.backward()`, in the same ops:
+tests check the two against each other (tests/lm/test_explicit_update.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nostall.algos.optim import ClippedAdam
+from nostall.lm.decoder import Decoder
+from nostall.lm.generation import SampledVocab
+from nostall.ops.losses import DEFAULT_CHUNK_LOGITS
+
+Tensor = torch.Tensor
+
+
+def training_order(decoder: Decoder) -> list[torch.nn.Parameter] | None:
+    """The model's parameters in decoder_train_backward's output order, or None when the model
+    has parameters that order does not cover (the update then goes through autograd)."""
+    layers = decoder.layers
+    attn = [layer.self_attn for layer in layers]
+    mlp = [layer.mlp for layer in layers]
+    biases = [[a.q_proj.bias, a.k_proj.bias, a.v_proj.bias] for a in attn]
+    present = {b is not None for bs in biases for b in bs}
+    if len(present) > 1:
+        return None  # some projections with a bias, some without: not decoder_train's layout
+    order = [decoder.embed.weight]
+    order += [layer.input_layernorm.weight for layer in layers]
+    order += [p.weight for a in attn for p in (a.q_proj, a.k_proj, a.v_proj)]
+    order += [b for bs in biases for b in bs if b is not None]
+    order += [a.o_proj.weight for a in attn]
+    order += [layer.post_attention_layernorm.weight for layer in layers]
+    order += [p.weight for m in mlp for p in (m.gate_proj, m.up_proj)]
+    order += [m.down_proj.weight for m in mlp]
+    order.append(decoder.norm.weight)
+    if decoder.output_weight is not decoder.embed.weight:
+        order.append(decoder.output_weight)
+    everything = list(decoder.model.parameters())
+    if len(order) != len(everything) or {id(p) for p in order} != {id(p) for p in everything}:
+        return None
+    return order
+
+
+class ExplicitUpdate:
+    """GRPO optimizer steps by explicit adjoints, for a decoder whose optimizer holds its
+    parameters in `training_order` (see `applies`)."""
+
+    def __init__(self, decoder: Decoder, optimizer: ClippedAdam):
+        self.decoder, self.optimizer = decoder, optimizer
+        flat, grad = optimizer.flat_parameters, optimizer.flat_gradient
+        order = optimizer.parameters_in_order
+        L = len(decoder.layers)
+        offsets, offset = [], 0
+        for p in order:
+            offsets.append(offset)
+            offset += p.numel()
+        H = decoder.embed.weight.shape[1]
+
+        def span(first: int, count: int) -> Tensor:
+            """The parameters order[first : first + count], as one [rows, H] view of flat."""
+            start = offsets[first]
+            end = offsets[first + count - 1] + order[first + count - 1].numel()
+            return flat[start:end].view(-1, H) if order[first].dim() == 2 else flat[start:end]
+
+        i = 1 + L  # after the embedding and the input norms
+        self.qkv = [span(i + 3 * layer, 3) for layer in range(L)]
+        i += 3 * L
+        has_bias = decoder.layers[0].self_attn.q_proj.bias is not None
+        self.qkv_bias = [span(i + 3 * layer, 3) for layer in range(L)] if has_bias else []
+        i += 3 * L if has_bias else 0
+        i += 2 * L  # the output projections and the post-attention norms
+        self.gate_up = [span(i + 2 * layer, 2) for layer in range(L)]
+        self.tied = decoder.output_weight is decoder.embed.weight
+        # The gradient of the embedding (and of a tied output weight): rows of the flat gradient.
+        self.embed_grad = grad[: order[0].numel()].view_as(order[0])
+        decoder_numel = offsets[-1] + order[-1].numel() if self.tied else offsets[-1]
+        self.decoder_grad = grad[:decoder_numel]
+        self.output_grad = None if self.tied else grad[decoder_numel:].view_as(order[-1])
+
+    @staticmethod
+    def applies_now(decoder: Decoder, reference: Decoder | None) -> bool:
+        """The native training forward runs (float32 on the CPU) and there is no KL reference
+        (its log-probs would need their own forward): checked every update."""
+        return reference is None and decoder._native_training_applies()
+
+    @staticmethod
+    def applies(decoder: Decoder, optimizer, reference: Decoder | None) -> bool:
+        """`applies_now`, and the optimizer is a ClippedAdam over `training_order`."""
+        if not ExplicitUpdate.applies_now(decoder, reference):
+            return False
+        if not isinstance(optimizer, ClippedAdam):
+            return False
+        order = training_order(decoder)
+        return order is not None and [id(p) for p in order] == [
+            id(p) for p in optimizer.parameters_in_order
+        ]
+
+    def _weights(self) -> tuple:
+        d = self.decoder
+        layers = d.layers
+        return (
+            d.embed.weight.detach(),
+            [layer.input_layernorm.weight.detach() for layer in layers],
+            self.qkv,
+            self.qkv_bias,
+            [layer.self_attn.o_proj.weight.detach() for layer in layers],
+            [layer.post_attention_layernorm.weight.detach() for layer in layers],
+            self.gate_up,
+            [layer.mlp.down_proj.weight.detach() for layer in layers],
+            d.norm.weight.detach(),
+            d.cos,
+            d.sin,
+        )
+
+    @torch.no_grad()
+    def step(self, batch, advantage: Tensor, args, vocab: SampledVocab | None, decoupled: bool,
+             old_log_prob: Tensor | None) -> tuple[Tensor, ...]:  # fmt: skip
+        """One optimizer step on `batch`: (log_prob, loss, clip_fraction, approx_kl), the
+        log-probs before the step. `old_log_prob` None: this step's own (the proximal policy)."""
+        from nostall.algos.grpo import AGGREGATIONS  # (grpo imports this module)
+
+        d = self.decoder
+        G = args.num_generations
+        B, C = batch.completion_ids.shape
+        prompt_ids, prompt_mask = batch.prompt_ids[::G], batch.prompt_mask[::G]
+        weights = self._weights()
+        config = d._native_config()
+        hidden, *saved = torch.ops.nostall.decoder_train.default(
+            prompt_ids, prompt_mask, batch.completion_ids, batch.completion_mask, *weights,
+            *config,
+        )  # fmt: skip
+        scaled = hidden.view(B, C, -1) / args.temperature
+        weight, tokens = d.output_weight.detach(), batch.completion_ids
+        if vocab is not None:  # the softmax over the allowed tokens' rows only
+            weight, tokens = weight[vocab.ids], vocab.index[tokens]
+        chunk = max(1, DEFAULT_CHUNK_LOGITS // weight.shape[0])
+        log_prob, logsumexp = torch.ops.nostall.token_log_prob_linear.default(
+            scaled, weight, tokens, chunk
+        )
+        if old_log_prob is None:
+            old_log_prob = log_prob
+        aggregation = AGGREGATIONS[args.loss_type]
+        clip_high = args.clip_low if args.clip_high is None else args.clip_high
+        loss, clip_fraction, approx_kl, token_grad = torch.ops.nostall.clipped_policy_loss.default(
+            log_prob, old_log_prob, advantage, batch.completion_mask, float(args.clip_low),
+            float(clip_high), aggregation, C, None, batch.log_probs if decoupled else None,
+            float(args.is_cap),
+        )  # fmt: skip
+        grad_log_prob = torch.ops.nostall.clipped_policy_loss_backward.default(
+            torch.ones_like(loss), token_grad, batch.completion_mask, aggregation, C
+        )
+        grad_scaled, grad_weight = torch.ops.nostall.token_log_prob_linear_backward.default(
+            grad_log_prob, scaled, weight, tokens, logsumexp, chunk
+        )
+        grads = torch.ops.nostall.decoder_train_backward.default(
+            (grad_scaled / args.temperature).view(B * C, -1), prompt_ids, prompt_mask,
+            batch.completion_ids, batch.completion_mask, *weights, *saved, *config,
+        )  # fmt: skip
+        g_embed, *g_lists, g_final = grads
+        flat = [g_embed.view(-1)] + [g.view(-1) for gs in g_lists for g in gs]
+        torch.cat([*flat, g_final], out=self.decoder_grad)
+        output_grad = self.embed_grad if self.tied else self.output_grad
+        if not self.tied:
+            output_grad.zero_()
+        if vocab is not None:
+            output_grad.index_add_(0, vocab.ids, grad_weight)
+        else:
+            output_grad.add_(grad_weight)
+        self.optimizer.step()
+        return log_prob, loss, clip_fraction, approx_kl
