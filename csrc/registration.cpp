@@ -9,6 +9,7 @@
 #include "ops/discounted_returns.h"
 #include "ops/episodes.h"
 #include "ops/gae.h"
+#include "ops/generate_completions.h"
 #include "ops/group_advantages.h"
 #include "ops/mlp.h"
 #include "ops/policy_loss.h"
@@ -153,6 +154,18 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int num_heads, "
       "int kv_heads, float eps) -> Tensor logits");
 
+  // A whole batch of completions (see ops/generate_completions.h): the prefill, then the
+  // sampler and a decode step per token, uniform [C, B, V] the noise of each token; returns
+  // completion_ids int64, completion_mask bool and log_prob [B, C]. Inference only.
+  m.def(
+      "generate_completions(Tensor prompt_ids, Tensor prompt_mask, int group_size, "
+      "Tensor uniform, Tensor allowed, Tensor embed, Tensor[] input_norm, Tensor[] qkv_weight, "
+      "Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, Tensor[] gate_up_weight, "
+      "Tensor[] down_weight, Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, "
+      "Tensor(a!) keys, Tensor(b!) values, int num_heads, int kv_heads, float eps, "
+      "float temperature, int top_k, float top_p, int eos_token_id, int pad_token_id) "
+      "-> (Tensor completion_ids, Tensor completion_mask, Tensor log_prob)");
+
   // The training forward of the same decoder over GRPO's grouped batch (see
   // ops/decoder_train.h): each group's prompt [Bp, P] once, its completions [Bp * G, C]; the
   // normed hidden states that predict each completion token [B * C, H], and the activations
@@ -258,6 +271,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cpu));
   m.impl("decode_step", TORCH_BOX(&nostall::decode_step_cpu));
   m.impl("prefill_prompts", TORCH_BOX(&nostall::prefill_prompts_cpu));
+  m.impl("generate_completions", TORCH_BOX(&nostall::generate_completions_cpu));
   m.impl("decoder_train", TORCH_BOX(&nostall::decoder_train_cpu));
   m.impl("decoder_train_backward", TORCH_BOX(&nostall::decoder_train_backward_cpu));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));

@@ -183,6 +183,22 @@ class GenerationEngine:
         self.decoder.freeze()  # the fused weights, from the model's current ones
         cfg = self.sampling
         prompts, prompt_mask = batch.prompt_ids[::group_size], batch.prompt_mask[::group_size]
+        # Every token's noise drawn up front, so a batch that stops early leaves the generator
+        # where a full one would, and both paths below draw the same.
+        V = self.allowed.shape[0]
+        uniform = torch.rand((C, B, V), generator=generator, device=self.allowed.device)
+        if between_tokens is None and self.decoder._native_applies():
+            # The whole batch in one native op, the GIL released throughout.
+            ids, mask, log_prob = torch.ops.nostall.generate_completions.default(
+                prompts, prompt_mask, group_size, uniform, self.allowed,
+                *self.decoder._weight_lists(), cache.keys, cache.values,
+                *self.decoder._native_config(), float(cfg.temperature), cfg.top_k,
+                float(cfg.top_p), self.eos_token_id, self.pad_token_id,
+            )  # fmt: skip
+            batch.completion_ids.copy_(ids)
+            batch.completion_mask.copy_(mask)
+            batch.log_probs.copy_(log_prob)
+            return batch
         logits = self.decoder.prefill(prompts, prompt_mask, cache, group_size)
         next_position = batch.prompt_mask.sum(1)  # (B,): each row's first completion position
         slot_mask, finished = self._slot_mask, self._finished
@@ -200,7 +216,7 @@ class GenerationEngine:
             token, log_prob = sample_tokens(
                 logits.float(), finished, self.allowed, eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
-                top_p=cfg.top_p, generator=generator,
+                top_p=cfg.top_p, uniform=uniform[t],
             )  # fmt: skip
             batch.completion_ids[:, t] = token
             batch.log_probs[:, t] = log_prob

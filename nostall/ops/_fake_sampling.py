@@ -62,3 +62,25 @@ def _prefill_prompts_fake(prompt_ids, prompt_mask, group_size, embed, input_norm
     _check(group_size >= 1, f"prefill_prompts: group_size must be at least 1, got {group_size}")
     _check(embed.dtype == torch.float32, "prefill_prompts: embed must be float32")
     return embed.new_empty(prompt_ids.shape[0] * group_size, lm_head.shape[0])
+
+
+@torch.library.register_fake("nostall::generate_completions")
+def _generate_completions_fake(prompt_ids, prompt_mask, group_size, uniform, allowed, embed,
+                               input_norm, qkv_weight, qkv_bias, o_weight, post_norm,
+                               gate_up_weight, down_weight, final_norm, lm_head, cos, sin, keys,
+                               values, num_heads, kv_heads, eps, temperature, top_k, top_p,
+                               eos_token_id, pad_token_id):  # fmt: skip
+    _check(prompt_ids.dim() == 2, "generate_completions: prompt_ids must be a CPU int64 [Bp, P]")
+    _check(group_size >= 1,
+           f"generate_completions: group_size must be at least 1, got {group_size}")  # fmt: skip
+    B = prompt_ids.shape[0] * group_size
+    _check(
+        uniform.dim() == 3 and uniform.dtype == torch.float32 and uniform.shape[1] == B,
+        f"generate_completions: uniform must be a CPU float32 [C, B, V] with C >= 1 and B = {B}",
+    )
+    C = uniform.shape[0]
+    return (
+        prompt_ids.new_empty(B, C),
+        prompt_mask.new_empty(B, C),
+        uniform.new_empty(B, C),
+    )
