@@ -88,9 +88,9 @@ class HostWeights:
         self.ready()
 
     def fill(self, state: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, value in state.items():
-                self.tensors[name].copy_(value, non_blocking=self.from_device)
+        with torch.no_grad():  # one call for every tensor (a copy each cost ~4 us of glue)
+            torch._foreach_copy_([self.tensors[k] for k in state], list(state.values()),
+                                 non_blocking=self.from_device)  # fmt: skip
         if self._event is not None:
             # On the stream that queued the copies: the current stream of the weights' device
             # (not of whatever device is current).

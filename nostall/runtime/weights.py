@@ -10,10 +10,30 @@ buffers live on the host: with the trainer on a GPU, publishing queues non-block
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 
 from nostall.runtime.device import HostWeights
+
+# Each module's state-dict tensors, found once (see state_tensors).
+_STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def state_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`module.state_dict()`'s tensors by name, without walking the module tree each time (a
+    `transformers` model's state_dict took about 0.2 ms, on the trainer's path every update).
+
+    Cached when the state dict is all parameters: their objects stay valid when an optimizer
+    re-points their `.data` (as ClippedAdam does). A module with persistent buffers, which may
+    be reassigned, gets a fresh state_dict each call."""
+    cached = _STATE.get(module)
+    if cached is None:
+        state = module.state_dict(keep_vars=True)
+        if not all(isinstance(v, torch.nn.Parameter) for v in state.values()):
+            return module.state_dict()
+        cached = _STATE[module] = state
+    return cached
 
 
 class WeightBuffer:
@@ -33,7 +53,7 @@ class WeightBuffer:
 
     def publish(self, module: torch.nn.Module, version: int) -> None:
         """Copies `module`'s weights in as `version` (the trainer side)."""
-        self.publish_state(module.state_dict(), version)
+        self.publish_state(state_tensors(module), version)
 
     def publish_state(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Copies a state dict (the trainer's, or a checkpoint's) in as `version`. Waits only
@@ -74,8 +94,8 @@ class WeightBuffer:
             # Outside the lock: waiting for a GPU trainer's copies must not hold up its publish.
             weights = self._buffers[newest].ready()
             with torch.no_grad():
-                for name, value in module.state_dict().items():
-                    value.copy_(weights[name])
+                targets = state_tensors(module)
+                torch._foreach_copy_(list(targets.values()), [weights[k] for k in targets])
         finally:
             with self._lock:
                 self._reading[newest] -= 1
