@@ -112,6 +112,7 @@ assert nostall.HAS_CUDA_KERNELS and nostall.AUTOGRAD == "native", (nostall.HAS_C
 # Host-side ops: the environment's control calls take host tensors (a CUDA step goes through
 # env_step's stream-ordered kernel), and the CPU decoder ops have a GPU path in tensor ops.
 HOST_ONLY = {"env_load", "env_send", "env_set_state", "decode_step", "prefill_prompts",
+             "generate_completions",
              "decoder_train", "decoder_train_backward"}
 names = sorted(n.split("::")[1] for n in torch._C._dispatch_get_all_op_names()
                if n.startswith("nostall::"))
