@@ -10,9 +10,18 @@
 
 namespace nostall::decoder {
 
-NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_row, int64_t N,
-                                           int64_t K, int64_t Q, int64_t heads, int64_t kv,
-                                           int64_t D, float scale, float* probs, float* att) {
+namespace {
+
+// The loops with the head dimension known at compile time (kD > 0; 0: D at run time): dot and
+// axpy over a constant D unroll into a few vector instructions, where a run-time D paid a loop
+// and its remainder checks per key slot, most of the attention's time at D = 16. Inlined into
+// each clone below, so each is compiled for that clone's target.
+template <int64_t kD>
+NOSTALL_ALWAYS_INLINE inline void attention_forward_rows(const float* qkv, const int64_t* key_row,
+                                                         int64_t N, int64_t K, int64_t Q,
+                                                         int64_t heads, int64_t kv, int64_t any_d,
+                                                         float scale, float* probs, float* att) {
+  const int64_t D = kD > 0 ? kD : any_d;
   const int64_t groups = heads / kv, A = heads * D;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
@@ -28,7 +37,8 @@ NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_
       }
       float total = 0.0f;
       for (int64_t s = 0; s < K; ++s) {
-        pr[s] = keys[s] < 0 ? 0.0f : std::exp(pr[s] - m);
+        pr[s] =
+            keys[s] < 0 ? 0.0f : fast_exp(pr[s] - m);  // (a libm call each: a third of the loop)
         total += pr[s];
       }
       float* out = att + n * A + head * D;
@@ -41,10 +51,13 @@ NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_
   }
 }
 
-NOSTALL_AVX2_CLONES void attention_backward(const float* qkv, const float* probs, const float* datt,
-                                            const int64_t* key_row, int64_t N, int64_t K, int64_t Q,
-                                            int64_t heads, int64_t kv, int64_t D, float scale,
-                                            float* dqkv, float* dp) {
+template <int64_t kD>
+NOSTALL_ALWAYS_INLINE inline void attention_backward_rows(const float* qkv, const float* probs,
+                                                          const float* datt, const int64_t* key_row,
+                                                          int64_t N, int64_t K, int64_t Q,
+                                                          int64_t heads, int64_t kv, int64_t any_d,
+                                                          float scale, float* dqkv, float* dp) {
+  const int64_t D = kD > 0 ? kD : any_d;
   const int64_t groups = heads / kv, A = heads * D;
   std::memset(dqkv, 0, sizeof(float) * N * Q);
   for (int64_t n = 0; n < N; ++n) {
@@ -71,6 +84,48 @@ NOSTALL_AVX2_CLONES void attention_backward(const float* qkv, const float* probs
         axpy(dqkv + row + (heads + kv + kh) * D, pr[s], dout, D);
       }
     }
+  }
+}
+
+}  // namespace
+
+NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_row, int64_t N,
+                                           int64_t K, int64_t Q, int64_t heads, int64_t kv,
+                                           int64_t D, float scale, float* probs, float* att) {
+  switch (D) {
+    case 16:
+      return attention_forward_rows<16>(qkv, key_row, N, K, Q, heads, kv, D, scale, probs, att);
+    case 32:
+      return attention_forward_rows<32>(qkv, key_row, N, K, Q, heads, kv, D, scale, probs, att);
+    case 64:
+      return attention_forward_rows<64>(qkv, key_row, N, K, Q, heads, kv, D, scale, probs, att);
+    case 128:
+      return attention_forward_rows<128>(qkv, key_row, N, K, Q, heads, kv, D, scale, probs, att);
+    default:
+      return attention_forward_rows<0>(qkv, key_row, N, K, Q, heads, kv, D, scale, probs, att);
+  }
+}
+
+NOSTALL_AVX2_CLONES void attention_backward(const float* qkv, const float* probs, const float* datt,
+                                            const int64_t* key_row, int64_t N, int64_t K, int64_t Q,
+                                            int64_t heads, int64_t kv, int64_t D, float scale,
+                                            float* dqkv, float* dp) {
+  switch (D) {
+    case 16:
+      return attention_backward_rows<16>(qkv, probs, datt, key_row, N, K, Q, heads, kv, D, scale,
+                                         dqkv, dp);
+    case 32:
+      return attention_backward_rows<32>(qkv, probs, datt, key_row, N, K, Q, heads, kv, D, scale,
+                                         dqkv, dp);
+    case 64:
+      return attention_backward_rows<64>(qkv, probs, datt, key_row, N, K, Q, heads, kv, D, scale,
+                                         dqkv, dp);
+    case 128:
+      return attention_backward_rows<128>(qkv, probs, datt, key_row, N, K, Q, heads, kv, D, scale,
+                                          dqkv, dp);
+    default:
+      return attention_backward_rows<0>(qkv, probs, datt, key_row, N, K, Q, heads, kv, D, scale,
+                                        dqkv, dp);
   }
 }
 

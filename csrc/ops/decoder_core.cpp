@@ -227,7 +227,7 @@ NOSTALL_AVX2_CLONES void attend_one(const float* q, const float* keys, const flo
   float total = 0.0f;
   for (int64_t t = 0; t < S; ++t) {
     if (!allowed[t]) continue;
-    scores[t] = std::exp(scores[t] - m);
+    scores[t] = fast_exp(scores[t] - m);
     total += scores[t];
   }
   for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;

@@ -21,6 +21,8 @@
 #else
 #define NOSTALL_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
+// A helper inlined into its (cloned) caller, so it is compiled for each clone's target.
+#define NOSTALL_ALWAYS_INLINE __attribute__((always_inline))
 
 namespace nostall::decoder {
 
