@@ -3,6 +3,8 @@ loop over the same kernels and the same noise: bit for bit, over groups, tempera
 and banned tokens, including a batch that ends before max_new_tokens (the op stops early, the
 loop does not); the generator left in the same state; opcheck; every bad argument named."""
 
+import copy
+
 import pytest
 import torch
 
@@ -108,3 +110,22 @@ def test_generate_completions_errors(varied_tiny):
     ]:
         with pytest.raises(RuntimeError, match=message):
             _call({**head, **change}, tail)
+
+
+def test_the_tokenizer_backend_decodes_and_encodes_as_the_wrapper(varied_tiny):
+    """The generation side calls the `tokenizers` object directly where it gives what the
+    transformers wrapper gives, and keeps the wrapper where it would not (clean-up of spaces)."""
+    from nostall.lm.rollout import PromptEncoder
+
+    _, lm = varied_tiny
+    prompts = ["efffb=", "abc=", "h=", "0123="]
+    encoder = PromptEncoder(lm.tokenizer, prompts, lm.max_positions, 5)
+    assert encoder.backend is not None
+    rows = [[3, 4, 2, 0], [1, 5, 6, 7], [2, 2, 0, 0]]
+    assert [encoder.backend.decode(r, skip_special_tokens=True) for r in rows] == (
+        lm.tokenizer.batch_decode(rows, skip_special_tokens=True)
+    )
+    assert [encoder.backend.encode(p).ids for p in prompts] == lm.tokenizer(prompts).input_ids
+    cleaning = copy.deepcopy(lm.tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    assert PromptEncoder(cleaning, prompts, lm.max_positions, 5).backend is None
