@@ -136,6 +136,12 @@ class ClippedAdam(torch.optim.Adam):
         """Clips the gradients to a global 2-norm of max_grad_norm, then takes an Adam step."""
         if closure is not None:
             raise ValueError("ClippedAdam.step takes no closure")
+        self.apply_gradients()
+
+    @torch.no_grad()
+    def apply_gradients(self) -> None:
+        """`step` without the wrapper torch.optim puts around it (step hooks and a profiler
+        range: about 65 us a call, a tenth of the step), for a trainer that registers none."""
         for p, grad in zip(self._params, self._grads, strict=True):
             if p.grad is not grad:  # replaced from outside (module.zero_grad, assignment)
                 if p.grad is None:

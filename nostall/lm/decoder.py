@@ -81,8 +81,25 @@ class KVCache:
         self.slots = slots
 
 
+def _adjacent(parts: list[Tensor]) -> Tensor | None:
+    """torch.cat(parts) as a view, when the parts lie end to end in one buffer (packed
+    parameters: nostall.lm.explicit_update.pack_parameters); None otherwise."""
+    first = parts[0].detach()
+    rows, offset = 0, first.storage_offset()
+    for part in parts:
+        if (not part.is_contiguous() or part.dtype != first.dtype or part.device != first.device
+                or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or part.storage_offset() != offset):  # fmt: skip
+            return None
+        rows += part.shape[0]
+        offset += part.numel()
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
+
+
 def _copy_rows(out: Tensor, parts: list[Tensor]) -> None:
-    """out = torch.cat(parts), written in place."""
+    """out = torch.cat(parts), written in place (nothing to do when out is their view)."""
+    if out.data_ptr() == parts[0].data_ptr() and _adjacent(parts) is not None:
+        return
     row = 0
     for part in parts:
         out[row : row + part.shape[0]].copy_(part)
@@ -127,14 +144,16 @@ class Decoder:
     def freeze(self) -> None:
         """For generation (no gradients): concatenates each layer's q/k/v and gate/up weights
         once, until the next `freeze` (call it after the weights change), instead of once per
-        forward. A refresh writes into the same buffers, so a captured CUDA graph that reads
-        them stays valid."""
+        forward; where the parameters are packed end to end (`pack_parameters`) the fused
+        weights are views of them and a refresh copies nothing. A refresh writes into the same
+        buffers, so a captured CUDA graph that reads them stays valid."""
         with torch.no_grad():
             if self._fused is None:
                 self._fused = [self._fuse(layer) for layer in self.layers]
                 return
             # Each part copied straight into its rows: no concatenated temporaries (fresh
             # pages for every one of them made a refresh of a 4M-parameter model take 12 ms).
+            # Fused weights that are views of the parts (packed parameters) need no copy.
             for (weight, bias, gate_up), layer in zip(self._fused, self.layers, strict=True):
                 attn, mlp = layer.self_attn, layer.mlp
                 projections = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -170,11 +189,16 @@ class Decoder:
     def _fuse(layer) -> tuple[Tensor, Tensor | None, Tensor]:
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+
+        def fused(parts: list[Tensor]) -> Tensor:
+            view = _adjacent(parts) if not torch.is_grad_enabled() else None
+            return view if view is not None else torch.cat(parts)
+
         bias = None
         if attn.q_proj.bias is not None:
-            bias = torch.cat([p.bias for p in projections])
-        weight = torch.cat([p.weight for p in projections])  # one GEMM for all three
-        return weight, bias, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            bias = fused([p.bias for p in projections])
+        weight = fused([p.weight for p in projections])  # one GEMM for all three
+        return weight, bias, fused([mlp.gate_proj.weight, mlp.up_proj.weight])
 
     def _weights(self, index: int) -> tuple[Tensor, Tensor | None, Tensor]:
         return self._fused[index] if self._fused is not None else self._fuse(self.layers[index])

@@ -58,6 +58,24 @@ def training_order(decoder: Decoder) -> list[torch.nn.Parameter] | None:
     return order
 
 
+def pack_parameters(decoder: Decoder) -> bool:
+    """Lays the model's parameters end to end in one buffer, in `training_order` (each one a
+    view of it, as ClippedAdam does for the trainer's), so the decoder's fused q/k/v and gate/up
+    weights are views too and a generation side's `freeze` copies nothing. False (nothing done)
+    where the order does not cover the model or its parameters differ in dtype or device."""
+    order = training_order(decoder)
+    if order is None or len({(p.dtype, p.device) for p in order}) != 1:
+        return False
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1) for p in order])
+        offset = 0
+        for p in order:
+            p.data = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+    decoder.thaw()  # fused weights built before now were copies
+    return True
+
+
 class ExplicitUpdate:
     """GRPO optimizer steps by explicit adjoints, for a decoder whose optimizer holds its
     parameters in `training_order` (see `applies`)."""
@@ -183,5 +201,5 @@ class ExplicitUpdate:
             output_grad.index_add_(0, vocab.ids, grad_weight)
         else:
             output_grad.add_(grad_weight)
-        self.optimizer.step()
+        self.optimizer.apply_gradients()
         return log_prob, loss, clip_fraction, approx_kl

@@ -14,7 +14,7 @@ import torch
 
 from nostall.algos.optim import ClippedAdam
 from nostall.lm.decoder import Decoder
-from nostall.lm.explicit_update import training_order
+from nostall.lm.explicit_update import pack_parameters, training_order
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
 from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
@@ -73,8 +73,10 @@ def build_generator(
                             args.max_new_tokens)  # fmt: skip
     sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                               args.stop_check_every, args.cuda_graph)  # fmt: skip
+    decoder = Decoder(rollout_model)
+    pack_parameters(decoder)  # each layer's fused weights become views: no copy per batch
     engine = GenerationEngine(
-        Decoder(rollout_model), sampling, eos_token_id=lm.eos_token_id,
+        decoder, sampling, eos_token_id=lm.eos_token_id,
         pad_token_id=lm.pad_token_id, banned_token_ids=lm.banned_token_ids(),
     )  # fmt: skip
     generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,

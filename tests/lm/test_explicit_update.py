@@ -142,3 +142,37 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
         for name, p in fresh.lm.model.named_parameters():
             torch.testing.assert_close(fresh.optimizer.state[p]["exp_avg"], expected[name],
                                        rtol=0, atol=0, msg=name)  # fmt: skip
+
+
+def test_packed_parameters_make_the_generators_fused_weights_views():
+    """pack_parameters lays a generation copy's parameters end to end: the fused weights are
+    views (a refresh copies nothing and sees weights loaded later), and generation is unchanged."""
+    from nostall.lm.explicit_update import pack_parameters
+    from nostall.lm.generation import Completions, GenerationEngine, SamplingConfig
+
+    lm = builtin_model("tiny", seed=2)
+    plain, packed = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
+    decoders = [Decoder(plain), Decoder(packed)]
+    assert pack_parameters(decoders[1])
+    decoders[1].freeze()
+    attn = packed.model.layers[0].self_attn
+    assert decoders[1]._fused[0][0].data_ptr() == attn.q_proj.weight.data_ptr()
+    with torch.no_grad():  # new weights, loaded in place as a weight pull does
+        for p in packed.parameters():
+            p.add_(0.01)
+        for p in plain.parameters():
+            p.add_(0.01)
+    outs = []
+    for decoder in decoders:
+        engine = GenerationEngine(decoder, SamplingConfig(max_new_tokens=4),
+                                  eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
+                                  banned_token_ids=lm.banned_token_ids())  # fmt: skip
+        enc = lm.tokenizer(["abc=", "hh="], padding=True, return_tensors="pt",
+                           padding_side="left")  # fmt: skip
+        batch = Completions.empty(4, enc.input_ids.shape[1], 4)
+        batch.prompt_ids.copy_(enc.input_ids.repeat_interleave(2, 0))
+        batch.prompt_mask.copy_(enc.attention_mask.bool().repeat_interleave(2, 0))
+        engine.generate(batch, torch.Generator().manual_seed(0), 2)
+        outs.append((batch.completion_ids, batch.log_probs))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])
