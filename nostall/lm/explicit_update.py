@@ -164,7 +164,9 @@ class ExplicitUpdate:
             prompt_ids, prompt_mask, batch.completion_ids, batch.completion_mask, *weights,
             *config,
         )  # fmt: skip
-        scaled = hidden.view(B, C, -1) / args.temperature
+        # (At temperature 1 the division is exact: skipped, with its twin in the backward.)
+        unit = args.temperature == 1.0
+        scaled = hidden.view(B, C, -1) if unit else hidden.view(B, C, -1) / args.temperature
         weight, tokens = d.output_weight.detach(), batch.completion_ids
         if vocab is not None:  # the softmax over the allowed tokens' rows only
             weight, tokens = weight[vocab.ids], vocab.index[tokens]
@@ -188,7 +190,8 @@ class ExplicitUpdate:
             grad_log_prob, scaled, weight, tokens, logsumexp, chunk
         )
         grads = torch.ops.nostall.decoder_train_backward.default(
-            (grad_scaled / args.temperature).view(B * C, -1), prompt_ids, prompt_mask,
+            (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1),
+            prompt_ids, prompt_mask,
             batch.completion_ids, batch.completion_mask, *weights, *saved, *config,
         )  # fmt: skip
         g_embed, *g_lists, g_final = grads
