@@ -3,7 +3,7 @@ tiny model) for the TRL-equal configuration (synchronous) and the variants a use
 first, synchronous and with generation a version ahead, seeds 1-3, one torch thread. Steps
 (sample efficiency) and ms per step (speed) are printed apart.
 
-    python -m benchmarks.lm.sweep_grpo [--seeds 3] [--time-limit 40]
+    python -m benchmarks.lm.sweep_grpo [--seeds 3] [--time-limit 40] [--only "staleness 1"]
 """
 
 from __future__ import annotations
@@ -29,6 +29,20 @@ VARIANTS = {
     "staleness 1, lr 1.2e-3": dict(staleness=1, learning_rate=1.2e-3),
     "staleness 1, lr 1e-3, cap 5": dict(staleness=1, learning_rate=1e-3, is_cap=5.0),
     "staleness 1, cap 1": dict(staleness=1, is_cap=1.0),
+    "staleness 1, lr 1.5e-3": dict(staleness=1, learning_rate=1.5e-3),
+    "staleness 1, lr 1.5e-3, cap 1.5": dict(staleness=1, learning_rate=1.5e-3, is_cap=1.5),
+    "staleness 1, lr 1.5e-3, cap 1.2": dict(staleness=1, learning_rate=1.5e-3, is_cap=1.2),
+    "staleness 1, lr 1.2e-3, clip high 0.28": dict(
+        staleness=1, learning_rate=1.2e-3, clip_high=0.28
+    ),
+    "staleness 1, lr 1e-3, clip 0.3": dict(staleness=1, learning_rate=1e-3, clip_low=0.3),
+    "staleness 1, lr 1e-3, loss grpo": dict(staleness=1, learning_rate=1e-3, loss_type="grpo"),
+    "staleness 1, lr 1e-3, 4 prompts x 16": dict(
+        staleness=1, learning_rate=1e-3, num_prompts=4, num_generations=16
+    ),
+    "staleness 1, lr 1.5e-3, 2 updates": dict(
+        staleness=1, learning_rate=1.5e-3, updates_per_batch=2
+    ),
 }
 
 
@@ -36,9 +50,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--time-limit", type=float, default=40.0, help="seconds per run")
+    p.add_argument("--only", default="", help="run the variants whose name contains this")
     a = p.parse_args()
     print(f"{'':32} {'solved':>7} {'steps (each seed)':>24} {'time s':>8} {'ms/step':>8}")
     for name, change in VARIANTS.items():
+        if a.only not in name:
+            continue
         runs = []
         for seed in range(1, a.seeds + 1):
             args = grpo.Args(**{**SAME_AS_TRL, **change}, seed=seed, steps=2000,
