@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -35,7 +34,7 @@ import torch
 import nostall
 from nostall.algos.optim import ClippedAdam
 from nostall.lm.decoder import Decoder
-from nostall.lm.explicit_update import ExplicitUpdate
+from nostall.lm.explicit_update import explicit_update
 from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
 from nostall.profiler import SyncWatch, allow
@@ -306,23 +305,6 @@ def grpo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: tor
     return loss, out.clip_fraction, out.approx_kl, kl
 
 
-# Each optimizer's explicit-adjoint update, with the decoder it was built for (or None where it
-# does not apply): built on the first update, not once per step.
-_explicit: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _explicit_update(decoder: Decoder, optimizer, reference: Decoder | None):
-    if not ExplicitUpdate.applies_now(decoder, reference):
-        return None
-    cached = _explicit.get(optimizer)
-    if cached is None or cached[0] is not decoder:
-        update = None
-        if ExplicitUpdate.applies(decoder, optimizer, reference):
-            update = ExplicitUpdate(decoder, optimizer)
-        cached = _explicit[optimizer] = (decoder, update)
-    return cached[1]
-
-
 def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: Args,
                 vocab: SampledVocab | None, reference: Decoder | None, decoupled: bool,
                 group_index: torch.Tensor,
@@ -332,17 +314,7 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
     autograd (`autograd=True` asks for it: the tests compare the two)."""
     advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
                                          args.scale_rewards)  # fmt: skip
-    explicit = None if autograd else _explicit_update(decoder, optimizer, reference)
-    if explicit is not None:
-        totals = torch.zeros(len(METRICS), device=batch.rewards.device)
-        old_log_prob = None
-        for _ in range(args.updates_per_batch):
-            log_prob, loss, clip_fraction, approx_kl = explicit.step(
-                batch, advantage, args, vocab, decoupled, old_log_prob
-            )
-            old_log_prob = log_prob if old_log_prob is None else old_log_prob
-            totals[:3] += torch.stack([loss, clip_fraction, approx_kl])
-        return dict(zip(METRICS, (totals / args.updates_per_batch).unbind(), strict=True))
+    explicit = None if autograd else explicit_update(decoder, optimizer, reference)
     G = args.num_generations
     ref_log_prob = None
     if reference is not None:
@@ -351,16 +323,23 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
     totals = torch.zeros(len(METRICS), device=batch.rewards.device)
     old_log_prob = None
     for _ in range(args.updates_per_batch):
-        log_prob = policy_log_probs(decoder, batch, args.temperature, vocab, G)
+        if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
+            log_prob, loss, clip_fraction, approx_kl = explicit.step(
+                batch, advantage, args, vocab, decoupled, old_log_prob
+            )
+            kl = torch.zeros_like(loss)  # (no reference: it applies without one)
+        else:
+            log_prob = policy_log_probs(decoder, batch, args.temperature, vocab, G)
+            loss, clip_fraction, approx_kl, kl = grpo_loss(
+                log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
+                advantage, batch.completion_mask, args,
+                batch.log_probs if decoupled else None, ref_log_prob,
+            )  # fmt: skip
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
         if old_log_prob is None:  # the proximal policy: the weights before this update
             old_log_prob = log_prob.detach()
-        loss, clip_fraction, approx_kl, kl = grpo_loss(
-            log_prob, old_log_prob, advantage, batch.completion_mask, args,
-            batch.log_probs if decoupled else None, ref_log_prob,
-        )  # fmt: skip
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
         totals += torch.stack([loss.detach(), clip_fraction, approx_kl, kl.detach()])
     return dict(zip(METRICS, (totals / args.updates_per_batch).unbind(), strict=True))
 

@@ -20,6 +20,18 @@ from collections.abc import Callable, Iterable
 import torch
 
 
+def pack(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Lays `params` end to end in one new buffer, in their order, each now a view of it (its
+    `.data`); returns the buffer."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        offset = 0
+        for p in params:
+            p.data = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+    return flat
+
+
 class ClippedAdam(torch.optim.Adam):
     def __init__(
         self,
@@ -48,15 +60,12 @@ class ClippedAdam(torch.optim.Adam):
         # Called on the flat gradient before clipping (nostall.train.ddp.average_gradients).
         self.reduce_grad: Callable[[torch.Tensor], None] | None = None
         self._params = params
-        self._flat_param = self._flatten(p.detach() for p in params)
+        self._flat_param = pack(params)  # the parameters now live in the flat buffer
         self._flat_grad = torch.zeros_like(self._flat_param)
         self._flat_exp_avg = torch.zeros_like(self._flat_param)
         self._flat_exp_avg_sq = torch.zeros_like(self._flat_param)
         self._step = torch.zeros((), dtype=torch.float32, device=self._flat_param.device)
         self._grads = self._views(self._flat_grad)
-        with torch.no_grad():
-            for p, view in zip(params, self._views(self._flat_param), strict=True):
-                p.data = view  # the parameter now lives in the flat buffer
         for p, grad in zip(params, self._grads, strict=True):
             p.grad = grad
         self._bind_state()
@@ -65,11 +74,6 @@ class ClippedAdam(torch.optim.Adam):
     def parameters_in_order(self) -> list[torch.nn.Parameter]:
         """The parameters, in the order they lie in the flat buffers."""
         return list(self._params)
-
-    @property
-    def flat_parameters(self) -> torch.Tensor:
-        """Every parameter's data, end to end (each parameter is a view of it)."""
-        return self._flat_param
 
     @property
     def flat_gradient(self) -> torch.Tensor:

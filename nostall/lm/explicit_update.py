@@ -21,9 +21,11 @@ tests check the two against each other (tests/lm/test_explicit_update.py).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-from nostall.algos.optim import ClippedAdam
+from nostall.algos.optim import ClippedAdam, pack
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.ops.losses import DEFAULT_CHUNK_LOGITS
@@ -59,19 +61,14 @@ def training_order(decoder: Decoder) -> list[torch.nn.Parameter] | None:
 
 
 def pack_parameters(decoder: Decoder) -> bool:
-    """Lays the model's parameters end to end in one buffer, in `training_order` (each one a
-    view of it, as ClippedAdam does for the trainer's), so the decoder's fused q/k/v and gate/up
-    weights are views too and a generation side's `freeze` copies nothing. False (nothing done)
-    where the order does not cover the model or its parameters differ in dtype or device."""
+    """Lays the model's parameters end to end in one buffer, in `training_order` (as ClippedAdam
+    does for the trainer's), so the decoder's fused q/k/v and gate/up weights are views too and
+    a generation side's `freeze` copies nothing. False (nothing done) where the order does not
+    cover the model or its parameters differ in dtype or device."""
     order = training_order(decoder)
     if order is None or len({(p.dtype, p.device) for p in order}) != 1:
         return False
-    with torch.no_grad():
-        flat = torch.cat([p.detach().reshape(-1) for p in order])
-        offset = 0
-        for p in order:
-            p.data = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
+    pack(order)
     decoder.thaw()  # fused weights built before now were copies
     return True
 
@@ -82,35 +79,38 @@ class ExplicitUpdate:
 
     def __init__(self, decoder: Decoder, optimizer: ClippedAdam):
         self.decoder, self.optimizer = decoder, optimizer
-        flat, grad = optimizer.flat_parameters, optimizer.flat_gradient
-        order = optimizer.parameters_in_order
-        L = len(decoder.layers)
-        offsets, offset = [], 0
-        for p in order:
-            offsets.append(offset)
-            offset += p.numel()
-        H = decoder.embed.weight.shape[1]
-
-        def span(first: int, count: int) -> Tensor:
-            """The parameters order[first : first + count], as one [rows, H] view of flat."""
-            start = offsets[first]
-            end = offsets[first + count - 1] + order[first + count - 1].numel()
-            return flat[start:end].view(-1, H) if order[first].dim() == 2 else flat[start:end]
-
-        i = 1 + L  # after the embedding and the input norms
-        self.qkv = [span(i + 3 * layer, 3) for layer in range(L)]
-        i += 3 * L
-        has_bias = decoder.layers[0].self_attn.q_proj.bias is not None
-        self.qkv_bias = [span(i + 3 * layer, 3) for layer in range(L)] if has_bias else []
-        i += 3 * L if has_bias else 0
-        i += 2 * L  # the output projections and the post-attention norms
-        self.gate_up = [span(i + 2 * layer, 2) for layer in range(L)]
+        layers = decoder.layers
+        with torch.no_grad():  # views of the packed parameters (Decoder._fuse)
+            fused = [decoder._fuse(layer) for layer in layers]
+        for (qkv, _, gate_up), layer in zip(fused, layers, strict=True):
+            if (qkv.data_ptr() != layer.self_attn.q_proj.weight.data_ptr()
+                    or gate_up.data_ptr() != layer.mlp.gate_proj.weight.data_ptr()):  # fmt: skip
+                raise ValueError("ExplicitUpdate needs the parameters packed in training_order")
+        self.qkv = [qkv for qkv, _, _ in fused]
+        self.qkv_bias = [bias for _, bias, _ in fused if bias is not None]
+        self.gate_up = [gate_up for _, _, gate_up in fused]
+        # decoder_train's weight arguments: views of the flat buffer, valid for every step.
+        self.weights = (
+            decoder.embed.weight.detach(),
+            [layer.input_layernorm.weight.detach() for layer in layers],
+            self.qkv,
+            self.qkv_bias,
+            [layer.self_attn.o_proj.weight.detach() for layer in layers],
+            [layer.post_attention_layernorm.weight.detach() for layer in layers],
+            self.gate_up,
+            [layer.mlp.down_proj.weight.detach() for layer in layers],
+            decoder.norm.weight.detach(),
+            decoder.cos,
+            decoder.sin,
+        )
+        self.config = decoder._native_config()
         self.tied = decoder.output_weight is decoder.embed.weight
-        # The gradient of the embedding (and of a tied output weight): rows of the flat gradient.
-        self.embed_grad = grad[: order[0].numel()].view_as(order[0])
-        decoder_numel = offsets[-1] + order[-1].numel() if self.tied else offsets[-1]
-        self.decoder_grad = grad[:decoder_numel]
-        self.output_grad = None if self.tied else grad[decoder_numel:].view_as(order[-1])
+        # The gradients: the optimizer's views. decoder_train_backward's outputs, end to end,
+        # are the flat gradient but for an untied output weight's rows at its end.
+        self.output_grad = decoder.output_weight.grad
+        untied = 0 if self.tied else decoder.output_weight.numel()
+        flat = optimizer.flat_gradient
+        self.decoder_grad = flat[: flat.numel() - untied]
 
     @staticmethod
     def applies_now(decoder: Decoder, reference: Decoder | None) -> bool:
@@ -130,23 +130,6 @@ class ExplicitUpdate:
             id(p) for p in optimizer.parameters_in_order
         ]
 
-    def _weights(self) -> tuple:
-        d = self.decoder
-        layers = d.layers
-        return (
-            d.embed.weight.detach(),
-            [layer.input_layernorm.weight.detach() for layer in layers],
-            self.qkv,
-            self.qkv_bias,
-            [layer.self_attn.o_proj.weight.detach() for layer in layers],
-            [layer.post_attention_layernorm.weight.detach() for layer in layers],
-            self.gate_up,
-            [layer.mlp.down_proj.weight.detach() for layer in layers],
-            d.norm.weight.detach(),
-            d.cos,
-            d.sin,
-        )
-
     @torch.no_grad()
     def step(self, batch, advantage: Tensor, args, vocab: SampledVocab | None, decoupled: bool,
              old_log_prob: Tensor | None) -> tuple[Tensor, ...]:  # fmt: skip
@@ -158,8 +141,7 @@ class ExplicitUpdate:
         G = args.num_generations
         B, C = batch.completion_ids.shape
         prompt_ids, prompt_mask = batch.prompt_ids[::G], batch.prompt_mask[::G]
-        weights = self._weights()
-        config = d._native_config()
+        weights, config = self.weights, self.config
         hidden, *saved = torch.ops.nostall.decoder_train.default(
             prompt_ids, prompt_mask, batch.completion_ids, batch.completion_mask, *weights,
             *config,
@@ -197,7 +179,7 @@ class ExplicitUpdate:
         g_embed, *g_lists, g_final = grads
         flat = [g_embed.view(-1)] + [g.view(-1) for gs in g_lists for g in gs]
         torch.cat([*flat, g_final], out=self.decoder_grad)
-        output_grad = self.embed_grad if self.tied else self.output_grad
+        output_grad = self.output_grad  # (tied: the embedding's, which has its token rows)
         if not self.tied:
             output_grad.zero_()
         if vocab is not None:
@@ -206,3 +188,21 @@ class ExplicitUpdate:
             output_grad.add_(grad_weight)
         self.optimizer.apply_gradients()
         return log_prob, loss, clip_fraction, approx_kl
+
+
+# Each optimizer's update by explicit adjoints, with the decoder it was built for (None where
+# it does not apply): built on the first update, not once per step.
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def explicit_update(decoder: Decoder, optimizer, reference: Decoder | None):
+    """The ExplicitUpdate of this decoder and optimizer, or None where it does not apply."""
+    if not ExplicitUpdate.applies_now(decoder, reference):
+        return None
+    built = _BUILT.get(optimizer)
+    if built is None or built[0] is not decoder:
+        update = None
+        if ExplicitUpdate.applies(decoder, optimizer, reference):
+            update = ExplicitUpdate(decoder, optimizer)
+        built = _BUILT[optimizer] = (decoder, update)
+    return built[1]
