@@ -215,9 +215,13 @@ Tensor logits(const Weights& w, const Tensor& x) {
   return out;
 }
 
-NOSTALL_AVX2_CLONES void attend_one(const float* q, const float* keys, const float* values,
-                                    int64_t S, int64_t D, float scale, const bool* allowed,
-                                    float* scores, float* out) {
+namespace {
+
+// attend_one's loop at any head size D.
+NOSTALL_ALWAYS_INLINE inline void attend_one_rows(const float* q, const float* keys,
+                                                  const float* values, int64_t S, int64_t D,
+                                                  float scale, const bool* allowed, float* scores,
+                                                  float* out) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < S; ++t) {
     if (!allowed[t]) continue;
@@ -233,6 +237,56 @@ NOSTALL_AVX2_CLONES void attend_one(const float* q, const float* keys, const flo
   for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
   for (int64_t t = 0; t < S; ++t) {
     if (allowed[t]) axpy(out, scores[t] / total, values + t * D, D);
+  }
+}
+
+// The same at D = 8 kV, the query and the output held in registers (as decoder_train's
+// attention, csrc/ops/decoder_attention.cpp), the sums in the same order.
+template <int64_t kV>
+NOSTALL_ALWAYS_INLINE inline void attend_one_vec(const float* q, const float* keys,
+                                                 const float* values, int64_t S, float scale,
+                                                 const bool* allowed, float* scores, float* out) {
+  constexpr int64_t D = 8 * kV;
+  Vec8 query[kV], acc[kV] = {};
+  for (int64_t v = 0; v < kV; ++v) query[v] = load8(q + 8 * v);
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < S; ++t) {
+    if (!allowed[t]) continue;
+    Vec8 sum = query[0] * load8(keys + t * D);
+    for (int64_t v = 1; v < kV; ++v) sum += query[v] * load8(keys + t * D + 8 * v);
+    scores[t] = sum8(sum) * scale;
+    m = scores[t] > m ? scores[t] : m;
+  }
+  float total = 0.0f;
+  for (int64_t t = 0; t < S; ++t) {
+    if (!allowed[t]) continue;
+    scores[t] = fast_exp(scores[t] - m);
+    total += scores[t];
+  }
+  for (int64_t t = 0; t < S; ++t) {
+    if (!allowed[t]) continue;
+    const float p = scores[t] / total;
+    for (int64_t v = 0; v < kV; ++v) acc[v] += p * load8(values + t * D + 8 * v);
+  }
+  for (int64_t v = 0; v < kV; ++v) store8(out + 8 * v, acc[v]);
+}
+
+}  // namespace
+
+NOSTALL_AVX2_CLONES void attend_one(const float* q, const float* keys, const float* values,
+                                    int64_t S, int64_t D, float scale, const bool* allowed,
+                                    float* scores, float* out) {
+  switch (D) {
+    case 16:
+      return attend_one_vec<2>(q, keys, values, S, scale, allowed, scores, out);
+    case 32:
+      return attend_one_vec<4>(q, keys, values, S, scale, allowed, scores, out);
+    case 64:
+      return attend_one_vec<8>(q, keys, values, S, scale, allowed, scores, out);
+    case 128:
+      return attend_one_vec<16>(q, keys, values, S, scale, allowed, scores, out);
+    default:
+      return attend_one_rows(q, keys, values, S, D, scale, allowed, scores, out);
   }
 }
 

@@ -118,6 +118,27 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
 }
 
+// Eight floats in one value (GCC's vector extension): one AVX2 register in an x86-64-v3 clone,
+// two SSE registers in the default one. The attention's loops at a head size known at compile
+// time use these: written as scalar loops over D = 16, GCC left every multiply scalar there.
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec4 __attribute__((vector_size(16)));
+
+NOSTALL_ALWAYS_INLINE inline Vec8 load8(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof(v));  // (unaligned: one vmovups)
+  return v;
+}
+
+NOSTALL_ALWAYS_INLINE inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// The sum of the lanes in dot's order: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)).
+NOSTALL_ALWAYS_INLINE inline float sum8(Vec8 a) {
+  const Vec4 s =
+      __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 // out[0..n) += s * x[0..n).
 inline void axpy(float* __restrict out, float s, const float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += s * x[i];

@@ -72,6 +72,26 @@ def test_native_training_forward_and_backward_match_autograd(varied_tiny, which,
                                    msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
 
 
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 8, 12])
+def test_native_training_matches_autograd_at_every_head_size(head_dim):
+    """The attention's loops are compiled per head size (16, 32, 64, 128: vectors of 8 held in
+    registers) with a loop at any other size (8, 12 here): each path against autograd."""
+    config = LlamaConfig(vocab_size=22, hidden_size=2 * head_dim, intermediate_size=40,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=head_dim, max_position_embeddings=32,
+                         tie_word_embeddings=False)  # fmt: skip
+    model = _varied(LlamaForCausalLM(config), head_dim)
+    model.train()
+    batch = _batch(Bp=2, P=4, G=3, C=3)
+    hidden, grads = _hidden_and_grads(model, True, batch)
+    ref_hidden, ref_grads = _hidden_and_grads(model, False, batch)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=RTOL, atol=ATOL)
+    for name, grad in grads.items():
+        ref = ref_grads[name]
+        torch.testing.assert_close(grad, ref, rtol=RTOL, atol=ATOL * max(1.0, ref.abs().max()),
+                                   msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
+
+
 def _op_args(decoder: Decoder, batch) -> tuple:
     detached = [[t.detach() for t in a] if isinstance(a, list) else a.detach()
                 for a in decoder._training_weights()]  # fmt: skip

@@ -167,10 +167,29 @@ def test_cuda_graph_decode_matches_eager(varied_tiny):
         torch.testing.assert_close(out[False, seed][1], out[True, seed][1])
 
 
-def test_native_decode_step_matches_the_python_one(varied_tiny):
+def _llama_of_head_size(head_dim: int, vocab: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=2 * head_dim, intermediate_size=40,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=head_dim, max_position_embeddings=32)  # fmt: skip
+    torch.manual_seed(head_dim)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("head_dim", [None, 32, 64, 128, 8, 12])
+def test_native_decode_step_matches_the_python_one(varied_tiny, head_dim):
     """`nostall::decode_step` (the CPU generation path) against the decoder's tensor ops: the
-    logits and the cache it writes, over several steps."""
+    logits and the cache it writes, over several steps. Its attention is compiled per head size
+    (16, the tiny model's; 32, 64, 128) with a loop at any other (8, 12)."""
     model, lm = varied_tiny
+    if head_dim is not None:
+        model = _llama_of_head_size(head_dim, model.config.vocab_size)
     ids, mask = _encode(lm, PROMPTS, 2)
     B, P = ids.shape
     native, python = Decoder(model, native=True), Decoder(model, native=False)
