@@ -15,11 +15,12 @@ namespace {
 // The loops at any head size D (the vector loops below take the usual ones). Inlined into each
 // clone below, so each is compiled for that clone's target.
 NOSTALL_ALWAYS_INLINE inline void attention_forward_rows(const float* qkv, const int64_t* key_row,
-                                                         int64_t N, int64_t K, int64_t Q,
-                                                         int64_t heads, int64_t kv, int64_t D,
-                                                         float scale, float* probs, float* att) {
+                                                         int64_t first, int64_t N, int64_t K,
+                                                         int64_t Q, int64_t heads, int64_t kv,
+                                                         int64_t D, float scale, float* probs,
+                                                         float* att) {
   const int64_t groups = heads / kv, A = heads * D;
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = first; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
     for (int64_t head = 0; head < heads; ++head) {
       const float* q = qkv + n * Q + head * D;
@@ -49,12 +50,13 @@ NOSTALL_ALWAYS_INLINE inline void attention_forward_rows(const float* qkv, const
 
 NOSTALL_ALWAYS_INLINE inline void attention_backward_rows(const float* qkv, const float* probs,
                                                           const float* datt, const int64_t* key_row,
-                                                          int64_t N, int64_t K, int64_t Q,
-                                                          int64_t heads, int64_t kv, int64_t D,
-                                                          float scale, float* dqkv, float* dp) {
+                                                          int64_t first, int64_t N, int64_t K,
+                                                          int64_t Q, int64_t heads, int64_t kv,
+                                                          int64_t D, float scale, float* dqkv,
+                                                          float* dp) {
   const int64_t groups = heads / kv, A = heads * D;
   std::memset(dqkv, 0, sizeof(float) * N * Q);
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = first; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
     for (int64_t head = 0; head < heads; ++head) {
       const int64_t kh = head / groups;
@@ -87,12 +89,12 @@ NOSTALL_ALWAYS_INLINE inline void attention_backward_rows(const float* qkv, cons
 // many instructions. Sums run in the scalar loops' order (dot's lanes, then slot by slot).
 template <int64_t kV>
 NOSTALL_ALWAYS_INLINE inline void attention_forward_vec(const float* qkv, const int64_t* key_row,
-                                                        int64_t N, int64_t K, int64_t Q,
-                                                        int64_t heads, int64_t kv, float scale,
-                                                        float* probs, float* att) {
+                                                        int64_t first, int64_t N, int64_t K,
+                                                        int64_t Q, int64_t heads, int64_t kv,
+                                                        float scale, float* probs, float* att) {
   constexpr int64_t D = 8 * kV;
   const int64_t groups = heads / kv, A = heads * D;
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = first; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
     for (int64_t head = 0; head < heads; ++head) {
       const int64_t kh = head / groups;
@@ -130,13 +132,13 @@ NOSTALL_ALWAYS_INLINE inline void attention_forward_vec(const float* qkv, const 
 template <int64_t kV>
 NOSTALL_ALWAYS_INLINE inline void attention_backward_vec(const float* qkv, const float* probs,
                                                          const float* datt, const int64_t* key_row,
-                                                         int64_t N, int64_t K, int64_t Q,
-                                                         int64_t heads, int64_t kv, float scale,
-                                                         float* dqkv, float* dp) {
+                                                         int64_t first, int64_t N, int64_t K,
+                                                         int64_t Q, int64_t heads, int64_t kv,
+                                                         float scale, float* dqkv, float* dp) {
   constexpr int64_t D = 8 * kV;
   const int64_t groups = heads / kv, A = heads * D;
   std::memset(dqkv, 0, sizeof(float) * N * Q);
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = first; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
     for (int64_t head = 0; head < heads; ++head) {
       const int64_t kh = head / groups;
@@ -177,43 +179,44 @@ NOSTALL_ALWAYS_INLINE inline void attention_backward_vec(const float* qkv, const
 
 }  // namespace
 
-NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_row, int64_t N,
-                                           int64_t K, int64_t Q, int64_t heads, int64_t kv,
-                                           int64_t D, float scale, float* probs, float* att) {
+NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_row, int64_t first,
+                                           int64_t N, int64_t K, int64_t Q, int64_t heads,
+                                           int64_t kv, int64_t D, float scale, float* probs,
+                                           float* att) {
   switch (D) {
     case 16:
-      return attention_forward_vec<2>(qkv, key_row, N, K, Q, heads, kv, scale, probs, att);
+      return attention_forward_vec<2>(qkv, key_row, first, N, K, Q, heads, kv, scale, probs, att);
     case 32:
-      return attention_forward_vec<4>(qkv, key_row, N, K, Q, heads, kv, scale, probs, att);
+      return attention_forward_vec<4>(qkv, key_row, first, N, K, Q, heads, kv, scale, probs, att);
     case 64:
-      return attention_forward_vec<8>(qkv, key_row, N, K, Q, heads, kv, scale, probs, att);
+      return attention_forward_vec<8>(qkv, key_row, first, N, K, Q, heads, kv, scale, probs, att);
     case 128:
-      return attention_forward_vec<16>(qkv, key_row, N, K, Q, heads, kv, scale, probs, att);
+      return attention_forward_vec<16>(qkv, key_row, first, N, K, Q, heads, kv, scale, probs, att);
     default:
-      return attention_forward_rows(qkv, key_row, N, K, Q, heads, kv, D, scale, probs, att);
+      return attention_forward_rows(qkv, key_row, first, N, K, Q, heads, kv, D, scale, probs, att);
   }
 }
 
 NOSTALL_AVX2_CLONES void attention_backward(const float* qkv, const float* probs, const float* datt,
-                                            const int64_t* key_row, int64_t N, int64_t K, int64_t Q,
-                                            int64_t heads, int64_t kv, int64_t D, float scale,
-                                            float* dqkv, float* dp) {
+                                            const int64_t* key_row, int64_t first, int64_t N,
+                                            int64_t K, int64_t Q, int64_t heads, int64_t kv,
+                                            int64_t D, float scale, float* dqkv, float* dp) {
   switch (D) {
     case 16:
-      return attention_backward_vec<2>(qkv, probs, datt, key_row, N, K, Q, heads, kv, scale, dqkv,
-                                       dp);
+      return attention_backward_vec<2>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
+                                       dqkv, dp);
     case 32:
-      return attention_backward_vec<4>(qkv, probs, datt, key_row, N, K, Q, heads, kv, scale, dqkv,
-                                       dp);
+      return attention_backward_vec<4>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
+                                       dqkv, dp);
     case 64:
-      return attention_backward_vec<8>(qkv, probs, datt, key_row, N, K, Q, heads, kv, scale, dqkv,
-                                       dp);
+      return attention_backward_vec<8>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
+                                       dqkv, dp);
     case 128:
-      return attention_backward_vec<16>(qkv, probs, datt, key_row, N, K, Q, heads, kv, scale, dqkv,
-                                        dp);
+      return attention_backward_vec<16>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
+                                        dqkv, dp);
     default:
-      return attention_backward_rows(qkv, probs, datt, key_row, N, K, Q, heads, kv, D, scale, dqkv,
-                                     dp);
+      return attention_backward_rows(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, D, scale,
+                                     dqkv, dp);
   }
 }
 

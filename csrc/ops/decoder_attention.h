@@ -6,17 +6,19 @@
 
 namespace nostall::decoder {
 
-// For each of the N rows and each head, the softmax over its K slots (key_row [N, K], -1:
-// masked) of q . k * scale into probs [N, heads, K] (0 where masked), and their average of the
-// values into att [N, heads * D]. qkv [N, Q] holds the rotated queries, keys and values of every
-// row.
-void attention_forward(const float* qkv, const int64_t* key_row, int64_t N, int64_t K, int64_t Q,
-                       int64_t heads, int64_t kv, int64_t D, float scale, float* probs, float* att);
+// For each of the rows [first, N) and each head, the softmax over its K slots (key_row [N, K],
+// -1: masked) of q . k * scale into probs [N, heads, K] (0 where masked), and their average of
+// the values into att [N, heads * D]; rows before `first` are left as they are. qkv [N, Q] holds
+// the rotated queries, keys and values of every row (any row's keys may be read).
+void attention_forward(const float* qkv, const int64_t* key_row, int64_t first, int64_t N,
+                       int64_t K, int64_t Q, int64_t heads, int64_t kv, int64_t D, float scale,
+                       float* probs, float* att);
 
-// The gradient of attention_forward: from datt [N, heads * D] and the saved probs into dqkv
-// [N, Q] (zeroed here; keys and values gather from every row attending to them); dp [K] scratch.
+// The gradient of attention_forward over the same rows [first, N): from datt [N, heads * D] and
+// the saved probs into dqkv [N, Q] (zeroed here, every row; keys and values gather from every
+// row attending to them); dp [K] scratch.
 void attention_backward(const float* qkv, const float* probs, const float* datt,
-                        const int64_t* key_row, int64_t N, int64_t K, int64_t Q, int64_t heads,
-                        int64_t kv, int64_t D, float scale, float* dqkv, float* dp);
+                        const int64_t* key_row, int64_t first, int64_t N, int64_t K, int64_t Q,
+                        int64_t heads, int64_t kv, int64_t D, float scale, float* dqkv, float* dp);
 
 }  // namespace nostall::decoder

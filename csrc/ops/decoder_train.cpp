@@ -42,13 +42,21 @@ Tensor zeros(const Tensor& like, int64_t n) {
 // The batch's shape and, for each of the N = Bp * P + B * (C - 1) token rows, its token, its
 // position and the row of the key behind each of its K = P + C - 1 attention slots (-1: masked).
 // A completion's last token predicts nothing and no other token attends to it, so it is not run.
+// The rows: first every prompt's tokens but its last (`quiet` rows: read by the last layer only
+// as keys and values, so that layer's attention and MLP skip them), then each prompt's last
+// token, then each completion's tokens.
 struct Layout {
   int64_t Bp = 0, P = 0, B = 0, C = 0, G = 0, N = 0, Np = 0, K = 0;
   std::vector<int64_t> token, position, key_row;
   int64_t run() const { return C - 1; }  // completion tokens run per row
+  int64_t quiet() const { return Bp * (P - 1); }
+  // The row of prompt b's token i.
+  int64_t prompt_row(int64_t b, int64_t i) const {
+    return i == P - 1 ? quiet() + b : b * (P - 1) + i;
+  }
   // The row whose final state predicts completion token (r, c).
   int64_t source(int64_t r, int64_t c) const {
-    return c == 0 ? (r / G) * P + P - 1 : Np + r * run() + c - 1;
+    return c == 0 ? prompt_row(r / G, P - 1) : Np + r * run() + c - 1;
   }
 };
 
@@ -96,9 +104,12 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
   const int64_t* cid = completion_ids.const_data_ptr<int64_t>();
   const bool* pm = prompt_mask.const_data_ptr<bool>();
   const bool* cm = completion_mask.const_data_ptr<bool>();
-  for (int64_t n = 0; n < lay.Np; ++n) {
-    STD_TORCH_CHECK(pid[n] >= 0 && pid[n] < V, op, ": token ", pid[n], " outside [0, ", V, ")");
-    lay.token[n] = pid[n];
+  for (int64_t b = 0; b < Bp; ++b) {
+    for (int64_t i = 0; i < P; ++i) {
+      const int64_t t = pid[b * P + i];
+      STD_TORCH_CHECK(t >= 0 && t < V, op, ": token ", t, " outside [0, ", V, ")");
+      lay.token[lay.prompt_row(b, i)] = t;
+    }
   }
   for (int64_t r = 0; r < B; ++r) {
     for (int64_t c = 0; c < C; ++c) {
@@ -112,16 +123,16 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
                     " must end in a real token (left padding)");
     int64_t count = 0;
     for (int64_t i = 0; i < P; ++i) {
-      const int64_t n = b * P + i;
-      count += pm[n] ? 1 : 0;
+      const int64_t n = lay.prompt_row(b, i);
+      count += pm[b * P + i] ? 1 : 0;
       lay.position[n] = count > 0 ? count - 1 : 0;
       for (int64_t j = 0; j < P; ++j) {
-        if ((j <= i && pm[b * P + j]) || j == i) lay.key_row[n * K + j] = b * P + j;
+        if ((j <= i && pm[b * P + j]) || j == i) lay.key_row[n * K + j] = lay.prompt_row(b, j);
       }
     }
   }
   for (int64_t r = 0; r < B; ++r) {
-    const int64_t b = r / lay.G, last = lay.position[b * P + P - 1];
+    const int64_t b = r / lay.G, last = lay.position[lay.prompt_row(b, P - 1)];
     int64_t count = 0;
     for (int64_t c = 0; c < R; ++c) {
       const int64_t n = lay.Np + r * R + c;
@@ -130,7 +141,7 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
       STD_TORCH_CHECK(lay.position[n] < positions, op, ": position ", lay.position[n],
                       " exceeds the rotary tables' ", positions, " positions");
       for (int64_t j = 0; j < P; ++j) {
-        if (pm[b * P + j]) lay.key_row[n * K + j] = b * P + j;
+        if (pm[b * P + j]) lay.key_row[n * K + j] = lay.prompt_row(b, j);
       }
       for (int64_t j = 0; j < R; ++j) {
         if ((j <= c && cm[r * C + j]) || j == c) lay.key_row[n * K + P + j] = lay.Np + r * R + j;
@@ -239,6 +250,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
     const float* xin = res + 2 * l * N * H;
     float* xmid = res + (2 * l + 1) * N * H;
     float* xout = res + (2 * l + 2) * N * H;
+    // The last layer runs its attention and MLP on rows [first, N) only: the quiet rows before
+    // them give that layer's keys and values and nothing else reads their states. They carry
+    // their residual through, and their saved attention and MLP activations are 0.
+    const int64_t first = l == L - 1 ? lay.quiet() : 0, M = N - first;
     decoder::rms_norm(h.mutable_data_ptr<float>(), xin, w.input_norm[l].const_data_ptr<float>(), N,
                       H, w.eps);
     Tensor qkv_l = rows(qkv, l * N, N);
@@ -250,19 +265,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
         decoder::rotate(qp + n * Q + head * D, cp + p * D, sp + p * D, D);
       }
     }
-    decoder::attention_forward(qp, lay.key_row.data(), N, K, Q, heads, kv, D, scale,
-                               probs.mutable_data_ptr<float>() + l * N * heads * K,
-                               attended.mutable_data_ptr<float>() + l * N * A);
-    decoder::linear(tmp, rows(attended, l * N, N), w.o_weight[l], nullptr);
-    add_into(xmid, xin, tmp.const_data_ptr<float>(), N * H);
-    decoder::rms_norm(h.mutable_data_ptr<float>(), xmid, w.post_norm[l].const_data_ptr<float>(), N,
-                      H, w.eps);
-    Tensor gate_up_l = rows(gate_up, l * N, N);
-    decoder::linear(gate_up_l, h, w.gate_up_weight[l], nullptr);
-    decoder::silu_gate(gate_up_l.const_data_ptr<float>(), act.mutable_data_ptr<float>(), N, I,
+    float* probs_l = probs.mutable_data_ptr<float>() + l * N * heads * K;
+    float* attended_l = attended.mutable_data_ptr<float>() + l * N * A;
+    decoder::attention_forward(qp, lay.key_row.data(), first, N, K, Q, heads, kv, D, scale, probs_l,
+                               attended_l);
+    Tensor tmp_m = rows(tmp, 0, M), h_m = rows(h, 0, M), act_m = rows(act, 0, M);
+    decoder::linear(tmp_m, rows(attended, l * N + first, M), w.o_weight[l], nullptr);
+    add_into(xmid + first * H, xin + first * H, tmp.const_data_ptr<float>(), M * H);
+    decoder::rms_norm(h.mutable_data_ptr<float>(), xmid + first * H,
+                      w.post_norm[l].const_data_ptr<float>(), M, H, w.eps);
+    Tensor gate_up_l = rows(gate_up, l * N + first, M);
+    decoder::linear(gate_up_l, h_m, w.gate_up_weight[l], nullptr);
+    decoder::silu_gate(gate_up_l.const_data_ptr<float>(), act.mutable_data_ptr<float>(), M, I,
                        silu_scratch.data());
-    decoder::linear(tmp, act, w.down_weight[l], nullptr);
-    add_into(xout, xmid, tmp.const_data_ptr<float>(), N * H);
+    decoder::linear(tmp_m, act_m, w.down_weight[l], nullptr);
+    add_into(xout + first * H, xmid + first * H, tmp.const_data_ptr<float>(), M * H);
+    if (first > 0) {
+      std::memset(probs_l, 0, sizeof(float) * first * heads * K);
+      std::memset(attended_l, 0, sizeof(float) * first * A);
+      std::memset(gate_up.mutable_data_ptr<float>() + l * N * 2 * I, 0,
+                  sizeof(float) * first * 2 * I);
+      std::memcpy(xmid, xin, sizeof(float) * first * H);
+      std::memcpy(xout, xmid, sizeof(float) * first * H);
+    }
   }
   const float* last = res + 2 * L * N * H;
   Tensor hidden = new_contiguous(embed, {lay.B * lay.C, H});
@@ -355,29 +380,36 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
   for (int64_t l = L - 1; l >= 0; --l) {
     const float* xin = res + 2 * l * N * H;
     const float* xmid = res + (2 * l + 1) * N * H;
-    const Tensor gate_up_l = rows(gate_up, l * N, N);
+    // The rows the forward ran this layer's attention and MLP on (the last layer skips the quiet
+    // rows); before `first` the residual passes straight through.
+    const int64_t first = l == L - 1 ? lay.quiet() : 0, M = N - first;
+    const Tensor gate_up_l = rows(gate_up, l * N + first, M);
+    const Tensor dx_m = rows(dx, first, M), dmid_m = rows(dmid, first, M);
+    Tensor dact_m = rows(dact, 0, M), act_m = rows(act, 0, M), h_m = rows(h, 0, M);
+    Tensor dgate_up_m = rows(dgate_up, 0, M), dh_m = rows(dh, 0, M), datt_m = rows(datt, first, M);
     // The MLP: x_out = x_mid + (silu(gate) * up) @ down^T, gate_up = rms_norm(x_mid) @ W^T.
-    decoder::mm(dact, dx, w.down_weight[l]);
-    silu_gate_backward(gate_up_l.const_data_ptr<float>(), dact.const_data_ptr<float>(), N, I,
+    decoder::mm(dact_m, dx_m, w.down_weight[l]);
+    silu_gate_backward(gate_up_l.const_data_ptr<float>(), dact.const_data_ptr<float>(), M, I,
                        dgate_up.mutable_data_ptr<float>(), act.mutable_data_ptr<float>(),
                        silu_scratch.data());
-    decoder::mm(g_down[l], transposed(dx), act);
-    decoder::rms_norm(h.mutable_data_ptr<float>(), xmid, w.post_norm[l].const_data_ptr<float>(), N,
-                      H, w.eps);
-    decoder::mm(g_gate_up[l], transposed(dgate_up), h);
-    decoder::mm(dh, dgate_up, w.gate_up_weight[l]);
+    decoder::mm(g_down[l], transposed(dx_m), act_m);
+    decoder::rms_norm(h.mutable_data_ptr<float>(), xmid + first * H,
+                      w.post_norm[l].const_data_ptr<float>(), M, H, w.eps);
+    decoder::mm(g_gate_up[l], transposed(dgate_up_m), h_m);
+    decoder::mm(dh_m, dgate_up_m, w.gate_up_weight[l]);
     std::memcpy(dmp, dxp, sizeof(float) * N * H);
-    rms_norm_backward(dh.const_data_ptr<float>(), xmid, w.post_norm[l].const_data_ptr<float>(), N,
-                      H, w.eps, dmp, g_post_norm[l].mutable_data_ptr<float>(), wdy.data());
+    rms_norm_backward(dh.const_data_ptr<float>(), xmid + first * H,
+                      w.post_norm[l].const_data_ptr<float>(), M, H, w.eps, dmp + first * H,
+                      g_post_norm[l].mutable_data_ptr<float>(), wdy.data());
     // The attention's output projection: x_mid = x_in + attended @ o^T.
-    decoder::mm(g_o[l], transposed(dmid), rows(attended, l * N, N));
-    decoder::mm(datt, dmid, w.o_weight[l]);
+    decoder::mm(g_o[l], transposed(dmid_m), rows(attended, l * N + first, M));
+    decoder::mm(datt_m, dmid_m, w.o_weight[l]);
     // The attention: softmax over each query's slots, then the rotation.
     float* dq = dqkv.mutable_data_ptr<float>();
     decoder::attention_backward(qkv.const_data_ptr<float>() + l * N * Q,
                                 probs.const_data_ptr<float>() + l * N * heads * K,
-                                datt.const_data_ptr<float>(), lay.key_row.data(), N, K, Q, heads,
-                                kv, D, scale, dq, dp.data());
+                                datt.const_data_ptr<float>(), lay.key_row.data(), first, N, K, Q,
+                                heads, kv, D, scale, dq, dp.data());
     for (int64_t n = 0; n < N; ++n) {
       const int64_t p = lay.position[n];
       for (int64_t head = 0; head < heads + kv; ++head) {

@@ -10,13 +10,17 @@
 // completion token c - 1), and the activations the backward needs:
 //   residuals [(2L + 1) * N, H]  the residual stream entering each layer, after each attention,
 //                                and leaving the last layer (N = Bp * P + B * (C - 1) rows: the
-//                                prompt tokens, then each completion's tokens but its last,
-//                                which predicts nothing and which no other token attends to)
+//                                prompt tokens but each prompt's last, then the prompts' last
+//                                tokens, then each completion's tokens but its last, which
+//                                predicts nothing and which no other token attends to)
 //   qkv       [L * N, (heads + 2 kv_heads) D]  rotated queries and keys, values
 //   probs     [L * N, heads * (P + C - 1)]     attention weights over the query's P prompt
 //                                              slots and C - 1 completion slots (0: masked)
 //   attended  [L * N, heads * D]               attention outputs
 //   gate_up   [L * N, 2 I]                     the MLP's gate and up projections
+// The last layer runs its attention and MLP only on the rows whose final state is read (each
+// prompt's last token and the completion tokens): the other prompt tokens give it keys and
+// values and nothing more, so for them it carries the residual through and saves zeros.
 // decoder_train_backward takes the gradient of the hidden states and those activations and
 // returns the gradient of every weight (the embedding's through its token rows).
 //
