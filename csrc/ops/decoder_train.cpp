@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 #include <utility>
 
 #include "common/tensor_utils.h"
@@ -39,15 +40,24 @@ Tensor zeros(const Tensor& like, int64_t n) {
   return t;
 }
 
-// The batch's shape and, for each of the N = Bp * P + B * (C - 1) token rows, its token, its
-// position and the row of the key behind each of its K = P + C - 1 attention slots (-1: masked).
-// A completion's last token predicts nothing and no other token attends to it, so it is not run.
-// The rows: first every prompt's tokens but its last (`quiet` rows: read by the last layer only
-// as keys and values, so that layer's attention and MLP skip them), then each prompt's last
-// token, then each completion's tokens.
+// The batch's shape and, for each of the N token rows run, its token, its position and the row
+// of the key behind each of its K = P + C - 1 attention slots (-1: masked).
+// - A completion's last token predicts nothing and no other token attends to it: not run.
+// - Completions of one group that begin alike share the rows of their common beginning (a row's
+//   state depends only on its prompt and the tokens and mask up to it): one row per distinct
+//   prefix, the tree a group's completions make. Late in training most of a group's
+//   completions agree (about a quarter of the race's completion rows are shared on average),
+//   and each shared row is computed once; its gradient is the sum over the completions that
+//   read it, as the final norm's backward adds into it.
+// - The rows: first every prompt's tokens but its last (`quiet` rows: read by the last layer
+//   only as keys and values, so that layer's attention and MLP skip them), then each prompt's
+//   last token, then the distinct completion prefixes. N <= capacity = Bp * P + B * (C - 1),
+//   the rows the saved activations hold (their shapes do not depend on the data); rows past N
+//   are zeros.
 struct Layout {
-  int64_t Bp = 0, P = 0, B = 0, C = 0, G = 0, N = 0, Np = 0, K = 0;
+  int64_t Bp = 0, P = 0, B = 0, C = 0, G = 0, N = 0, Np = 0, K = 0, capacity = 0;
   std::vector<int64_t> token, position, key_row;
+  std::vector<int64_t> completion_row;   // [B, C - 1]: the row of each completion token run
   int64_t run() const { return C - 1; }  // completion tokens run per row
   int64_t quiet() const { return Bp * (P - 1); }
   // The row of prompt b's token i.
@@ -56,7 +66,7 @@ struct Layout {
   }
   // The row whose final state predicts completion token (r, c).
   int64_t source(int64_t r, int64_t c) const {
-    return c == 0 ? prompt_row(r / G, P - 1) : Np + r * run() + c - 1;
+    return c == 0 ? prompt_row(r / G, P - 1) : completion_row[r * run() + c - 1];
   }
 };
 
@@ -94,16 +104,35 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
   const int64_t Bp = lay.Bp, P = lay.P, B = lay.B, C = lay.C, R = C - 1, K = P + R, V = w.vocab;
   lay.G = B / Bp;
   lay.Np = Bp * P;
-  lay.N = lay.Np + B * R;
+  lay.capacity = lay.Np + B * R;
   lay.K = K;
-  const int64_t N = lay.N, positions = w.cos.size(0);
-  lay.token.resize(static_cast<size_t>(N));
-  lay.position.resize(static_cast<size_t>(N));
-  lay.key_row.assign(static_cast<size_t>(N * K), -1);
+  const int64_t S = lay.capacity, positions = w.cos.size(0);
+  lay.token.resize(static_cast<size_t>(S));
+  lay.position.resize(static_cast<size_t>(S));
+  lay.key_row.assign(static_cast<size_t>(S * K), -1);
   const int64_t* pid = prompt_ids.const_data_ptr<int64_t>();
   const int64_t* cid = completion_ids.const_data_ptr<int64_t>();
   const bool* pm = prompt_mask.const_data_ptr<bool>();
   const bool* cm = completion_mask.const_data_ptr<bool>();
+  // Each completion token's row: a new one for a prefix not seen in its group, keyed by the
+  // parent's row (or the group, for a first token), the token and its mask bit.
+  lay.completion_row.resize(static_cast<size_t>(B * R));
+  std::unordered_map<uint64_t, int64_t> rows_of;
+  int64_t next = lay.Np;
+  for (int64_t r = 0; r < B; ++r) {
+    for (int64_t c = 0; c < R; ++c) {
+      const int64_t t = cid[r * C + c];
+      STD_TORCH_CHECK(t >= 0 && t < V, op, ": token ", t, " outside [0, ", V, ")");
+      const uint64_t parent = c == 0 ? static_cast<uint64_t>(r / lay.G)
+                                     : static_cast<uint64_t>(lay.completion_row[r * R + c - 1]);
+      const uint64_t key =
+          ((parent * static_cast<uint64_t>(V) + static_cast<uint64_t>(t)) << 1) | cm[r * C + c];
+      const auto [it, added] = rows_of.try_emplace(key, next);
+      lay.completion_row[r * R + c] = it->second;
+      next += added ? 1 : 0;
+    }
+  }
+  lay.N = next;
   for (int64_t b = 0; b < Bp; ++b) {
     for (int64_t i = 0; i < P; ++i) {
       const int64_t t = pid[b * P + i];
@@ -111,12 +140,9 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
       lay.token[lay.prompt_row(b, i)] = t;
     }
   }
-  for (int64_t r = 0; r < B; ++r) {
-    for (int64_t c = 0; c < C; ++c) {
-      const int64_t t = cid[r * C + c];
-      STD_TORCH_CHECK(t >= 0 && t < V, op, ": token ", t, " outside [0, ", V, ")");
-      if (c < R) lay.token[lay.Np + r * R + c] = t;
-    }
+  for (int64_t r = 0; r < B; ++r) {  // (the last token, not run, is checked too)
+    const int64_t t = cid[r * C + C - 1];
+    STD_TORCH_CHECK(t >= 0 && t < V, op, ": token ", t, " outside [0, ", V, ")");
   }
   for (int64_t b = 0; b < Bp; ++b) {
     STD_TORCH_CHECK(pm[b * P + P - 1], op, ": prompt ", b,
@@ -135,7 +161,8 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
     const int64_t b = r / lay.G, last = lay.position[lay.prompt_row(b, P - 1)];
     int64_t count = 0;
     for (int64_t c = 0; c < R; ++c) {
-      const int64_t n = lay.Np + r * R + c;
+      const int64_t n = lay.completion_row[r * R + c];  // (a shared row: written alike again)
+      lay.token[n] = cid[r * C + c];
       count += cm[r * C + c] ? 1 : 0;
       lay.position[n] = last + (count > 0 ? count : 1);
       STD_TORCH_CHECK(lay.position[n] < positions, op, ": position ", lay.position[n],
@@ -143,8 +170,8 @@ Layout layout(const char* op, Tensor& prompt_ids, Tensor& prompt_mask, Tensor& c
       for (int64_t j = 0; j < P; ++j) {
         if (pm[b * P + j]) lay.key_row[n * K + j] = lay.prompt_row(b, j);
       }
-      for (int64_t j = 0; j < R; ++j) {
-        if ((j <= c && cm[r * C + j]) || j == c) lay.key_row[n * K + P + j] = lay.Np + r * R + j;
+      for (int64_t j = 0; j <= c; ++j) {
+        if (cm[r * C + j] || j == c) lay.key_row[n * K + P + j] = lay.completion_row[r * R + j];
       }
     }
   }
@@ -225,16 +252,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
       std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
       final_norm, cos, sin, num_heads, kv_heads, eps);
   const Layout lay = layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
-  const int64_t L = w.layers, N = lay.N, H = w.hidden, Q = w.qkv_width, I = w.intermediate;
+  const int64_t L = w.layers, N = lay.N, S = lay.capacity, H = w.hidden, Q = w.qkv_width,
+                I = w.intermediate;
   const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads;
   const int64_t A = heads * D, K = lay.K;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
-  Tensor residuals = new_contiguous(embed, {(2 * L + 1) * N, H});
-  Tensor qkv = new_contiguous(embed, {L * N, Q});
-  Tensor probs = new_contiguous(embed, {L * N, heads * K});
-  Tensor attended = new_contiguous(embed, {L * N, A});
-  Tensor gate_up = new_contiguous(embed, {L * N, 2 * I});
+  Tensor residuals = new_contiguous(embed, {(2 * L + 1) * S, H});
+  Tensor qkv = new_contiguous(embed, {L * S, Q});
+  Tensor probs = new_contiguous(embed, {L * S, heads * K});
+  Tensor attended = new_contiguous(embed, {L * S, A});
+  Tensor gate_up = new_contiguous(embed, {L * S, 2 * I});
   Tensor h = new_contiguous(embed, {N, H});
   Tensor tmp = new_contiguous(embed, {N, H});
   Tensor act = new_contiguous(embed, {N, I});
@@ -247,16 +275,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
   for (int64_t n = 0; n < N; ++n)
     std::memcpy(res + n * H, ep + lay.token[n] * H, sizeof(float) * H);
   for (int64_t l = 0; l < L; ++l) {
-    const float* xin = res + 2 * l * N * H;
-    float* xmid = res + (2 * l + 1) * N * H;
-    float* xout = res + (2 * l + 2) * N * H;
+    const float* xin = res + 2 * l * S * H;
+    float* xmid = res + (2 * l + 1) * S * H;
+    float* xout = res + (2 * l + 2) * S * H;
     // The last layer runs its attention and MLP on rows [first, N) only: the quiet rows before
     // them give that layer's keys and values and nothing else reads their states. They carry
     // their residual through, and their saved attention and MLP activations are 0.
     const int64_t first = l == L - 1 ? lay.quiet() : 0, M = N - first;
     decoder::rms_norm(h.mutable_data_ptr<float>(), xin, w.input_norm[l].const_data_ptr<float>(), N,
                       H, w.eps);
-    Tensor qkv_l = rows(qkv, l * N, N);
+    Tensor qkv_l = rows(qkv, l * S, N);
     decoder::linear(qkv_l, h, w.qkv_weight[l], w.qkv_bias.empty() ? nullptr : &w.qkv_bias[l]);
     float* qp = qkv_l.mutable_data_ptr<float>();
     for (int64_t n = 0; n < N; ++n) {
@@ -265,16 +293,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
         decoder::rotate(qp + n * Q + head * D, cp + p * D, sp + p * D, D);
       }
     }
-    float* probs_l = probs.mutable_data_ptr<float>() + l * N * heads * K;
-    float* attended_l = attended.mutable_data_ptr<float>() + l * N * A;
+    float* probs_l = probs.mutable_data_ptr<float>() + l * S * heads * K;
+    float* attended_l = attended.mutable_data_ptr<float>() + l * S * A;
     decoder::attention_forward(qp, lay.key_row.data(), first, N, K, Q, heads, kv, D, scale, probs_l,
                                attended_l);
     Tensor tmp_m = rows(tmp, 0, M), h_m = rows(h, 0, M), act_m = rows(act, 0, M);
-    decoder::linear(tmp_m, rows(attended, l * N + first, M), w.o_weight[l], nullptr);
+    decoder::linear(tmp_m, rows(attended, l * S + first, M), w.o_weight[l], nullptr);
     add_into(xmid + first * H, xin + first * H, tmp.const_data_ptr<float>(), M * H);
     decoder::rms_norm(h.mutable_data_ptr<float>(), xmid + first * H,
                       w.post_norm[l].const_data_ptr<float>(), M, H, w.eps);
-    Tensor gate_up_l = rows(gate_up, l * N + first, M);
+    Tensor gate_up_l = rows(gate_up, l * S + first, M);
     decoder::linear(gate_up_l, h_m, w.gate_up_weight[l], nullptr);
     decoder::silu_gate(gate_up_l.const_data_ptr<float>(), act.mutable_data_ptr<float>(), M, I,
                        silu_scratch.data());
@@ -283,13 +311,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
     if (first > 0) {
       std::memset(probs_l, 0, sizeof(float) * first * heads * K);
       std::memset(attended_l, 0, sizeof(float) * first * A);
-      std::memset(gate_up.mutable_data_ptr<float>() + l * N * 2 * I, 0,
+      std::memset(gate_up.mutable_data_ptr<float>() + l * S * 2 * I, 0,
                   sizeof(float) * first * 2 * I);
       std::memcpy(xmid, xin, sizeof(float) * first * H);
       std::memcpy(xout, xmid, sizeof(float) * first * H);
     }
   }
-  const float* last = res + 2 * L * N * H;
+  // The rows past N (the prefixes completions shared) hold zeros: the outputs are a function of
+  // the inputs alone.
+  const auto zero_tail = [&](Tensor& t, int64_t blocks) {
+    const int64_t width = t.size(1);
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::memset(t.mutable_data_ptr<float>() + (b * S + N) * width, 0,
+                  sizeof(float) * (S - N) * width);
+    }
+  };
+  if (N < S) {
+    zero_tail(residuals, 2 * L + 1);
+    zero_tail(qkv, L);
+    zero_tail(probs, L);
+    zero_tail(attended, L);
+    zero_tail(gate_up, L);
+  }
+  const float* last = res + 2 * L * S * H;
   Tensor hidden = new_contiguous(embed, {lay.B * lay.C, H});
   float* hp = hidden.mutable_data_ptr<float>();
   const float* wn = final_norm.const_data_ptr<float>();
@@ -318,7 +362,8 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
       std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
       final_norm, cos, sin, num_heads, kv_heads, eps);
   const Layout lay = layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
-  const int64_t L = w.layers, N = lay.N, H = w.hidden, Q = w.qkv_width, I = w.intermediate;
+  const int64_t L = w.layers, N = lay.N, S = lay.capacity, H = w.hidden, Q = w.qkv_width,
+                I = w.intermediate;
   const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads;
   const int64_t A = heads * D, K = lay.K, B = lay.B, C = lay.C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -333,11 +378,11 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
                       grad_hidden.size(1) == H,
                   op, ": grad_hidden must be a CPU float32 [B * C, H] = [", B * C, ", ", H, "]");
   grad_hidden = as_contiguous(grad_hidden);
-  check_saved(residuals, "residuals", (2 * L + 1) * N, H);
-  check_saved(qkv, "qkv", L * N, Q);
-  check_saved(probs, "probs", L * N, heads * K);
-  check_saved(attended, "attended", L * N, A);
-  check_saved(gate_up, "gate_up", L * N, 2 * I);
+  check_saved(residuals, "residuals", (2 * L + 1) * S, H);
+  check_saved(qkv, "qkv", L * S, Q);
+  check_saved(probs, "probs", L * S, heads * K);
+  check_saved(attended, "attended", L * S, A);
+  check_saved(gate_up, "gate_up", L * S, 2 * I);
 
   std::vector<Tensor> g_input_norm, g_qkv, g_bias, g_o, g_post_norm, g_gate_up, g_down;
   for (int64_t l = 0; l < L; ++l) {
@@ -368,7 +413,7 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
   float* dmp = dmid.mutable_data_ptr<float>();
 
   // The final norm, from each completion token's predicting row.
-  const float* last = res + 2 * L * N * H;
+  const float* last = res + 2 * L * S * H;
   const float* gh = grad_hidden.const_data_ptr<float>();
   for (int64_t r = 0; r < B; ++r) {
     for (int64_t c = 0; c < C; ++c) {
@@ -378,12 +423,12 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     }
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    const float* xin = res + 2 * l * N * H;
-    const float* xmid = res + (2 * l + 1) * N * H;
+    const float* xin = res + 2 * l * S * H;
+    const float* xmid = res + (2 * l + 1) * S * H;
     // The rows the forward ran this layer's attention and MLP on (the last layer skips the quiet
     // rows); before `first` the residual passes straight through.
     const int64_t first = l == L - 1 ? lay.quiet() : 0, M = N - first;
-    const Tensor gate_up_l = rows(gate_up, l * N + first, M);
+    const Tensor gate_up_l = rows(gate_up, l * S + first, M);
     const Tensor dx_m = rows(dx, first, M), dmid_m = rows(dmid, first, M);
     Tensor dact_m = rows(dact, 0, M), act_m = rows(act, 0, M), h_m = rows(h, 0, M);
     Tensor dgate_up_m = rows(dgate_up, 0, M), dh_m = rows(dh, 0, M), datt_m = rows(datt, first, M);
@@ -402,12 +447,12 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
                       w.post_norm[l].const_data_ptr<float>(), M, H, w.eps, dmp + first * H,
                       g_post_norm[l].mutable_data_ptr<float>(), wdy.data());
     // The attention's output projection: x_mid = x_in + attended @ o^T.
-    decoder::mm(g_o[l], transposed(dmid_m), rows(attended, l * N + first, M));
+    decoder::mm(g_o[l], transposed(dmid_m), rows(attended, l * S + first, M));
     decoder::mm(datt_m, dmid_m, w.o_weight[l]);
     // The attention: softmax over each query's slots, then the rotation.
     float* dq = dqkv.mutable_data_ptr<float>();
-    decoder::attention_backward(qkv.const_data_ptr<float>() + l * N * Q,
-                                probs.const_data_ptr<float>() + l * N * heads * K,
+    decoder::attention_backward(qkv.const_data_ptr<float>() + l * S * Q,
+                                probs.const_data_ptr<float>() + l * S * heads * K,
                                 datt.const_data_ptr<float>(), lay.key_row.data(), first, N, K, Q,
                                 heads, kv, D, scale, dq, dp.data());
     for (int64_t n = 0; n < N; ++n) {

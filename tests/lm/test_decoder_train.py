@@ -73,6 +73,33 @@ def test_native_training_forward_and_backward_match_autograd(varied_tiny, which,
                                    msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
 
 
+@pytest.mark.parametrize("which", ["qwen2_tiny", "llama_gqa"])
+def test_completions_sharing_a_beginning_share_its_rows(varied_tiny, which):
+    """A group's completions that begin alike run their common prefix once (decoder_train.cpp's
+    Layout): identical completions, completions that part after one or two tokens, the same
+    tokens with a different mask (one ended early: not shared), and the same completion in
+    another group (another prompt: not shared). Hidden states and every gradient against
+    autograd, which runs every completion apart."""
+    model = varied_tiny[0] if which == "qwen2_tiny" else _llama_gqa()
+    model.train()
+    prompt_ids, prompt_mask, _, _ = _batch(Bp=2, P=4, G=4, C=4)
+    completion_ids = torch.tensor([
+        [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 9, 9], [5, 10, 7, 8],  # group 0
+        [5, 6, 7, 8], [5, 6, 7, 8], [11, 6, 7, 8], [5, 6, 7, 3],  # group 1
+    ])  # fmt: skip
+    completion_mask = torch.ones(8, 4, dtype=torch.bool)
+    completion_mask[5, 2:] = False  # as row 4 but ended after two tokens
+    batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    hidden, grads = _hidden_and_grads(model, True, batch)
+    ref_hidden, ref_grads = _hidden_and_grads(model, False, batch)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=RTOL, atol=ATOL)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        ref = ref_grads[name]
+        torch.testing.assert_close(grad, ref, rtol=RTOL, atol=ATOL * max(1.0, ref.abs().max()),
+                                   msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
+
+
 @pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 8, 12])
 def test_native_training_matches_autograd_at_every_head_size(head_dim):
     """The attention's loops are compiled per head size (16, 32, 64, 128: vectors of 8 held in
