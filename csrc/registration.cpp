@@ -4,6 +4,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include "envs/env_ops.h"
+#include "ops/clipped_adam.h"
 #include "ops/decode_step.h"
 #include "ops/decoder_train.h"
 #include "ops/discounted_returns.h"
@@ -189,6 +190,13 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "Tensor[] grad_post_norm, Tensor[] grad_gate_up_weight, Tensor[] grad_down_weight, "
       "Tensor grad_final_norm)");
 
+  // One step of Adam with global gradient-norm clipping over flat buffers, in place (see
+  // ops/clipped_adam.h).
+  m.def(
+      "clipped_adam_step(Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, "
+      "Tensor(d!) exp_avg_sq, Tensor(e!) step, float lr, float beta1, float beta2, float eps, "
+      "float max_grad_norm) -> ()");
+
   // One rollout step of episode statistics: running returns and lengths grow, and envs whose
   // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
   m.def(
@@ -267,6 +275,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
          TORCH_BOX(&nostall::ppo_loss_from_log_prob_backward_cpu));
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cpu));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
+  m.impl("clipped_adam_step", TORCH_BOX(&nostall::clipped_adam_step_cpu));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));
   m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cpu));
   m.impl("decode_step", TORCH_BOX(&nostall::decode_step_cpu));

@@ -7,6 +7,7 @@ from nostall.ops import (  # noqa: F401  (registrations)
     _fake,
     _fake_losses,
     _fake_networks,
+    _fake_optim,
     _fake_sampling,
     _vmap,
 )

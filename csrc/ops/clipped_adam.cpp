@@ -1,0 +1,81 @@
+// CPU kernel of clipped_adam_step (see clipped_adam.h).
+#include "ops/clipped_adam.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/decoder_core.h"
+
+namespace nostall {
+
+namespace {
+
+// The sum of squares in eight partial sums (they vectorize), added in double at the end.
+NOSTALL_AVX2_CLONES double sum_of_squares(const float* __restrict g, int64_t n) {
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int64_t j = 0; j < 8; ++j) acc[j] += g[i + j] * g[i + j];
+  }
+  double total = 0.0;
+  for (; i < n; ++i) total += static_cast<double>(g[i]) * g[i];
+  for (float a : acc) total += a;
+  return total;
+}
+
+// The update, element by element (it vectorizes: the build has no errno for sqrt).
+NOSTALL_AVX2_CLONES void adam_pass(float* __restrict p, float* __restrict g, float* __restrict m,
+                                   float* __restrict v, int64_t n, float clip, float beta1,
+                                   float beta2, float step_size, float bias2_sqrt, float eps) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * clip;
+    g[i] = gi;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= step_size * mi / (std::sqrt(vi) / bias2_sqrt + eps);
+  }
+}
+
+}  // namespace
+
+void clipped_adam_step_cpu(Tensor param, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
+                           Tensor step, double lr, double beta1, double beta2, double eps,
+                           double max_grad_norm) {
+  const char* op = "clipped_adam_step";
+  STD_TORCH_CHECK(param.scalar_type() == ScalarType::Float && param.dim() == 1 &&
+                      param.is_contiguous() && param.is_cpu(),
+                  op, ": param must be a contiguous CPU float32 [n]");
+  const int64_t n = param.size(0);
+  const auto check_like = [&](const Tensor& t, const char* name) {
+    STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float && t.dim() == 1 && t.size(0) == n &&
+                        t.is_contiguous() && t.is_cpu(),
+                    op, ": ", name, " must be a contiguous CPU float32 [", n, "], as param");
+  };
+  check_like(grad, "grad");
+  check_like(exp_avg, "exp_avg");
+  check_like(exp_avg_sq, "exp_avg_sq");
+  STD_TORCH_CHECK(step.scalar_type() == ScalarType::Float && step.dim() == 0 && step.is_cpu(), op,
+                  ": step must be a CPU float32 scalar tensor");
+  STD_TORCH_CHECK(lr >= 0.0, op, ": lr must be non-negative, got ", lr);
+  STD_TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0, op, ": beta1 must be in [0, 1), got ", beta1);
+  STD_TORCH_CHECK(beta2 >= 0.0 && beta2 < 1.0, op, ": beta2 must be in [0, 1), got ", beta2);
+  STD_TORCH_CHECK(eps >= 0.0, op, ": eps must be non-negative, got ", eps);
+  STD_TORCH_CHECK(max_grad_norm > 0.0, op, ": max_grad_norm must be positive, got ", max_grad_norm);
+  float* g = grad.mutable_data_ptr<float>();
+  // As clip_grad_norm_: the coefficient in float32 (a NaN or infinite norm spreads, as there).
+  const float norm = static_cast<float>(std::sqrt(sum_of_squares(g, n)));
+  const float coef = static_cast<float>(max_grad_norm) / (norm + 1e-6f);
+  const float clip = std::isnan(coef) ? coef : std::min(coef, 1.0f);
+  float* count = step.mutable_data_ptr<float>();
+  *count += 1.0f;
+  const double t = *count;
+  const double bias1 = 1.0 - std::pow(beta1, t), bias2 = 1.0 - std::pow(beta2, t);
+  adam_pass(param.mutable_data_ptr<float>(), g, exp_avg.mutable_data_ptr<float>(),
+            exp_avg_sq.mutable_data_ptr<float>(), n, clip, static_cast<float>(beta1),
+            static_cast<float>(beta2), static_cast<float>(lr / bias1),
+            static_cast<float>(std::sqrt(bias2)), static_cast<float>(eps));
+}
+
+}  // namespace nostall
