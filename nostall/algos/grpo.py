@@ -85,7 +85,7 @@ class Args:
     """sample from the k most likely tokens (0: all)"""
     top_p: float = 1.0
     """sample from the smallest set of tokens whose probability reaches top_p (1: all)"""
-    learning_rate: float = 1e-3
+    learning_rate: float = 1.1e-3
     """Adam's learning rate (constant). The default is tuned for --staleness 1 (see
     benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses 2e-3"""
     max_grad_norm: float = 1.0
