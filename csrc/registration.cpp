@@ -68,6 +68,15 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "token_log_prob_linear_backward(Tensor grad_log_prob, Tensor hidden, Tensor weight, "
       "Tensor tokens, Tensor logsumexp, int chunk_size) -> (Tensor grad_hidden, "
       "Tensor grad_weight)");
+  // Each row's entropy under softmax(hidden @ weight^T) (an entropy bonus), the same way; the
+  // logsumexp [B, T] is kept for the backward.
+  m.def(
+      "token_entropy_linear(Tensor hidden, Tensor weight, int chunk_size) "
+      "-> (Tensor entropy, Tensor logsumexp)");
+  m.def(
+      "token_entropy_linear_backward(Tensor grad_entropy, Tensor hidden, Tensor weight, "
+      "Tensor entropy, Tensor logsumexp, int chunk_size) -> (Tensor grad_hidden, "
+      "Tensor grad_weight)");
   // The PPO / GRPO clipped surrogate over [B, T] tokens, aggregated to a scalar, with the clip
   // fraction and approximate KL; optional dual clip and truncated importance weight. token_grad
   // is each token's d loss_t / d log_prob_t (0 where masked), saved for the backward.
@@ -266,6 +275,8 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("token_log_prob_backward", TORCH_BOX(&nostall::token_log_prob_backward_cpu));
   m.impl("token_log_prob_linear", TORCH_BOX(&nostall::token_log_prob_linear_cpu));
   m.impl("token_log_prob_linear_backward", TORCH_BOX(&nostall::token_log_prob_linear_backward_cpu));
+  m.impl("token_entropy_linear", TORCH_BOX(&nostall::token_entropy_linear_cpu));
+  m.impl("token_entropy_linear_backward", TORCH_BOX(&nostall::token_entropy_linear_backward_cpu));
   m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cpu));
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cpu));
   m.impl("ppo_loss", TORCH_BOX(&nostall::ppo_loss_cpu));

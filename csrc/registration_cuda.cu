@@ -29,6 +29,8 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CUDA, m) {
   m.impl("token_log_prob_linear", TORCH_BOX(&nostall::token_log_prob_linear_cuda));
   m.impl("token_log_prob_linear_backward",
          TORCH_BOX(&nostall::token_log_prob_linear_backward_cuda));
+  m.impl("token_entropy_linear", TORCH_BOX(&nostall::token_entropy_linear_cuda));
+  m.impl("token_entropy_linear_backward", TORCH_BOX(&nostall::token_entropy_linear_backward_cuda));
   m.impl("clipped_policy_loss", TORCH_BOX(&nostall::clipped_policy_loss_cuda));
   m.impl("clipped_policy_loss_backward", TORCH_BOX(&nostall::clipped_policy_loss_backward_cuda));
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cuda));

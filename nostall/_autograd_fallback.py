@@ -151,6 +151,21 @@ def _token_log_prob_linear_backward(ctx, grad, _):
     return gh, gw, None, None
 
 
+def _token_entropy_linear_setup(ctx, inputs, output):
+    hidden, weight, chunk_size = inputs
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(hidden, weight, output[0], output[1])
+    ctx.chunk_size = chunk_size
+
+
+def _token_entropy_linear_backward(ctx, grad, _):
+    if grad is None:
+        return None, None, None
+    gh, gw = ops.token_entropy_linear_backward(grad, *ctx.saved_tensors, ctx.chunk_size)
+    return gh, gw, None
+
+
 def _policy_loss_setup(ctx, inputs, output):
     _, old_log_prob, advantage, mask, _, _, aggregation, max_tokens, _, behavior, _ = inputs
     _refuse_targets("clipped_policy_loss", old_log_prob=old_log_prob, advantage=advantage,
@@ -249,6 +264,7 @@ REGISTRATIONS = {
     "group_advantages": (_group_advantages_backward, _group_advantages_setup),
     "token_log_prob": (_token_log_prob_backward, _token_log_prob_setup),
     "token_log_prob_linear": (_token_log_prob_linear_backward, _token_log_prob_linear_setup),
+    "token_entropy_linear": (_token_entropy_linear_backward, _token_entropy_linear_setup),
     "clipped_policy_loss": (_policy_loss_backward, _policy_loss_setup),
     "ppo_loss": (_ppo_loss_backward, _ppo_setup("ppo_loss")),
     "ppo_loss_from_log_prob": (_ppo_log_prob_loss_backward, _ppo_setup("ppo_loss_from_log_prob")),
@@ -257,8 +273,8 @@ REGISTRATIONS = {
 }
 # The backward ops of the non-linear formulas: called with an input that requires grad (a
 # double backward), they refuse, as the native kernels do.
-REFUSING = ("group_advantages", "token_log_prob", "token_log_prob_linear", "clipped_policy_loss",
-            "ppo_loss", "ppo_loss_from_log_prob", "mlp")  # fmt: skip
+REFUSING = ("group_advantages", "token_log_prob", "token_log_prob_linear", "token_entropy_linear",
+            "clipped_policy_loss", "ppo_loss", "ppo_loss_from_log_prob", "mlp")  # fmt: skip
 
 
 def register() -> None:

@@ -94,6 +94,34 @@ struct TokenLogProbLinearFunction : torch::autograd::Function<TokenLogProbLinear
   }
 };
 
+// token_entropy_linear(hidden, weight, chunk_size) -> (entropy, logsumexp)
+struct TokenEntropyLinearFunction : torch::autograd::Function<TokenEntropyLinearFunction> {
+  using Sig = Pair(const Tensor&, const Tensor&, int64_t);
+  using BackwardSig = Pair(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, int64_t);
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& hidden, const Tensor& weight,
+                               int64_t chunk_size) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    ctx->set_materialize_grads(false);  // no zero tensors made for unused outputs
+    static const auto op = native<Sig>("nostall::token_entropy_linear");
+    auto [entropy, logsumexp] = op.call(hidden, weight, chunk_size);
+    ctx->save_for_backward({hidden, weight, entropy, logsumexp});
+    ctx->saved_data["chunk_size"] = chunk_size;
+    ctx->mark_non_differentiable({logsumexp});
+    return {entropy, logsumexp};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(3);
+    static const auto op = native<BackwardSig>("nostall::token_entropy_linear_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [grad_hidden, grad_weight] =
+        op.call(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["chunk_size"].toInt());
+    return {grad_hidden, grad_weight, Tensor()};
+  }
+};
+
 // clipped_policy_loss(log_prob, old_log_prob, advantage, mask, clip_low, clip_high, aggregation,
 // max_tokens, dual_clip, behavior_log_prob, is_cap) -> (loss, clip_fraction, approx_kl,
 // token_grad). The forward computes each token's derivative anyway: the backward only scales it.
@@ -234,6 +262,11 @@ Pair token_log_prob_linear_autograd(const Tensor& hidden, const Tensor& weight,
   return {out[0], out[1]};
 }
 
+Pair token_entropy_linear_autograd(const Tensor& hidden, const Tensor& weight, int64_t chunk_size) {
+  const variable_list out = TokenEntropyLinearFunction::apply(hidden, weight, chunk_size);
+  return {out[0], out[1]};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> clipped_policy_loss_autograd(
     const Tensor& log_prob, const Tensor& old_log_prob, const Tensor& advantage, const Tensor& mask,
     double clip_low, double clip_high, c10::string_view aggregation, int64_t max_tokens,
@@ -337,6 +370,16 @@ Pair token_log_prob_linear_backward_autograd(const Tensor& grad, const Tensor& h
   return op.call(grad, hidden, weight, tokens, logsumexp, chunk_size);
 }
 
+Pair token_entropy_linear_backward_autograd(const Tensor& grad, const Tensor& hidden,
+                                            const Tensor& weight, const Tensor& entropy,
+                                            const Tensor& logsumexp, int64_t chunk_size) {
+  reject_double_backward("token_entropy_linear", {&grad, &hidden, &weight, &entropy, &logsumexp});
+  at::AutoDispatchBelowADInplaceOrView below;
+  static const auto op =
+      native<TokenEntropyLinearFunction::BackwardSig>("nostall::token_entropy_linear_backward");
+  return op.call(grad, hidden, weight, entropy, logsumexp, chunk_size);
+}
+
 Pair ppo_loss_backward_autograd(const Tensor& grad, const Tensor& grad_logits,
                                 const Tensor& grad_value) {
   reject_double_backward("ppo_loss", {&grad, &grad_logits, &grad_value});
@@ -371,6 +414,7 @@ TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
   m.impl("group_advantages", &nostall::autograd::group_advantages_autograd);
   m.impl("token_log_prob", &nostall::autograd::token_log_prob_autograd);
   m.impl("token_log_prob_linear", &nostall::autograd::token_log_prob_linear_autograd);
+  m.impl("token_entropy_linear", &nostall::autograd::token_entropy_linear_autograd);
   m.impl("clipped_policy_loss", &nostall::autograd::clipped_policy_loss_autograd);
   m.impl("ppo_loss", &nostall::autograd::ppo_loss_autograd);
   m.impl("ppo_loss_backward", &nostall::autograd::ppo_loss_backward_autograd);
@@ -381,5 +425,7 @@ TORCH_LIBRARY_IMPL(nostall, Autograd, m) {
   m.impl("token_log_prob_backward", &nostall::autograd::token_log_prob_backward_autograd);
   m.impl("token_log_prob_linear_backward",
          &nostall::autograd::token_log_prob_linear_backward_autograd);
+  m.impl("token_entropy_linear_backward",
+         &nostall::autograd::token_entropy_linear_backward_autograd);
   m.impl("clipped_policy_loss_backward", &nostall::autograd::clipped_policy_loss_backward_autograd);
 }

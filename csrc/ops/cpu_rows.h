@@ -1,5 +1,6 @@
 // Vectorised CPU row kernels, for float32 and bfloat16 rows (bfloat16 passed as its uint16
-// bits): logsumexp of a row and the softmax part of its gradient (token_log_prob), the
+// bits): logsumexp of a row and the softmax part of its gradient (token_log_prob), the entropy
+// of a row's softmax and its gradient (token_entropy_linear), the
 // clipped policy loss of one sequence, tanh and small linear layers (mlp). Each has a
 // baseline build and, on x86-64, an AVX2 build picked at run time (cpu_rows_avx2.cpp).
 #pragma once
@@ -37,6 +38,14 @@ struct Kernels {
   // contiguous; w and b contiguous.
   void (*linear_f32)(const float* x, int64_t x_stride, int64_t M, int64_t K, const float* w,
                      const float* b, int64_t J, float* out);
+  // The entropy -sum_v p[v] log p[v] of p = softmax(x), given lse = logsumexp(x).
+  float (*entropy_f32)(const float* x, int64_t V, float lse);
+  float (*entropy_bf16)(const uint16_t* x, int64_t V, float lse);
+  // out[v] = -g * p[v] * (log p[v] + entropy), the gradient of g * entropy; out may alias x.
+  void (*entropy_grad_f32)(const float* x, float* out, int64_t V, float g, float lse,
+                           float entropy);
+  void (*entropy_grad_bf16)(const uint16_t* x, uint16_t* out, int64_t V, float g, float lse,
+                            float entropy);
 };
 
 // The best kernels this CPU runs (chosen once).

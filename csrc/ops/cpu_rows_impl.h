@@ -342,6 +342,56 @@ void policy_row(const PolicyRow& r, float* sums, float* grad, float grad_scale) 
   for (int i = 0; i < 4; ++i) sums[i] = out[i];
 }
 
+// One term p log p of the entropy sum, with y = x - lse = log p. Where p is exactly 0 (a -inf
+// logit, the tail's -inf padding, or below exp's range) the term is 0, not 0 * -inf = NaN; a
+// NaN logit (NaN lse) still gives NaN.
+template <int W>
+typename Vec<W>::f32 p_log_p(typename Vec<W>::f32 y) {
+  using V_ = Vec<W>;
+  const typename V_::f32 p = V_::exp(y), zero = V_::splat(0.0f);
+  return p == zero ? zero : p * y;
+}
+
+template <int W, typename T>
+float entropy_row(const T* __restrict__ x, int64_t V, float lse) {
+  using V_ = Vec<W>;
+  using f32 = typename V_::f32;
+  const f32 lv = V_::splat(lse);
+  const int64_t full = V - V % W;
+  f32 s0 = V_::splat(0.0f), s1 = s0;
+  int64_t v = 0;
+  for (; v + 2 * W <= full; v += 2 * W) {  // two accumulators hide the adds' latency
+    s0 += p_log_p<W>(V_::load(x + v) - lv);
+    s1 += p_log_p<W>(V_::load(x + v + W) - lv);
+  }
+  for (; v < full; v += W) s0 += p_log_p<W>(V_::load(x + v) - lv);
+  if (full < V) {
+    const Tail<W, T> tail(x + full, V - full);
+    s1 += p_log_p<W>(V_::load(tail.buf) - lv);
+  }
+  return -lane_sum<W>(s0 + s1);
+}
+
+template <int W, typename T>
+void entropy_grad_row(const T* x, T* out, int64_t V, float g, float lse, float entropy) {
+  using V_ = Vec<W>;
+  using f32 = typename V_::f32;
+  const f32 lv = V_::splat(lse), ng = V_::splat(-g), h = V_::splat(entropy);
+  const f32 zero = V_::splat(0.0f);
+  auto grad = [&](f32 xv) {
+    const f32 y = xv - lv;
+    const f32 p = V_::exp(y);
+    return p == zero ? zero : ng * p * (y + h);
+  };
+  const int64_t full = V - V % W;
+  for (int64_t v = 0; v < full; v += W) V_::store(out + v, grad(V_::load(x + v)));
+  if (full < V) {
+    Tail<W, T> tail(x + full, V - full);
+    V_::store(tail.buf, grad(V_::load(tail.buf)));
+    for (int64_t v = full; v < V; ++v) out[v] = tail.buf[v - full];
+  }
+}
+
 template <int W>
 Kernels make_kernels() {
   return {&logsumexp_row<W, float>,
@@ -350,7 +400,11 @@ Kernels make_kernels() {
           &softmax_grad_row<W, uint16_t>,
           &policy_row<W>,
           &tanh_inplace<W>,
-          &linear_rows<W>};
+          &linear_rows<W>,
+          &entropy_row<W, float>,
+          &entropy_row<W, uint16_t>,
+          &entropy_grad_row<W, float>,
+          &entropy_grad_row<W, uint16_t>};
 }
 
 }  // namespace

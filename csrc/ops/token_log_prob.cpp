@@ -1,6 +1,7 @@
-// CPU kernels for token_log_prob, its adjoint and the chunked linear variant. Rows are
-// independent: bands of rows run in parallel, and each row is two vectorised passes over its V
-// logits (max, then sum of exponentials) forward, and one pass backward (cpu_rows.h).
+// CPU kernels for token_log_prob, its adjoint, the chunked linear variant and
+// token_entropy_linear. Rows are independent: bands of rows run in parallel, and each row is two
+// vectorised passes over its V logits (max, then sum of exponentials) forward, a third for the
+// entropy, and one pass backward (cpu_rows.h).
 #include "ops/token_log_prob.h"
 
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
@@ -46,6 +47,44 @@ void row_softmax_grad(const c10::BFloat16* x, c10::BFloat16* out, int64_t V, flo
 
 void row_softmax_grad(const double* x, double* out, int64_t V, double g, double lse) {
   for (int64_t v = 0; v < V; ++v) out[v] = -g * std::exp(x[v] - lse);
+}
+
+float row_entropy(const float* x, int64_t V, float lse) {
+  return rows::kernels().entropy_f32(x, V, lse);
+}
+
+float row_entropy(const c10::BFloat16* x, int64_t V, float lse) {
+  return rows::kernels().entropy_bf16(reinterpret_cast<const uint16_t*>(x), V, lse);
+}
+
+// p log p is 0 where p is (see cpu_rows_impl.h's p_log_p).
+double row_entropy(const double* x, int64_t V, double lse) {
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const double y = x[v] - lse;
+    const double p = std::exp(y);
+    sum += p == 0 ? 0 : p * y;
+  }
+  return -sum;
+}
+
+// out[v] = -g * p[v] * (log p[v] + entropy); out may alias x.
+void row_entropy_grad(const float* x, float* out, int64_t V, float g, float lse, float h) {
+  rows::kernels().entropy_grad_f32(x, out, V, g, lse, h);
+}
+
+void row_entropy_grad(const c10::BFloat16* x, c10::BFloat16* out, int64_t V, float g, float lse,
+                      float h) {
+  rows::kernels().entropy_grad_bf16(reinterpret_cast<const uint16_t*>(x),
+                                    reinterpret_cast<uint16_t*>(out), V, g, lse, h);
+}
+
+void row_entropy_grad(const double* x, double* out, int64_t V, double g, double lse, double h) {
+  for (int64_t v = 0; v < V; ++v) {
+    const double y = x[v] - lse;
+    const double p = std::exp(y);
+    out[v] = p == 0 ? 0 : -g * p * (y + h);
+  }
 }
 
 // Rows per parallel task: about 32k logits each.
@@ -105,6 +144,45 @@ struct CpuRows {
           const A chosen = std::exp(to_acc(row[tok[r]]) - l);
           row_softmax_grad(row, out_row, V, gr, l);
           out_row[tok[r]] = from_acc<S>(gr * (A(1) - chosen));
+        }
+      });
+    });
+  }
+
+  static void entropy_forward(const Tensor& logits, Tensor& entropy, Tensor& logsumexp) {
+    const int64_t M = logits.size(0);
+    const int64_t V = logits.size(1);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = acc_t<S>;
+      const S* x = logits.const_data_ptr<S>();
+      A* ent = entropy.mutable_data_ptr<A>();
+      A* lse = logsumexp.mutable_data_ptr<A>();
+      torch::stable::parallel_for(0, M, row_grain(V), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          lse[r] = row_logsumexp(x + r * V, V);
+          ent[r] = row_entropy(x + r * V, V, lse[r]);
+        }
+      });
+    });
+  }
+
+  static void entropy_backward(const Tensor& grad_entropy, const Tensor& logits,
+                               const Tensor& entropy, const Tensor& logsumexp,
+                               Tensor& grad_logits) {
+    const int64_t M = logits.size(0);
+    const int64_t V = logits.size(1);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = acc_t<S>;
+      const S* x = logits.const_data_ptr<S>();
+      const A* g = grad_entropy.const_data_ptr<A>();
+      const A* ent = entropy.const_data_ptr<A>();
+      const A* lse = logsumexp.const_data_ptr<A>();
+      S* out = grad_logits.mutable_data_ptr<S>();  // may be x itself: each element read first
+      torch::stable::parallel_for(0, M, row_grain(V), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          row_entropy_grad(x + r * V, out + r * V, V, g[r], lse[r], ent[r]);
         }
       });
     });
@@ -171,6 +249,20 @@ std::tuple<Tensor, Tensor> token_log_prob_linear_backward_cpu(Tensor grad_log_pr
   check_token_range(as_contiguous(tokens), weight.size(0));
   return linear_log_prob_backward<CpuRows>(grad_log_prob, hidden, weight, tokens, logsumexp,
                                            chunk_size);
+}
+
+std::tuple<Tensor, Tensor> token_entropy_linear_cpu(Tensor hidden, Tensor weight,
+                                                    int64_t chunk_size) {
+  check_hidden_and_weight(hidden, weight, chunk_size);
+  return linear_entropy_forward<CpuRows>(hidden, weight, chunk_size);
+}
+
+std::tuple<Tensor, Tensor> token_entropy_linear_backward_cpu(Tensor grad_entropy, Tensor hidden,
+                                                             Tensor weight, Tensor entropy,
+                                                             Tensor logsumexp, int64_t chunk_size) {
+  check_entropy_backward_args(grad_entropy, hidden, weight, entropy, logsumexp, chunk_size);
+  return linear_entropy_backward<CpuRows>(grad_entropy, hidden, weight, entropy, logsumexp,
+                                          chunk_size);
 }
 
 }  // namespace nostall

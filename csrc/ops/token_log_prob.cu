@@ -1,5 +1,6 @@
-// CUDA kernels for token_log_prob, its adjoint and the chunked linear variant: one block per
-// row of V logits (max, sum of exponentials, then the chosen token), on the current stream.
+// CUDA kernels for token_log_prob, its adjoint, the chunked linear variant and
+// token_entropy_linear: one block per row of V logits (max, sum of exponentials, then the chosen
+// token or the entropy), on the current stream.
 // A token out of [0, V) gives NaN for its row instead of an error: checking would need a host
 // sync (the CPU kernels raise).
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h>
@@ -73,6 +74,50 @@ __global__ void log_prob_grad_kernel(const A* __restrict__ g, const S* x,
   }
 }
 
+// One row's logsumexp and entropy: max, sum of exponentials, then -sum p log p with the row's
+// lse (a term is 0 where p is exactly 0, as on the CPU).
+template <typename S, typename A>
+__global__ void entropy_rows_kernel(const S* __restrict__ x, A* __restrict__ ent,
+                                    A* __restrict__ lse, int64_t V) {
+  const int64_t r = blockIdx.x;
+  const S* row = x + r * V;
+  A m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = MaxOp{}(m, load_acc(row[v]));
+  m = block_all_reduce(m, MaxOp{});
+  A s = 0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += exp_acc(load_acc(row[v]) - m);
+  s = block_all_reduce(s, SumOp{});
+  const A l = m + log_acc(s);
+  A h = 0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const A y = load_acc(row[v]) - l;
+    const A p = exp_acc(y);
+    h -= p == A(0) ? A(0) : p * y;
+  }
+  h = block_all_reduce(h, SumOp{});
+  if (threadIdx.x == 0) {
+    lse[r] = l;
+    ent[r] = h;
+  }
+}
+
+// out[v] = -g p[v] (log p[v] + entropy); out may alias x (each element read, then written, by
+// the same thread).
+template <typename S, typename A>
+__global__ void entropy_grad_kernel(const A* __restrict__ g, const S* x, const A* __restrict__ ent,
+                                    const A* __restrict__ lse, S* out, int64_t V) {
+  const int64_t r = blockIdx.x;
+  const A gr = g[r];
+  const A l = lse[r];
+  const A h = ent[r];
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const int64_t i = r * V + v;
+    const A y = load_acc(x[i]) - l;
+    const A p = exp_acc(y);
+    out[i] = store_as<S>(p == A(0) ? A(0) : -gr * p * (y + h));
+  }
+}
+
 template <typename S, typename A>
 __global__ void accumulate_kernel(A* __restrict__ acc, const S* __restrict__ x, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -112,6 +157,36 @@ struct CudaRows {
           grad_logits.mutable_data_ptr<S>(), logits.size(1));
     });
     check_launch("log_prob_grad_kernel");
+  }
+
+  static void entropy_forward(const Tensor& logits, Tensor& entropy, Tensor& logsumexp) {
+    const int64_t M = logits.size(0);
+    if (M == 0) return;
+    const cudaStream_t stream = current_stream(logits);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = acc_t<S>;
+      entropy_rows_kernel<S, A><<<static_cast<unsigned>(M), kRowThreads, 0, stream>>>(
+          logits.const_data_ptr<S>(), entropy.mutable_data_ptr<A>(),
+          logsumexp.mutable_data_ptr<A>(), logits.size(1));
+    });
+    check_launch("entropy_rows_kernel");
+  }
+
+  static void entropy_backward(const Tensor& grad_entropy, const Tensor& logits,
+                               const Tensor& entropy, const Tensor& logsumexp,
+                               Tensor& grad_logits) {
+    const int64_t M = logits.size(0);
+    if (M == 0) return;
+    const cudaStream_t stream = current_stream(logits);
+    dispatch_logits(logits.scalar_type(), [&](auto tag) {
+      using S = decltype(tag);
+      using A = acc_t<S>;
+      entropy_grad_kernel<S, A><<<static_cast<unsigned>(M), kRowThreads, 0, stream>>>(
+          grad_entropy.const_data_ptr<A>(), logits.const_data_ptr<S>(), entropy.const_data_ptr<A>(),
+          logsumexp.const_data_ptr<A>(), grad_logits.mutable_data_ptr<S>(), logits.size(1));
+    });
+    check_launch("entropy_grad_kernel");
   }
 
   static void mm_into(Tensor& out, const Tensor& a, const Tensor& b) {
@@ -176,6 +251,23 @@ std::tuple<Tensor, Tensor> token_log_prob_linear_backward_cuda(Tensor grad_log_p
   torch::stable::accelerator::DeviceGuard guard(hidden.get_device_index());
   return linear_log_prob_backward<CudaRows>(grad_log_prob, hidden, weight, tokens, logsumexp,
                                             chunk_size);
+}
+
+std::tuple<Tensor, Tensor> token_entropy_linear_cuda(Tensor hidden, Tensor weight,
+                                                     int64_t chunk_size) {
+  check_hidden_and_weight(hidden, weight, chunk_size);
+  torch::stable::accelerator::DeviceGuard guard(hidden.get_device_index());
+  return linear_entropy_forward<CudaRows>(hidden, weight, chunk_size);
+}
+
+std::tuple<Tensor, Tensor> token_entropy_linear_backward_cuda(Tensor grad_entropy, Tensor hidden,
+                                                              Tensor weight, Tensor entropy,
+                                                              Tensor logsumexp,
+                                                              int64_t chunk_size) {
+  check_entropy_backward_args(grad_entropy, hidden, weight, entropy, logsumexp, chunk_size);
+  torch::stable::accelerator::DeviceGuard guard(hidden.get_device_index());
+  return linear_entropy_backward<CudaRows>(grad_entropy, hidden, weight, entropy, logsumexp,
+                                           chunk_size);
 }
 
 }  // namespace nostall

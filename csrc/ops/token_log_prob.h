@@ -9,6 +9,12 @@
 // accumulation dtype. The linear variant takes hidden [B, T, H] and the output weight [V, H] and
 // computes the logits chunk by chunk of rows, so at most chunk_size * V logits exist at once
 // (the fused linear + log-prob approach; the backward recomputes each chunk's logits).
+//
+// token_entropy_linear is the same walk for each row's entropy, an entropy bonus's input:
+//
+//   entropy[b, t] = -sum_v p[v] log p[v],  p = softmax(hidden[b, t] @ weight^T)
+//
+// with the adjoint d entropy / d logits[v] = -p[v] (log p[v] + entropy).
 #pragma once
 
 #include <torch/csrc/stable/ops.h>
@@ -66,8 +72,9 @@ inline void check_token_log_prob_backward_args(const Tensor& grad_log_prob, cons
   check_row_values(logsumexp, "logsumexp", logits, "logits");
 }
 
-inline void check_linear_args(const Tensor& hidden, const Tensor& weight, const Tensor& tokens,
-                              int64_t chunk_size) {
+// hidden [B, T, H] and the output weight [V, H] of the linear variants.
+inline void check_hidden_and_weight(const Tensor& hidden, const Tensor& weight,
+                                    int64_t chunk_size) {
   STD_TORCH_CHECK(hidden.dim() == 3, "hidden must be [B, T, H], got ", hidden.dim(), " dimensions");
   STD_TORCH_CHECK(is_logits_dtype(hidden.scalar_type()),
                   "hidden must be float32, float64 or bfloat16, got ",
@@ -81,8 +88,13 @@ inline void check_linear_args(const Tensor& hidden, const Tensor& weight, const 
                   torch::headeronly::toString(hidden.scalar_type()), "), got ",
                   torch::headeronly::toString(weight.scalar_type()));
   STD_TORCH_CHECK(weight.device() == hidden.device(), "weight must be on the device of hidden");
-  check_tokens(tokens, hidden, "hidden");
   STD_TORCH_CHECK(chunk_size >= 1, "chunk_size must be >= 1, got ", chunk_size);
+}
+
+inline void check_linear_args(const Tensor& hidden, const Tensor& weight, const Tensor& tokens,
+                              int64_t chunk_size) {
+  check_hidden_and_weight(hidden, weight, chunk_size);
+  check_tokens(tokens, hidden, "hidden");
 }
 
 inline void check_linear_backward_args(const Tensor& grad_log_prob, const Tensor& hidden,
@@ -90,6 +102,15 @@ inline void check_linear_backward_args(const Tensor& grad_log_prob, const Tensor
                                        const Tensor& logsumexp, int64_t chunk_size) {
   check_linear_args(hidden, weight, tokens, chunk_size);
   check_row_values(grad_log_prob, "grad_log_prob", hidden, "hidden");
+  check_row_values(logsumexp, "logsumexp", hidden, "hidden");
+}
+
+inline void check_entropy_backward_args(const Tensor& grad_entropy, const Tensor& hidden,
+                                        const Tensor& weight, const Tensor& entropy,
+                                        const Tensor& logsumexp, int64_t chunk_size) {
+  check_hidden_and_weight(hidden, weight, chunk_size);
+  check_row_values(grad_entropy, "grad_entropy", hidden, "hidden");
+  check_row_values(entropy, "entropy", hidden, "hidden");
   check_row_values(logsumexp, "logsumexp", hidden, "hidden");
 }
 
@@ -107,6 +128,11 @@ std::tuple<Tensor, Tensor> token_log_prob_linear_cpu(Tensor hidden, Tensor weigh
 std::tuple<Tensor, Tensor> token_log_prob_linear_backward_cpu(Tensor grad_log_prob, Tensor hidden,
                                                               Tensor weight, Tensor tokens,
                                                               Tensor logsumexp, int64_t chunk_size);
+std::tuple<Tensor, Tensor> token_entropy_linear_cpu(Tensor hidden, Tensor weight,
+                                                    int64_t chunk_size);
+std::tuple<Tensor, Tensor> token_entropy_linear_backward_cpu(Tensor grad_entropy, Tensor hidden,
+                                                             Tensor weight, Tensor entropy,
+                                                             Tensor logsumexp, int64_t chunk_size);
 
 std::tuple<Tensor, Tensor> token_log_prob_cuda(Tensor logits, Tensor tokens);
 Tensor token_log_prob_backward_cuda(Tensor grad_log_prob, Tensor logits, Tensor tokens,
@@ -117,5 +143,11 @@ std::tuple<Tensor, Tensor> token_log_prob_linear_backward_cuda(Tensor grad_log_p
                                                                Tensor weight, Tensor tokens,
                                                                Tensor logsumexp,
                                                                int64_t chunk_size);
+
+std::tuple<Tensor, Tensor> token_entropy_linear_cuda(Tensor hidden, Tensor weight,
+                                                     int64_t chunk_size);
+std::tuple<Tensor, Tensor> token_entropy_linear_backward_cuda(Tensor grad_entropy, Tensor hidden,
+                                                              Tensor weight, Tensor entropy,
+                                                              Tensor logsumexp, int64_t chunk_size);
 
 }  // namespace nostall

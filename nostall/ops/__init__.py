@@ -19,6 +19,7 @@ from nostall.ops.losses import (
     group_advantages,
     ppo_loss,
     ppo_loss_from_log_prob,
+    token_entropy_linear,
     token_log_prob,
     token_log_prob_linear,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ppo_loss_from_log_prob",
     "sample_categorical",
     "sample_tokens",
+    "token_entropy_linear",
     "token_log_prob",
     "token_log_prob_linear",
     "vtrace",

@@ -90,7 +90,7 @@ def _check_row_values(t, name, ref, ref_name):
     _check(t.device == ref.device, f"{name} must be on the device of {ref_name}")
 
 
-def _check_linear_args(hidden, weight, tokens, chunk_size):
+def _check_hidden_and_weight(hidden, weight, chunk_size):
     _check(hidden.dim() == 3, f"hidden must be [B, T, H], got {hidden.dim()} dimensions")
     _check(
         hidden.dtype in LOGITS_DTYPES,
@@ -106,8 +106,12 @@ def _check_linear_args(hidden, weight, tokens, chunk_size):
         f"weight must have the dtype of hidden ({hidden.dtype}), got {weight.dtype}",
     )
     _check(weight.device == hidden.device, "weight must be on the device of hidden")
-    _check_tokens(tokens, hidden, "hidden")
     _check(chunk_size >= 1, f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def _check_linear_args(hidden, weight, tokens, chunk_size):
+    _check_hidden_and_weight(hidden, weight, chunk_size)
+    _check_tokens(tokens, hidden, "hidden")
 
 
 def _row_values(like):
@@ -140,6 +144,23 @@ def _token_log_prob_linear_backward_fake(
 ):
     _check_linear_args(hidden, weight, tokens, chunk_size)
     _check_row_values(grad_log_prob, "grad_log_prob", hidden, "hidden")
+    _check_row_values(logsumexp, "logsumexp", hidden, "hidden")
+    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape)
+
+
+@torch.library.register_fake("nostall::token_entropy_linear")
+def _token_entropy_linear_fake(hidden, weight, chunk_size):
+    _check_hidden_and_weight(hidden, weight, chunk_size)
+    return _row_values(hidden), _row_values(hidden)
+
+
+@torch.library.register_fake("nostall::token_entropy_linear_backward")
+def _token_entropy_linear_backward_fake(
+    grad_entropy, hidden, weight, entropy, logsumexp, chunk_size
+):
+    _check_hidden_and_weight(hidden, weight, chunk_size)
+    _check_row_values(grad_entropy, "grad_entropy", hidden, "hidden")
+    _check_row_values(entropy, "entropy", hidden, "hidden")
     _check_row_values(logsumexp, "logsumexp", hidden, "hidden")
     return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape)
 

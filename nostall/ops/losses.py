@@ -6,6 +6,8 @@ custom operators.
 - :func:`token_log_prob`: log-probabilities of chosen tokens from `[B, T, V]` logits, without the
   `[B, T, V]` log-softmax; :func:`token_log_prob_linear` the same from hidden states and the
   output weight, computing the logits a chunk of rows at a time.
+- :func:`token_entropy_linear`: each token's entropy under the softmax of its logits, the same
+  way (an entropy bonus for GRPO).
 - :func:`clipped_policy_loss`: the clipped surrogate with GRPO / Dr. GRPO / token-mean
   aggregation, optional dual clip and truncated importance weights, plus the clip fraction and
   approximate KL as device tensors.
@@ -116,6 +118,29 @@ def token_log_prob_linear(
         chunk_size = max(1, DEFAULT_CHUNK_LOGITS // max(1, vocab))
     return torch.ops.nostall.token_log_prob_linear.default(
         hidden, weight, tokens, _int(chunk_size, "chunk_size")
+    )[0]
+
+
+def token_entropy_linear(hidden: Tensor, weight: Tensor, chunk_size: int | None = None) -> Tensor:
+    """Entropy of each position's next-token distribution `softmax(hidden @ weight.T)`, without
+    ever holding the full logits.
+
+    Args:
+        hidden: `[B, T, H]` final hidden states (float32, bfloat16 or float64); divide them by
+            the sampling temperature first for the entropy of the tempered distribution.
+        weight: `[V, H]` output (unembedding) weight, the dtype of hidden.
+        chunk_size: rows of logits (`[chunk_size, V]`) computed at a time; default: about
+            4M logits per chunk.
+
+    Returns:
+        `[B, T]` entropies in nats (float32, or float64). Differentiable in hidden and weight;
+        the backward recomputes each chunk's logits, as :func:`token_log_prob_linear`'s does.
+    """
+    if chunk_size is None:
+        vocab = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() >= 1 else 1
+        chunk_size = max(1, DEFAULT_CHUNK_LOGITS // max(1, vocab))
+    return torch.ops.nostall.token_entropy_linear.default(
+        hidden, weight, _int(chunk_size, "chunk_size")
     )[0]
 
 

@@ -96,6 +96,14 @@ def token_log_prob_linear(hidden, weight, tokens) -> Tensor:
     return token_log_prob(hidden @ weight.T, tokens)
 
 
+def token_entropy_linear(hidden, weight) -> Tensor:
+    """The entropy of torch.distributions.Categorical over the full logits (float32
+    accumulation)."""
+    acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    logits = (hidden @ weight.T).to(acc)
+    return torch.distributions.Categorical(logits=logits).entropy()
+
+
 def clipped_policy_loss(
     log_prob,
     old_log_prob,

@@ -15,6 +15,7 @@ DIFFERENTIATING_TESTS = [
     "tests/ops/test_advantages_registration.py",
     "tests/ops/test_losses_registration.py",
     "tests/ops/test_losses_reference.py",
+    "tests/ops/test_token_entropy.py",
     "tests/ops/test_mlp.py",
     "tests/ops/test_sample_categorical.py",
     "tests/ops/test_ppo_loss.py",

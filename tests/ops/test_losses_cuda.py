@@ -60,6 +60,25 @@ def test_token_log_prob_linear_matches_cpu(dtype):
         torch.testing.assert_close(b, a, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("V", [1, 31, 1000])
+def test_token_entropy_linear_matches_cpu(dtype, V):
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(4, 64, 32, generator=g).to(dtype)
+    weight = (torch.randn(V, 32, generator=g) * 0.2).to(dtype)
+    weights = torch.randn(4, 64, generator=g)
+    outs = []
+    for device in ("cpu", "cuda"):
+        h = hidden.to(device).requires_grad_()
+        w = weight.to(device).requires_grad_()
+        entropy = nostall.token_entropy_linear(h, w, chunk_size=50)
+        (entropy * weights.to(device, entropy.dtype)).sum().backward()
+        outs.append([entropy.cpu().float(), h.grad.cpu().float(), w.grad.cpu().float()])
+    tol = dict(rtol=5e-2, atol=5e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(b, a, **tol)
+
+
 @pytest.mark.parametrize(
     "aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 )
