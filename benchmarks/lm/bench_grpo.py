@@ -6,8 +6,8 @@
    beta 0, loss dapo, one optimizer step per generation batch, one torch thread), seeds
    interleaved; nostall synchronous (staleness 0: the same algorithm as TRL), overlapped
    (staleness 1, decoupled objective) at TRL's hyperparameters, and nostall's defaults
-   (staleness 1 with the learning rate tuned for it). Steps to target (sample efficiency) and
-   ms per step (speed) apart from the time (both).
+   (staleness 1 with the learning rate tuned for it, and an entropy bonus). Steps to target
+   (sample efficiency) and ms per step (speed) apart from the time (both).
 2. A balanced workload (`small` model, longer completions): tokens/s of staleness 1 (generation
    on a thread, and in a process of its own) over staleness 0, with the reward per sample.
 3. Generation alone: completion tokens/s of nostall's engine against `model.generate` at the same
@@ -34,7 +34,7 @@ TARGET = 0.7
 SAME_AS_TRL = dict(num_prompts=8, num_generations=8, max_new_tokens=5, temperature=1.0,
                    learning_rate=2e-3, max_grad_norm=1.0, clip_low=0.2, beta=0.0,
                    loss_type="dapo", updates_per_batch=1, torch_threads=1,
-                   staleness=0)  # fmt: skip
+                   staleness=0, entropy_coef=0.0)  # fmt: skip
 
 
 def nostall_to_target(seed: int, max_steps: int, time_limit: float, **kw) -> dict:
@@ -67,12 +67,14 @@ def _fmt(x, unit=""):
 
 def race(seeds: int, time_limit: float, skip_trl: bool) -> None:
     # S=0 is TRL's algorithm (the systems speed-up alone); S=1 the same hyperparameters with
-    # generation a version ahead; the defaults add the learning rate tuned for S=1.
+    # generation a version ahead; the defaults add the learning rate tuned for S=1 and the
+    # entropy bonus.
     variants = {
         "nostall S=0": dict(staleness=0),
         "nostall S=1": dict(staleness=1),
         "nostall defaults": dict(staleness=grpo.Args.staleness,
-                                 learning_rate=grpo.Args.learning_rate),
+                                 learning_rate=grpo.Args.learning_rate,
+                                 entropy_coef=grpo.Args.entropy_coef),
     }  # fmt: skip
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     if not skip_trl:

@@ -16,6 +16,7 @@ Times, side by side in one run:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -90,6 +91,13 @@ def main() -> None:
                          setup.group_index)  # fmt: skip
 
     update_ms = _median_ms(update, a.repeats)
+    bonus = dataclasses.replace(args, entropy_coef=grpo.Args.entropy_coef)  # the defaults'
+
+    def update_with_bonus():
+        grpo.grpo_update(setup.decoder, setup.optimizer, batch, bonus, setup.vocab, None, False,
+                         setup.group_index)  # fmt: skip
+
+    bonus_ms = _median_ms(update_with_bonus, a.repeats)
     step_products = gen_products + fwd_products + bwd_products
     print(f"one GRPO step of the race (tiny, {B} completions of {C} tokens after {P}-token "
           f"prompts, one thread), median of {a.repeats}")  # fmt: skip
@@ -99,6 +107,8 @@ def main() -> None:
     update_products = fwd_products + bwd_products
     print(f"   {'update (forward, backward, Adam)':34} {update_products:8.2f}m "
           f"{update_ms:8.2f}m {update_ms - update_products:9.2f}m")  # fmt: skip
+    print(f"   {'  with the entropy bonus':34} {update_products:8.2f}m "
+          f"{bonus_ms:8.2f}m {bonus_ms - update_products:9.2f}m")  # fmt: skip
     print(f"   {'  of which forward products':34} {fwd_products:8.2f}m")
     print(f"   {'  of which backward products':34} {bwd_products:8.2f}m")
     print(

@@ -3,7 +3,8 @@ tiny model) for the TRL-equal configuration (synchronous) and the variants a use
 first, synchronous and with generation a version ahead, seeds 1-3, one torch thread. Steps
 (sample efficiency) and ms per step (speed) are printed apart.
 
-    python -m benchmarks.lm.sweep_grpo [--seeds 3] [--time-limit 40] [--only "staleness 1"]
+    python -m benchmarks.lm.sweep_grpo [--seeds 3] [--first-seed 1] [--time-limit 40]
+        [--only "staleness 1"]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ VARIANTS = {
     "scale rewards by batch": dict(scale_rewards="batch"),
     "lr 1e-3": dict(learning_rate=1e-3),
     "staleness 1": dict(staleness=1),
-    "staleness 1, lr 1e-3 (defaults)": dict(staleness=1, learning_rate=1e-3),
+    "staleness 1, lr 1e-3": dict(staleness=1, learning_rate=1e-3),
     "staleness 1, lr 1.2e-3": dict(staleness=1, learning_rate=1.2e-3),
     "staleness 1, lr 1e-3, cap 5": dict(staleness=1, learning_rate=1e-3, is_cap=5.0),
     "staleness 1, lr 9e-4": dict(staleness=1, learning_rate=9e-4),
@@ -46,12 +47,32 @@ VARIANTS = {
     "staleness 1, lr 1.5e-3, 2 updates": dict(
         staleness=1, learning_rate=1.5e-3, updates_per_batch=2
     ),
+    "staleness 1, lr 1.1e-3, entropy 0.003": dict(
+        staleness=1, learning_rate=1.1e-3, entropy_coef=0.003
+    ),
+    "staleness 1, lr 1.1e-3, entropy 0.01": dict(
+        staleness=1, learning_rate=1.1e-3, entropy_coef=0.01
+    ),
+    "staleness 1, lr 1.1e-3, entropy 0.03": dict(
+        staleness=1, learning_rate=1.1e-3, entropy_coef=0.03
+    ),
+    "staleness 1, lr 1.1e-3, entropy 0.05": dict(
+        staleness=1, learning_rate=1.1e-3, entropy_coef=0.05
+    ),
+    "staleness 1, lr 1.1e-3, entropy 0.1": dict(
+        staleness=1, learning_rate=1.1e-3, entropy_coef=0.1
+    ),
+    "staleness 1, lr 1.5e-3, entropy 0.05": dict(
+        staleness=1, learning_rate=1.5e-3, entropy_coef=0.05
+    ),
+    "staleness 1, lr 2e-3, entropy 0.05": dict(staleness=1, learning_rate=2e-3, entropy_coef=0.05),
 }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--time-limit", type=float, default=40.0, help="seconds per run")
     p.add_argument("--only", default="", help="run the variants whose name contains this")
     a = p.parse_args()
@@ -60,7 +81,7 @@ def main() -> None:
         if a.only not in name:
             continue
         runs = []
-        for seed in range(1, a.seeds + 1):
+        for seed in range(a.first_seed, a.first_seed + a.seeds):
             args = grpo.Args(**{**SAME_AS_TRL, **change}, seed=seed, steps=2000,
                              target_reward=TARGET, stop_when_solved=True, log_interval=1,
                              watch_syncs=False)  # fmt: skip

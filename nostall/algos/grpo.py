@@ -15,6 +15,7 @@ runs it, with TRL's names, and the waits taken out:
   sequence token mean, then the mean), "bnpo" and "dapo" (mean over all tokens of the batch),
   "dr_grpo" (token sum over batch * max_new_tokens); clip [1 - clip_low, 1 + clip_high];
   optional KL to the frozen initial model (`beta`, k3 estimator) aggregated the same way;
+- an optional entropy bonus (`entropy_coef`, `nostall.token_entropy_linear`, the same chunks);
 - `staleness` S lets generation run up to S policy versions ahead of the trainer (S = 0:
   generate then train, exactly synchronous GRPO). Stale batches use the decoupled objective
   (AReaL, Fu et al. 2025): the clip against the proximal policy (the trainer's weights before
@@ -49,7 +50,7 @@ AGGREGATIONS = {
     "dapo": "token_mean",
     "dr_grpo": "seq_mean_token_sum_norm",
 }
-METRICS = ("loss", "clip_fraction", "approx_kl", "kl")
+METRICS = ("loss", "clip_fraction", "approx_kl", "kl", "entropy")  # entropy: with a bonus only
 # Steps whose update runs under SyncWatch (after warm-up), to report syncs per update.
 WATCHED_STEPS = (3, 4)
 # Arguments a resume may change; every other one must match the checkpoint's.
@@ -111,6 +112,11 @@ class Args:
     the cached keys and values of earlier tokens are kept. Off: one version per batch"""
     is_cap: float = 2.0
     """cap of the behaviour importance weight of stale tokens (decoupled objective)"""
+    entropy_coef: float = 0.05
+    """weight of an entropy bonus: the loss minus entropy_coef times the sampling
+    distribution's entropy per completion token, aggregated as the loss is. It keeps a group's
+    completions from all becoming the same, where their advantages, and so the update, vanish
+    (see benchmarks/RESULTS.md); 0: none, as TRL's GRPOTrainer"""
     stop_check_every: int = 0
     """stop generating once every completion ended, checked every this many tokens (a host
     read); 0: always generate max_new_tokens"""
@@ -170,7 +176,7 @@ class Args:
                 )
         if self.batch_size > 1 << 20:
             raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
-        for name in ("staleness", "top_k", "stop_check_every", "beta", "seed"):
+        for name in ("staleness", "top_k", "stop_check_every", "seed"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         for name in ("learning_rate", "max_grad_norm", "temperature", "is_cap"):
@@ -179,7 +185,7 @@ class Args:
                 raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--top-p must lie in (0, 1], got {self.top_p}")
-        for name in ("clip_low", "clip_high"):
+        for name in ("clip_low", "clip_high", "beta", "entropy_coef"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < float("inf"):
                 raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value}")
@@ -259,6 +265,15 @@ def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
     """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
     model's, at `temperature`, over the tokens the sampler may draw: `vocab`, None for all);
     each group's prompt is run once."""
+    return nostall.token_log_prob_linear(*policy_head(decoder, batch, temperature, vocab,
+                                                      group_size))  # fmt: skip
+
+
+def policy_head(decoder: Decoder, batch: LMBatch, temperature: float,
+                vocab: SampledVocab | None, group_size: int):  # fmt: skip
+    """(hidden [B, C, H] over the temperature, output weight [V', H], tokens [B, C] in [0, V'))
+    of the sampling distribution at the completion tokens, V' the tokens the sampler may draw:
+    the arguments of token_log_prob_linear (and token_entropy_linear)."""
     hidden = (
         decoder.grouped_hidden(
             batch.prompt_ids[::group_size],
@@ -271,7 +286,7 @@ def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
     weight, tokens = decoder.output_weight, batch.completion_ids
     if vocab is not None:  # the softmax over the allowed tokens' rows only
         weight, tokens = weight[vocab.ids], vocab.index[tokens]
-    return nostall.token_log_prob_linear(hidden, weight, tokens)  # (B, C)
+    return hidden, weight, tokens
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str,
@@ -322,26 +337,37 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
             ref_log_prob = policy_log_probs(reference, batch, args.temperature, vocab, G)
     totals = torch.zeros(len(METRICS), device=batch.rewards.device)
     old_log_prob = None
+    C = batch.completion_mask.shape[1]
     for _ in range(args.updates_per_batch):
         if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
-            log_prob, loss, clip_fraction, approx_kl = explicit.step(
+            log_prob, loss, clip_fraction, approx_kl, entropy = explicit.step(
                 batch, advantage, args, vocab, decoupled, old_log_prob
             )
             kl = torch.zeros_like(loss)  # (no reference: it applies without one)
         else:
-            log_prob = policy_log_probs(decoder, batch, args.temperature, vocab, G)
+            hidden, weight, tokens = policy_head(decoder, batch, args.temperature, vocab, G)
+            log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)
             loss, clip_fraction, approx_kl, kl = grpo_loss(
                 log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
                 advantage, batch.completion_mask, args,
                 batch.log_probs if decoupled else None, ref_log_prob,
             )  # fmt: skip
+            entropy = None
+            if args.entropy_coef:
+                entropy = aggregate(nostall.token_entropy_linear(hidden, weight),
+                                    batch.completion_mask, args.loss_type, C)  # fmt: skip
+                loss = loss - args.entropy_coef * entropy
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         if old_log_prob is None:  # the proximal policy: the weights before this update
             old_log_prob = log_prob.detach()
-        totals += torch.stack([loss.detach(), clip_fraction, approx_kl, kl.detach()])
-    return dict(zip(METRICS, (totals / args.updates_per_batch).unbind(), strict=True))
+        entropy = torch.zeros_like(kl) if entropy is None else entropy.detach()
+        totals += torch.stack([loss.detach(), clip_fraction, approx_kl, kl.detach(), entropy])
+    metrics = dict(zip(METRICS, (totals / args.updates_per_batch).unbind(), strict=True))
+    if not args.entropy_coef:
+        del metrics["entropy"]  # not computed
+    return metrics
 
 
 def train(
@@ -360,6 +386,7 @@ def train(
     offset = 0.0  # seconds of the run before a resume
     if args.resume:
         saved_args, state = checkpoint.load(args.resume, "grpo")
+        saved_args.setdefault("entropy_coef", 0.0)  # saved before the bonus existed: none
         checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
         first = restore(setup, state, result) + 1
         offset = result.step_times[-1] if result.step_times else 0.0

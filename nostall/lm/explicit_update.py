@@ -133,9 +133,10 @@ class ExplicitUpdate:
     @torch.no_grad()
     def step(self, batch, advantage: Tensor, args, vocab: SampledVocab | None, decoupled: bool,
              old_log_prob: Tensor | None) -> tuple[Tensor, ...]:  # fmt: skip
-        """One optimizer step on `batch`: (log_prob, loss, clip_fraction, approx_kl), the
-        log-probs before the step. `old_log_prob` None: this step's own (the proximal policy)."""
-        from nostall.algos.grpo import AGGREGATIONS  # (grpo imports this module)
+        """One optimizer step on `batch`: (log_prob, loss, clip_fraction, approx_kl, entropy),
+        the log-probs before the step, the entropy aggregated as the loss (None without an
+        entropy bonus). `old_log_prob` None: this step's own (the proximal policy)."""
+        from nostall.algos.grpo import AGGREGATIONS, aggregate  # (grpo imports this module)
 
         d = self.decoder
         G = args.num_generations
@@ -171,6 +172,24 @@ class ExplicitUpdate:
         grad_scaled, grad_weight = torch.ops.nostall.token_log_prob_linear_backward.default(
             grad_log_prob, scaled, weight, tokens, logsumexp, chunk
         )
+        entropy = None
+        if args.entropy_coef:  # the bonus -coef * entropy, aggregated as the surrogate is
+            entropy, entropy_lse = torch.ops.nostall.token_entropy_linear.default(
+                scaled, weight, chunk
+            )
+            # Each token's weight in the aggregate, from the surrogate's own adjoint (it scales
+            # a per-token gradient by the aggregation's weights; masked tokens get zero here).
+            bonus_grad = batch.completion_mask.to(entropy.dtype) * -args.entropy_coef
+            grad_entropy = torch.ops.nostall.clipped_policy_loss_backward.default(
+                torch.ones_like(loss), bonus_grad, batch.completion_mask, aggregation, C
+            )
+            grad_h, grad_w = torch.ops.nostall.token_entropy_linear_backward.default(
+                grad_entropy, scaled, weight, entropy, entropy_lse, chunk
+            )
+            grad_scaled += grad_h
+            grad_weight += grad_w
+            entropy = aggregate(entropy, batch.completion_mask, args.loss_type, C)
+            loss = loss - args.entropy_coef * entropy
         grads = torch.ops.nostall.decoder_train_backward.default(
             (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1),
             prompt_ids, prompt_mask,
@@ -187,7 +206,7 @@ class ExplicitUpdate:
         else:
             output_grad.add_(grad_weight)
         self.optimizer.apply_gradients()
-        return log_prob, loss, clip_fraction, approx_kl
+        return log_prob, loss, clip_fraction, approx_kl, entropy
 
 
 # Each optimizer's update by explicit adjoints, with the decoder it was built for (None where

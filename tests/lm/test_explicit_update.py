@@ -1,8 +1,9 @@
 """The GRPO update by explicit adjoints (nostall/lm/explicit_update.py) against the same update
 through autograd: every parameter and the metrics after several steps, on Qwen2 (tied output
 weight, q/k/v biases) and Llama (grouped-query attention, untied output weight, no biases), with
-and without banned tokens, each loss type, a temperature, several optimizer steps per batch and
-the decoupled objective; the flat layout it relies on; and checkpoints of the older layout."""
+and without banned tokens, each loss type, a temperature, several optimizer steps per batch, the
+decoupled objective and an entropy bonus; the flat layout it relies on; and checkpoints of the
+older layout."""
 
 import copy
 
@@ -62,15 +63,16 @@ def _run(model, args: grpo.Args, banned: list[int], autograd: bool, steps: int =
 
 
 @pytest.mark.parametrize("which", ["qwen2_tiny", "llama_untied"])
-@pytest.mark.parametrize(("loss_type", "temperature", "updates", "banned"), [
-    ("dapo", 1.0, 1, [0, 1]), ("grpo", 0.7, 2, []), ("dr_grpo", 1.3, 1, [1]),
-    ("bnpo", 1.0, 2, [0, 1]),
+@pytest.mark.parametrize(("loss_type", "temperature", "updates", "banned", "entropy_coef"), [
+    ("dapo", 1.0, 1, [0, 1], 0.0), ("grpo", 0.7, 2, [], 0.0), ("dr_grpo", 1.3, 1, [1], 0.1),
+    ("bnpo", 1.0, 2, [0, 1], 0.0), ("dapo", 0.7, 2, [0, 1], 0.05), ("grpo", 1.0, 1, [1], 0.2),
 ])  # fmt: skip
-def test_explicit_update_matches_autograd(which, loss_type, temperature, updates, banned):
+def test_explicit_update_matches_autograd(which, loss_type, temperature, updates, banned,
+                                          entropy_coef):  # fmt: skip
     model = builtin_model("tiny", seed=3).model if which == "qwen2_tiny" else _llama()
     args = grpo.Args(num_prompts=3, num_generations=4, max_new_tokens=4, loss_type=loss_type,
                      temperature=temperature, updates_per_batch=updates, learning_rate=1e-2,
-                     max_grad_norm=0.5, is_cap=1.5)  # fmt: skip
+                     max_grad_norm=0.5, is_cap=1.5, entropy_coef=entropy_coef)  # fmt: skip
     mine, mine_metrics = _run(copy.deepcopy(model), args, banned, autograd=False)
     theirs, their_metrics = _run(copy.deepcopy(model), args, banned, autograd=True)
     for name, p in theirs.items():
