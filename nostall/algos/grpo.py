@@ -88,7 +88,8 @@ class Args:
     """sample from the smallest set of tokens whose probability reaches top_p (1: all)"""
     learning_rate: float = 1.1e-3
     """Adam's learning rate (constant). The default is tuned for --staleness 1 (see
-    benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses 2e-3"""
+    benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses 2e-3 and no entropy
+    bonus (--entropy-coef 0)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
     loss_type: str = "dapo"
