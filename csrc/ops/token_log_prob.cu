@@ -38,20 +38,27 @@ __device__ inline double exp_acc(double x) { return exp(x); }
 __device__ inline float log_acc(float x) { return logf(x); }
 __device__ inline double log_acc(double x) { return log(x); }
 
+// The logsumexp of one row of V logits, the block's threads striding over it (max, then the
+// sum of exponentials); every thread gets it.
 template <typename S, typename A>
-__global__ void log_prob_rows_kernel(const S* __restrict__ x, const int64_t* __restrict__ tok,
-                                     A* __restrict__ lp, A* __restrict__ lse, int64_t V) {
-  const int64_t r = blockIdx.x;
-  const S* row = x + r * V;
+__device__ A block_row_logsumexp(const S* row, int64_t V) {
   A m = -INFINITY;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = MaxOp{}(m, load_acc(row[v]));
   m = block_all_reduce(m, MaxOp{});
   A s = 0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += exp_acc(load_acc(row[v]) - m);
   s = block_all_reduce(s, SumOp{});
+  return m + log_acc(s);
+}
+
+template <typename S, typename A>
+__global__ void log_prob_rows_kernel(const S* __restrict__ x, const int64_t* __restrict__ tok,
+                                     A* __restrict__ lp, A* __restrict__ lse, int64_t V) {
+  const int64_t r = blockIdx.x;
+  const S* row = x + r * V;
+  const A l = block_row_logsumexp<S, A>(row, V);
   if (threadIdx.x == 0) {
     const int64_t t = tok[r];
-    const A l = m + log_acc(s);
     lse[r] = l;
     lp[r] = (t >= 0 && t < V) ? load_acc(row[t]) - l : A(NAN);
   }
@@ -81,13 +88,7 @@ __global__ void entropy_rows_kernel(const S* __restrict__ x, A* __restrict__ ent
                                     A* __restrict__ lse, int64_t V) {
   const int64_t r = blockIdx.x;
   const S* row = x + r * V;
-  A m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = MaxOp{}(m, load_acc(row[v]));
-  m = block_all_reduce(m, MaxOp{});
-  A s = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += exp_acc(load_acc(row[v]) - m);
-  s = block_all_reduce(s, SumOp{});
-  const A l = m + log_acc(s);
+  const A l = block_row_logsumexp<S, A>(row, V);
   A h = 0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const A y = load_acc(row[v]) - l;

@@ -336,7 +336,8 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
     if reference is not None:
         with torch.no_grad():
             ref_log_prob = policy_log_probs(reference, batch, args.temperature, vocab, G)
-    totals = torch.zeros(len(METRICS), device=batch.rewards.device)
+    names = METRICS if args.entropy_coef else METRICS[:-1]  # (entropy: computed with a bonus)
+    totals = torch.zeros(len(names), device=batch.rewards.device)
     old_log_prob = None
     C = batch.completion_mask.shape[1]
     for _ in range(args.updates_per_batch):
@@ -363,12 +364,9 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
             optimizer.step()
         if old_log_prob is None:  # the proximal policy: the weights before this update
             old_log_prob = log_prob.detach()
-        entropy = torch.zeros_like(kl) if entropy is None else entropy.detach()
-        totals += torch.stack([loss.detach(), clip_fraction, approx_kl, kl.detach(), entropy])
-    metrics = dict(zip(METRICS, (totals / args.updates_per_batch).unbind(), strict=True))
-    if not args.entropy_coef:
-        del metrics["entropy"]  # not computed
-    return metrics
+        values = [loss.detach(), clip_fraction, approx_kl, kl.detach()]
+        totals += torch.stack(values if entropy is None else [*values, entropy.detach()])
+    return dict(zip(names, (totals / args.updates_per_batch).unbind(), strict=True))
 
 
 def train(
