@@ -20,13 +20,12 @@ $(INSTALLED): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "setuptools>=77" wheel
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q --no-build-isolation -e ".[dev]"
+	NOSTALL_NO_EXTENSIONS=1 $(PY) -m pip install -q --no-build-isolation -e ".[dev]"
 	touch $@
 
-# Incremental rebuild of the native library (pip's editable install always rebuilds from scratch).
-# The install is an order-only prerequisite: reinstalling (after a pyproject.toml change) does
-# not by itself rebuild the library. (pip's editable install builds out of tree, so a fresh
-# checkout still builds once more here, in place.)
+# The native library, built once, in place, and rebuilt incrementally when a source changes (the
+# editable install above leaves it out: see setup.py). The install is an order-only
+# prerequisite: reinstalling (after a pyproject.toml change) does not by itself rebuild it.
 $(NATIVE_LIB): $(NATIVE_SOURCES) | $(INSTALLED)
 	CFLAGS=-g0 $(PY) setup.py -q build_ext --inplace
 	touch $@

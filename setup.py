@@ -24,8 +24,12 @@ STABLE_ABI_FLAGS = ["-DTORCH_TARGET_VERSION=0x020a000000000000"]
 # -fno-math-errno: no kernel reads errno, and without it a square root in a loop is a libm call
 # guarded for a negative argument, so the loop stays scalar (the Adam step's). Values are
 # unchanged by it.
+# -Wno-psabi: GCC's notes that passing 32-byte vectors by value differs from GCC 4.6's ABI and
+# without AVX enabled: the vector helpers are inline functions inside one library built by one
+# compiler, so no such value crosses an ABI boundary.
 CXX_FLAGS = [
     "-O3",
+    "-Wno-psabi",
     "-g0",
     "-std=c++17",
     "-ffp-contract=off",
@@ -126,4 +130,9 @@ write_build_info()
 
 # The wheel is tagged for the Python it was built with (cp311-cp311, say), not abi3: _C is
 # limited-API, but _C_autograd is built against this Python's full API.
-setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtension})
+# NOSTALL_NO_EXTENSIONS=1: the package without its native libraries. `make` installs the
+# editable package so, then builds the libraries once, in place (`setup.py build_ext
+# --inplace`): an editable install would otherwise build them out of tree first, then `make`
+# again in place, for twice the time.
+NO_EXTENSIONS = os.environ.get("NOSTALL_NO_EXTENSIONS") == "1"
+setup(ext_modules=[] if NO_EXTENSIONS else extensions(), cmdclass={"build_ext": BuildExtension})

@@ -3,10 +3,11 @@
 Hot paths are C++ (and CUDA) kernels registered as PyTorch custom operators in the `nostall`
 namespace (`torch.ops.nostall.*`); `nostall.ops` holds their documented Python entry points,
 `nostall.envs` the native environments, `nostall.profiler` the sync-stall profiler (which
-needs no native code). Importing nostall loads the native library, so `torch.ops.nostall.*`
-exist at once; if it cannot load, `nostall.profiler` still works and the first use of an op
-raises the reason (the torch version it was built for, and how to rebuild it).
-Subpackages load on first use.
+needs no native code). The trainers have two doors, the `nostall` command and the Python API:
+`nostall.PPOTrainer`, `nostall.APPOTrainer` and `nostall.GRPOTrainer`, each with its config.
+Importing nostall loads the native library, so `torch.ops.nostall.*` exist at once; if it
+cannot load, `nostall.profiler` still works and the first use of an op raises the reason (the
+torch version it was built for, and how to rebuild it). Subpackages load on first use.
 """
 
 import importlib
@@ -36,7 +37,13 @@ _LAZY = {
     "mlp": "nostall.ops",
     "sample_categorical": "nostall.ops",
     "sample_tokens": "nostall.ops",
-    "load_policy": "nostall.policy",
+    "load_policy": "nostall.algos.ppo.policy",
+    "PPOConfig": "nostall.algos.ppo",
+    "PPOTrainer": "nostall.algos.ppo",
+    "APPOConfig": "nostall.algos.appo",
+    "APPOTrainer": "nostall.algos.appo",
+    "GRPOConfig": "nostall.algos.grpo",
+    "GRPOTrainer": "nostall.algos.grpo",
     "HAS_CUDA_KERNELS": "nostall._native",
     "AUTOGRAD": "nostall._native",
 }
@@ -52,7 +59,13 @@ def __getattr__(name: str):
 __all__ = [
     "AUTOGRAD",
     "HAS_CUDA_KERNELS",
+    "APPOConfig",
+    "APPOTrainer",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "PPOConfig",
     "PPOLoss",
+    "PPOTrainer",
     "PolicyLoss",
     "__version__",
     "clipped_policy_loss",

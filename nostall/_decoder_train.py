@@ -10,18 +10,19 @@ is itself the native op. The rotary tables are constants: asking for their gradi
 
 import torch
 
+from nostall.decoder_weights import DecoderWeights
+
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise RuntimeError(message)  # the C++ kernel's error type (STD_TORCH_CHECK)
 
 
-def _shapes(op, prompt_ids, completion_ids, embed, input_norm, qkv_weight, o_weight,
-            gate_up_weight):  # fmt: skip
+def _shapes(op, prompt_ids, completion_ids, w: DecoderWeights):
     _check(prompt_ids.dim() == 2, f"{op}: prompt_ids must be int64 [Bp, P]")
     _check(completion_ids.dim() == 2, f"{op}: completion_ids must be int64 [B, C]")
-    _check(embed.dtype == torch.float32, f"{op}: embed must be float32")
-    _check(len(input_norm) >= 1, f"{op}: at least one layer")
+    _check(w.embed.dtype == torch.float32, f"{op}: embed must be float32")
+    _check(len(w.input_norm) >= 1, f"{op}: at least one layer")
     Bp, P = prompt_ids.shape
     B, C = completion_ids.shape
     N = Bp * P + B * (C - 1)  # a completion's last token is not run (decoder_train.h)
@@ -30,61 +31,47 @@ def _shapes(op, prompt_ids, completion_ids, embed, input_norm, qkv_weight, o_wei
         C,
         P,
         N,
-        len(input_norm),
-        qkv_weight[0].shape[0],
-        o_weight[0].shape[1],
-        (gate_up_weight[0].shape[0]),
+        len(w.input_norm),
+        w.qkv_weight[0].shape[0],
+        w.o_weight[0].shape[1],
+        w.gate_up_weight[0].shape[0],
     )
 
 
+# The weights come as DecoderWeights' nine arguments, then each op's own.
 @torch.library.register_fake("nostall::decoder_train")
-def _decoder_train_fake(prompt_ids, prompt_mask, completion_ids, completion_mask, embed,
-                        input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
-                        down_weight, final_norm, cos, sin, num_heads, kv_heads, eps):  # fmt: skip
-    B, C, P, N, L, Q, A, I2 = _shapes("decoder_train", prompt_ids, completion_ids, embed,
-                                      input_norm, qkv_weight, o_weight, gate_up_weight)  # fmt: skip
-    H = embed.shape[1]
+def _decoder_train_fake(prompt_ids, prompt_mask, completion_ids, completion_mask, *args):
+    w, (_cos, _sin, num_heads, *_) = DecoderWeights.split(args)
+    B, C, P, N, L, Q, A, I2 = _shapes("decoder_train", prompt_ids, completion_ids, w)
+    new = w.embed.new_empty
+    H = w.embed.shape[1]
     return (
-        embed.new_empty(B * C, H),
-        embed.new_empty((2 * L + 1) * N, H),
-        embed.new_empty(L * N, Q),
-        embed.new_empty(L * N, num_heads * (P + C - 1)),
-        embed.new_empty(L * N, A),
-        embed.new_empty(L * N, I2),
+        new(B * C, H),
+        new((2 * L + 1) * N, H),
+        new(L * N, Q),
+        new(L * N, num_heads * (P + C - 1)),
+        new(L * N, A),
+        new(L * N, I2),
     )
 
 
 @torch.library.register_fake("nostall::decoder_train_backward")
 def _decoder_train_backward_fake(grad_hidden, prompt_ids, prompt_mask, completion_ids,
-                                 completion_mask, embed, input_norm, qkv_weight, qkv_bias,
-                                 o_weight, post_norm, gate_up_weight, down_weight, final_norm,
-                                 cos, sin, residuals, qkv, probs, attended, gate_up, num_heads,
-                                 kv_heads, eps):  # fmt: skip
-    _shapes("decoder_train_backward", prompt_ids, completion_ids, embed, input_norm, qkv_weight,
-            o_weight, gate_up_weight)  # fmt: skip
+                                 completion_mask, *args):  # fmt: skip
+    w, _ = DecoderWeights.split(args)  # (then cos, sin, the activations, the sizes)
+    _shapes("decoder_train_backward", prompt_ids, completion_ids, w)
     _check(grad_hidden.dtype == torch.float32,
            "decoder_train_backward: grad_hidden must be float32")  # fmt: skip
 
-    def like(ts):
-        return [torch.empty_like(t) for t in ts]
-
-    return (
-        torch.empty_like(embed),
-        like(input_norm),
-        like(qkv_weight),
-        like(qkv_bias),
-        like(o_weight),
-        like(post_norm),
-        like(gate_up_weight),
-        like(down_weight),
-        torch.empty_like(final_norm),
-    )
+    # The gradients are the weights' shapes: the embedding's, each list's, the final norm's.
+    return tuple(torch.empty_like(x) if isinstance(x, torch.Tensor) else
+                 [torch.empty_like(t) for t in x] for x in w)  # fmt: skip
 
 
 def _setup_context(ctx, inputs, output):
-    prompt_ids, prompt_mask, completion_ids, completion_mask, embed = inputs[:5]
-    lists = inputs[5:12]
-    final_norm, cos, sin, num_heads, kv_heads, eps = inputs[12:]
+    prompt_ids, prompt_mask, completion_ids, completion_mask, *args = inputs
+    w, (cos, sin, num_heads, kv_heads, eps) = DecoderWeights.split(args)
+    embed, lists, final_norm = w.embed, w[1:-1], w.final_norm
     # The activations are for the backward only: no gradient flows into them, and none is
     # materialised (five zero tensors the size of the activations, a millisecond a step).
     ctx.mark_non_differentiable(*output[1:])

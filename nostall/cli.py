@@ -17,88 +17,35 @@ found with --fail-on-sync, or a sync site added (--diff).
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
-import dataclasses
-import inspect
-import itertools
+import importlib
 import json
-import re
 import signal
 import subprocess
 import sys
-import typing
 from pathlib import Path
+
+from nostall.config_flags import add_flags, config_from
 
 EXIT_SCRIPT_FAILED, EXIT_USAGE, EXIT_SYNC_FOUND = 1, 2, 3
 
 
-ALGORITHMS = ("ppo", "appo", "grpo")
+# Each algorithm's package, config and trainer: imported only when `nostall train` runs, so
+# the other commands work when the native library cannot load.
+TRAINERS = {
+    "ppo": ("nostall.algos.ppo", "PPOConfig", "PPOTrainer", "PPO with GAE on any environment"),
+    "appo": ("nostall.algos.appo", "APPOConfig", "APPOTrainer",
+             "asynchronous PPO with V-trace, its rollout overlapped with training"),
+    "grpo": ("nostall.algos.grpo", "GRPOConfig", "GRPOTrainer",
+             "GRPO for a causal language model, its generation overlapped with training"),
+}  # fmt: skip
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of an Args dataclass (and its bases), CleanRL-style."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        body = ast.parse(inspect.getsource(klass)).body[0].body
-        for node, after in itertools.pairwise(body):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-            ):
-                docs[node.target.id] = str(after.value.value)
-    return docs
-
-
-def _integer(text: str) -> int:
-    """An int, also written as a whole float (`1e5`, `2.0e6`): step counts are written so."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
-    return int(value)
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-_PARSERS = {int: _integer, float: _number}
-
-
-def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    docs = _field_docs(cls)
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
-        if hint is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-            continue
-        base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-        parser.add_argument(flag, type=_PARSERS.get(base, base), default=f.default,
-                            help=help_text)  # fmt: skip
-
-
-def _algorithm(name: str):
-    import importlib
-
-    return importlib.import_module(f"nostall.algos.{name}")
+def _trainer(name: str) -> tuple[type, type]:
+    """(config class, trainer class) of an algorithm."""
+    module, config, trainer, _ = TRAINERS[name]
+    package = importlib.import_module(module)
+    return getattr(package, config), getattr(package, trainer)
 
 
 def _version() -> str:
@@ -115,20 +62,26 @@ def _version() -> str:
     return f"nostall {nostall.__version__} (torch {torch.__version__}; {native})"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
+    """The command's parser; `train_flags` False leaves the trainers' flags out (and so their
+    imports: the native library)."""
     parser = argparse.ArgumentParser(prog="nostall", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a policy (PPO, APPO) or a language model")
     algos = train.add_subparsers(dest="algorithm", required=True, metavar="{ppo,appo,grpo}")
-    for name in ALGORITHMS:
-        sub = algos.add_parser(name, help=_algorithm(name).__doc__.splitlines()[0])
-        _add_dataclass_flags(sub, _algorithm(name).Args)
+    for name, (*_, summary) in TRAINERS.items():
+        sub = algos.add_parser(name, help=summary, description=summary)
+        if not train_flags:
+            continue
+        add_flags(sub, _trainer(name)[0])
         if name != "grpo":
             sub.add_argument("--env", dest="env_id", help="alias of --env-id")
-        sub.add_argument("--out", default=None, help="output folder (default: runs/ALGO-...)")
-        sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+        sub.add_argument("--out", dest="output_dir", default=argparse.SUPPRESS,
+                         help="alias of --output-dir")  # fmt: skip
+        sub.add_argument("--no-progress", action="store_true",
+                         help="no progress bar (TensorBoard logs are still written)")  # fmt: skip
 
     commands.add_parser("bench", help="run every benchmark (installs the peers they measure)")
 
@@ -281,91 +234,45 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_grpo(args: argparse.Namespace) -> int:
-    from nostall.algos import grpo
-    from nostall.train.checkpoint import CheckpointError
-    from nostall.train.grpo_setup import save_model
-    from nostall.train.lm_output import LMProgress, write_outputs
-
-    names = {f.name for f in dataclasses.fields(grpo.Args)}
-    train_args = grpo.Args(**{k: v for k, v in vars(args).items() if k in names})
-    try:
-        setup = grpo.build(train_args)
-    except ValueError as e:
-        print(f"nostall train grpo: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    source = Path(train_args.dataset).stem if train_args.dataset else train_args.task
-    label = f"{Path(train_args.model).name}-{source}-{train_args.seed}"
-    out_dir = Path(args.out or f"runs/grpo-{label}")
-    progress = None if args.no_progress else LMProgress(train_args.steps, out_dir)
-    try:
-        result = grpo.train(train_args, log=progress, setup=setup)
-    except CheckpointError as e:
-        print(f"nostall train grpo: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    finally:
-        if progress is not None:
-            progress.close()
-    print(write_outputs(result, out_dir))
-    save_model(setup, out_dir / "model")
-    print(
-        f"  outputs in {out_dir}/ (report, reward_curve.png, timeline.png, tensorboard/, "
-        "model/ for from_pretrained)"
-    )
-    return 0
-
-
 def _train(args: argparse.Namespace) -> int:
-    if args.algorithm == "grpo":
-        return _train_grpo(args)
-    from nostall.envs.gymnasium_adapter import make_env
-    from nostall.training_output import Progress, write_outputs
+    from nostall.train.checkpoint import CheckpointError
+    from nostall.train.outputs import Progress
 
-    module = _algorithm(args.algorithm)
-    names = {f.name for f in dataclasses.fields(module.Args)}
-    train_args = module.Args(**{k: v for k, v in vars(args).items() if k in names})
+    config_class, trainer_class = _trainer(args.algorithm)
+    config = config_from(args, config_class)
+    if config.output_dir is None:
+        config.output_dir = f"runs/{args.algorithm}-{config.run_name}"
     try:
-        train_args.check()
-        try:  # an unknown id (with the close matches), an unsupported space: now, not mid-run
-            make_env(train_args.env_id, 1, backend=train_args.env_backend,
-                     frame_stack=train_args.frame_stack).close()  # fmt: skip
-        except ValueError as e:
-            raise ValueError(f"--env-id: {e}") from e
-        if train_args.resume:
-            from nostall.algos.ppo import load_checkpoint
-
-            # Unreadable or conflicting: a clear error now, not mid-run.
-            load_checkpoint(train_args.resume, args.algorithm, train_args)
-    except ValueError as e:
-        print(f"nostall train: {e}", file=sys.stderr)
+        trainer = trainer_class(args=config)  # every argument checked, the run built
+    except ValueError as e:  # a bad argument, an unknown environment, a bad checkpoint
+        print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    steps = train_args.num_iterations * train_args.batch_size
-    if steps != train_args.total_timesteps:
-        print(f"nostall train: {train_args.total_timesteps} steps is not a whole number of "
-              f"batches of {train_args.batch_size} (num_envs * num_steps): training {steps} "
-              f"steps ({train_args.num_iterations} iterations)", file=sys.stderr)  # fmt: skip
-    run_name = re.sub(r"[^A-Za-z0-9_.-]", "-", train_args.env_id)  # ALE/Pong-v5, module:Env
-    out_dir = Path(args.out or f"runs/{args.algorithm}-{run_name}-{train_args.seed}")
-    progress = None if args.no_progress else Progress(train_args.total_timesteps, out_dir)
+    if config.rounding_note:
+        print(f"nostall train {args.algorithm}: {config.rounding_note}", file=sys.stderr)
+    out_dir = Path(config.output_dir)
+    progress = None
+    if not args.no_progress:
+        total, unit, first = trainer.progress_span()
+        progress = Progress(total, out_dir, unit, first)
     try:
-        result = module.train(train_args, log=progress)
+        trainer.train(log=progress)
+    except CheckpointError as e:
+        print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as e:  # a checkpoint that cannot be written (a full disk, say)
-        print(f"nostall train: {e}", file=sys.stderr)
+        print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     finally:
         if progress is not None:
             progress.close()
-    print(write_outputs(result, args.algorithm, out_dir))
-    print(
-        f"  outputs in {out_dir}/ (report, policy.pt, learning_curve.png, timeline.png, "
-        "tensorboard/)"
-    )
+    print(trainer.report)
+    print(f"  outputs in {out_dir}/ ({', '.join(trainer.outputs)})")
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from nostall.evaluate import evaluate, format_eval, record
-    from nostall.policy import load_policy
+    from nostall.algos.ppo.evaluate import evaluate, format_eval, record
+    from nostall.algos.ppo.policy import load_policy
 
     try:
         policy = load_policy(args.run, deterministic=not args.sample, seed=args.seed)
@@ -414,7 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1 :]
-    args = _parser().parse_args(argv)
+    training = bool(argv) and argv[0] == "train"
+    try:
+        parser = _parser(train_flags=training)
+    except ImportError as e:  # the trainers need the native library; the other commands do not
+        print(f"nostall train: {e}", file=sys.stderr)
+        return EXIT_SCRIPT_FAILED
+    args = parser.parse_args(argv)
     if args.command == "train":
         # SIGTERM unwinds like Ctrl-C: `with runtime:` blocks stop and join their rollout side,
         # checkpoints already written stay intact.

@@ -12,6 +12,11 @@ from hypothesis import strategies as st
 
 from nostall import cli
 from nostall.algos import appo, grpo, ppo
+from nostall.algos.grpo import trainer as grpo_trainer
+from nostall.algos.ppo import trainer as ppo_trainer
+from nostall.envs.backends import make_env
+
+CONFIGS = {"ppo": ppo.PPOConfig, "appo": appo.APPOConfig, "grpo": grpo.GRPOConfig}
 
 
 class _Started(Exception):
@@ -30,23 +35,31 @@ VALUES = st.one_of(
 )  # fmt: skip
 
 
-def _flags(module) -> list[str]:
+def _flags(config: type) -> list[str]:
     """The flags that take a value (booleans are --x / --no-x); paths have their own tests."""
-    skip = {"checkpoint", "resume", "dataset", "reward", "model"}
-    return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(module.Args)
+    skip = {"checkpoint", "resume", "dataset", "reward", "model", "output_dir"}
+    return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(config)
             if f.name not in skip and f.type not in (bool, "bool")]  # fmt: skip
 
 
-@pytest.mark.parametrize("algo,module", [("ppo", ppo), ("appo", appo), ("grpo", grpo)])
+def _check_env_then_refuse(args):
+    """The environment is checked as the trainer would (an unknown id, an unsupported space)."""
+    make_env(args.env_id, 1, backend=args.env_backend, frame_stack=args.frame_stack).close()
+    raise _Started
+
+
+@pytest.mark.parametrize("algo", ["ppo", "appo", "grpo"])
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
-def test_every_flag_is_checked(algo, module, data, monkeypatch, capsys):
-    monkeypatch.setattr(module, "train", _refuse_to_train)
-    if algo == "grpo":
-        monkeypatch.setattr(grpo, "build", lambda args: (args.check(), _refuse_to_train())[1])
-    flag = data.draw(st.sampled_from(_flags(module)))
+def test_every_flag_is_checked(algo, data, monkeypatch, capsys):
+    # The trainers check every argument before they build the run; building is refused.
+    monkeypatch.setattr(ppo_trainer, "make_run_env", _check_env_then_refuse)
+    monkeypatch.setattr(
+        grpo_trainer, "build", lambda args, inputs=None: (args.check(), _refuse_to_train())
+    )
+    flag = data.draw(st.sampled_from(_flags(CONFIGS[algo])))
     value = data.draw(VALUES)
     argv = ["train", algo, "--no-progress", flag, value]
     if algo != "grpo":

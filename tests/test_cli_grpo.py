@@ -24,7 +24,7 @@ def test_short_run_writes_report_plots_logs_and_model(tmp_path):
                      "--log-interval", "4", "--out", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "completion tokens/s" in result.stdout
-    for name in ("reward_curve.png", "timeline.png", "report.txt", "report.json"):
+    for name in ("learning_curve.png", "timeline.png", "report.txt", "report.json"):
         assert (out / name).stat().st_size > 0, name
     assert list((out / "tensorboard").iterdir())
     report = json.loads((out / "report.json").read_text())

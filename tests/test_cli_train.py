@@ -25,12 +25,12 @@ def test_short_training_run_writes_report_plots_and_logs(tmp_path):
     result = nostall("train", "ppo", "--env", "CartPole-v1", "--total-timesteps", "8192",
                      "--log-interval", "2", "--out", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "steps/s" in result.stdout and "syncs per iteration" in result.stdout
+    assert "steps/s" in result.stdout and "syncs per update" in result.stdout
     for name in ("learning_curve.png", "timeline.png", "report.txt", "report.json"):
         assert (out / name).stat().st_size > 0, name
     assert list((out / "tensorboard").iterdir())
     report = json.loads((out / "report.json").read_text())
-    assert report["env_steps"] == 8192 and report["syncs_per_iteration"] == 0
+    assert report["env_steps"] == 8192 and report["syncs_per_update"] == 0
 
 
 def test_appo_runs_from_the_command_line(tmp_path):

@@ -54,3 +54,30 @@ def test_without_the_native_library_the_profiler_works_and_ops_say_why():
     assert "profiler ok 0" in result.stdout
     assert "cannot load under torch" in result.stdout and "Rebuild it" in result.stdout
     assert "_wrap_outputs" in result.stdout
+
+
+def test_without_the_native_library_the_command_still_profiles_and_says_its_version(tmp_path):
+    """The command imports a trainer only to train: `nostall --version` and `nostall profile`
+    work when the native library cannot load, and `nostall train` says why it cannot."""
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nx = torch.ones(3)\nfor _ in range(3):\n    (x * 2).sum()\n")
+    result = _python(f"""
+        import sys, importlib.abc
+        class Broken(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name in ("nostall._C", "nostall._C_autograd"):
+                    raise ImportError("undefined symbol: torch::autograd::_wrap_outputs")
+        sys.meta_path.insert(0, Broken())
+        from nostall import cli
+        try:
+            cli.main(["--version"])
+        except SystemExit as e:
+            print("version exit", e.code)
+        print("profile exit", cli.main(["profile", {str(script)!r}]))
+        print("train exit", cli.main(["train", "ppo", "--total-timesteps", "1024"]))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "version exit 0" in result.stdout and "native library NOT loaded" in result.stdout
+    assert "profile exit 0" in result.stdout
+    assert "train exit 1" in result.stdout
+    assert "nostall train: nostall's native library cannot load" in result.stderr

@@ -24,8 +24,8 @@ import torch
 
 from benchmarks.lm.bench_grpo import SAME_AS_TRL
 from nostall.algos import grpo
+from nostall.algos.grpo.setup import build
 from nostall.lm.rollout import LMBatch
-from nostall.train.grpo_setup import build
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=200)
     a = p.parse_args()
     torch.set_num_threads(1)
-    args = grpo.Args(**SAME_AS_TRL, seed=1, steps=10, watch_syncs=False)
+    args = grpo.GRPOConfig(**SAME_AS_TRL, seed=1, steps=10, watch_syncs=False)
     setup = build(args)
     config = setup.lm.model.config
     P = setup.loop.slots[0].prompt_ids.shape[1]
@@ -91,7 +91,7 @@ def main() -> None:
                          setup.group_index)  # fmt: skip
 
     update_ms = _median_ms(update, a.repeats)
-    bonus = dataclasses.replace(args, entropy_coef=grpo.Args.entropy_coef)  # the defaults'
+    bonus = dataclasses.replace(args, entropy_coef=grpo.GRPOConfig.entropy_coef)  # the defaults'
 
     def update_with_bonus():
         grpo.grpo_update(setup.decoder, setup.optimizer, batch, bonus, setup.vocab, None, False,

@@ -82,7 +82,7 @@ def main() -> None:
             continue
         runs = []
         for seed in range(a.first_seed, a.first_seed + a.seeds):
-            args = grpo.Args(**{**SAME_AS_TRL, **change}, seed=seed, steps=2000,
+            args = grpo.GRPOConfig(**{**SAME_AS_TRL, **change}, seed=seed, steps=2000,
                              target_reward=TARGET, stop_when_solved=True, log_interval=1,
                              watch_syncs=False)  # fmt: skip
             r = grpo.train(args, time_limit_s=a.time_limit)

@@ -39,7 +39,7 @@ CASES = {
 
 
 def ours(env_id, backend, num_envs, num_steps, steps, seed, algo=ppo) -> float:
-    args = algo.Args(
+    args = (appo.APPOConfig if algo is appo else ppo.PPOConfig)(
         env_id=env_id, env_backend=backend, num_envs=num_envs, num_steps=num_steps,
         total_timesteps=steps, seed=seed, watch_syncs=False, log_interval=1,
     )  # fmt: skip
@@ -47,7 +47,7 @@ def ours(env_id, backend, num_envs, num_steps, steps, seed, algo=ppo) -> float:
 
 
 def cleanrl(env_id, backend, num_envs, num_steps, steps, seed) -> float:
-    args = ppo.Args(num_envs=num_envs, num_steps=num_steps, total_timesteps=steps, seed=seed)
+    args = ppo.PPOConfig(num_envs=num_envs, num_steps=num_steps, total_timesteps=steps, seed=seed)
     if backend == "gymnasium":
         same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
         envs = gym.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs=same_step)

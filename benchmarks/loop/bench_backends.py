@@ -27,7 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
 
 from nostall.algos import appo, ppo
-from nostall.algos.agent import act, make_agent, native_rollout
+from nostall.algos.ppo.agent import act, native_rollout
+from nostall.algos.ppo.policies import make_agent
+from nostall.algos.ppo.setup import make_run_env, make_seeded_env
 from nostall.runtime import Runtime
 from nostall.runtime.process import ProcessRuntime
 from nostall.runtime.ray_runtime import RayRuntime
@@ -41,8 +43,8 @@ BACKENDS = {  # name: (backend, num_workers)
 }
 
 
-def _runtime(backend: str, workers: int, args: ppo.Args, native: bool):
-    env = ppo._make_env(args)
+def _runtime(backend: str, workers: int, args: ppo.PPOConfig, native: bool):
+    env = make_run_env(args)
     agent = make_agent(env)
     rollout = native_rollout if native else None
     common = dict(num_steps=args.num_steps, staleness=1, seed=0, rollout=rollout)
@@ -50,15 +52,15 @@ def _runtime(backend: str, workers: int, args: ppo.Args, native: bool):
         return Runtime(env, agent, act, **common), agent
     make = functools.partial(make_agent, hidden=args.hidden, policy=args.policy)
     if backend == "process":
-        return ProcessRuntime(functools.partial(ppo._make_env, args), make, agent, act,
+        return ProcessRuntime(functools.partial(make_run_env, args), make, agent, act,
                               **common, **slot_layout(env)), agent  # fmt: skip
-    return RayRuntime(functools.partial(ppo._make_seeded_env, args), make, agent, act,
+    return RayRuntime(functools.partial(make_seeded_env, args), make, agent, act,
                       num_workers=workers, **common, **slot_layout(env)), agent  # fmt: skip
 
 
 def transport(backend: str, workers: int, chunks: int, native: bool) -> tuple[float, int]:
     """(seconds per chunk, bytes per chunk) of a rollout-only loop."""
-    args = ppo.Args()
+    args = ppo.PPOConfig()
     runtime, agent = _runtime(backend, workers, args, native)
     with runtime:
         for i in range(chunks + 10):
@@ -74,7 +76,7 @@ def transport(backend: str, workers: int, chunks: int, native: bool) -> tuple[fl
 
 def ppo_speed(backend: str, workers: int, steps: int, native: bool) -> tuple[float, float, float]:
     """(steady steps/s, mean ms a chunk's rollout takes, mean ms an update takes)."""
-    args = appo.Args(backend=backend, num_workers=workers, total_timesteps=steps,
+    args = appo.APPOConfig(backend=backend, num_workers=workers, total_timesteps=steps,
                      native_rollout=native, watch_syncs=False, log_interval=1)  # fmt: skip
     result = appo.train(args)
     spans = {"rollout": [], "train": []}

@@ -33,7 +33,7 @@ def main() -> None:
     cli = parser.parse_args()
     sync_sps = None
     for module, backend in ((ppo, "thread"), (appo, "thread"), (appo, "process")):
-        args = module.Args(
+        args = (appo.APPOConfig if module is appo else ppo.PPOConfig)(
             total_timesteps=cli.iterations * 1024, update_epochs=cli.update_epochs,
             backend=backend, watch_syncs=False, log_interval=10**9,
             native_rollout=cli.rollout == "native",

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
 
-from nostall.training_output import figure
+from nostall.train.outputs import figure
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128)
 

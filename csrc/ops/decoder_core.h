@@ -29,7 +29,9 @@
 
 namespace nostall::decoder {
 
-struct Weights {
+// Hidden, as the stable ABI's Tensor it holds is: a struct more visible than its fields draws
+// -Wattributes (it never crosses the library's boundary).
+struct __attribute__((visibility("hidden"))) Weights {
   Tensor embed;
   std::vector<Tensor> input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
       down_weight;

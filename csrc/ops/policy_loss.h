@@ -135,7 +135,9 @@ inline ClipConfig checked_clip_config(const Tensor& log_prob, const Tensor& old_
 
 // The forward's outputs, allocated like log_prob: three scalars and the contiguous [B, T]
 // per-token derivatives.
-struct LossOutputs {
+// Hidden, as the stable ABI's Tensor it holds is: a struct more visible than its fields draws
+// -Wattributes (it never crosses the library's boundary).
+struct __attribute__((visibility("hidden"))) LossOutputs {
   Tensor loss, clip_fraction, approx_kl, token_grad;
 
   explicit LossOutputs(const Tensor& log_prob)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from nostall.decoder_weights import DecoderWeights
+
 Tensor = torch.Tensor
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral")
@@ -83,7 +85,7 @@ class KVCache:
 
 def _adjacent(parts: list[Tensor]) -> Tensor | None:
     """torch.cat(parts) as a view, when the parts lie end to end in one buffer (packed
-    parameters: nostall.lm.explicit_update.pack_parameters); None otherwise."""
+    parameters: nostall.lm.packing.pack_parameters); None otherwise."""
     first = parts[0].detach()
     rows, offset = 0, first.storage_offset()
     for part in parts:
@@ -167,19 +169,8 @@ class Decoder:
         """decode_step's weight arguments, gathered once per freeze rather than per token (the
         tensors are the model's and the fused buffers themselves: later copies show through)."""
         if self._native_weights is None:
-            layers = self.layers
-            biases = [bias for _, bias, _ in self._fused]
-            self._native_weights = (
-                self.embed.weight,
-                [layer.input_layernorm.weight for layer in layers],
-                [weight for weight, _, _ in self._fused],
-                [] if biases[0] is None else biases,
-                [layer.self_attn.o_proj.weight for layer in layers],
-                [layer.post_attention_layernorm.weight for layer in layers],
-                [gate_up for _, _, gate_up in self._fused],
-                [layer.mlp.down_proj.weight for layer in layers],
-                self.norm.weight, self.output_weight, self.cos, self.sin,
-            )  # fmt: skip
+            weights = DecoderWeights.of(self, self._fused)
+            self._native_weights = (*weights, self.output_weight, self.cos, self.sin)
         return self._native_weights
 
     def thaw(self) -> None:
@@ -360,20 +351,8 @@ class Decoder:
     def _training_weights(self) -> tuple:
         """decoder_train's weight arguments: the model's parameters (q/k/v and gate/up joined
         here, so their gradients flow back to the separate projections), the rotary tables."""
-        layers = self.layers
-        fused = [self._fuse(layer) for layer in layers]
-        biases = [bias for _, bias, _ in fused]
-        return (
-            self.embed.weight,
-            [layer.input_layernorm.weight for layer in layers],
-            [weight for weight, _, _ in fused],
-            [] if biases[0] is None else biases,
-            [layer.self_attn.o_proj.weight for layer in layers],
-            [layer.post_attention_layernorm.weight for layer in layers],
-            [gate_up for _, _, gate_up in fused],
-            [layer.mlp.down_proj.weight for layer in layers],
-            self.norm.weight, self.cos, self.sin,
-        )  # fmt: skip
+        fused = [self._fuse(layer) for layer in self.layers]
+        return (*DecoderWeights.of(self, fused), self.cos, self.sin)
 
     def _native_config(self) -> tuple[int, int, float]:
         eps = float(self.layers[0].input_layernorm.variance_epsilon)

@@ -126,3 +126,19 @@ def load_model(name_or_path: str, seed: int = 0) -> LanguageModel:
     if lm.tokenizer.eos_token_id is None:
         raise ValueError(f"the tokenizer of {name_or_path!r} has no <eos> token")
     return lm
+
+
+def load_tokenizer_beside(model: torch.nn.Module):
+    """The tokenizer saved with a `transformers` model (its `name_or_path`, a local folder);
+    ValueError asking for one when there is none."""
+    path = Path(getattr(model, "name_or_path", "") or "")
+    if str(path) and path.is_dir():
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"no tokenizer beside the model in {path} ({e}): pass "
+                             "processing_class=") from None  # fmt: skip
+    raise ValueError("the model has no local folder to find its tokenizer in: pass "
+                     "processing_class= (a transformers tokenizer)")  # fmt: skip

@@ -100,6 +100,28 @@ def task_source(name: str) -> PromptSource:
     return PromptSource(rows=[], generate=TASKS[name])
 
 
+def rows_source(rows, where: str) -> PromptSource:
+    """Prompts from rows in memory: a `datasets.Dataset`, or a list of dicts, each with a
+    string `prompt` column (other columns reach the reward functions as keyword arguments)."""
+    if isinstance(rows, str | Path):
+        return dataset_source(str(rows))
+    try:
+        rows = [dict(row) for row in rows]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where} must be a datasets.Dataset, a list of dicts or a path, got "
+                         f"{type(rows).__name__}") from None  # fmt: skip
+    return _checked(rows, where)
+
+
+def _checked(rows: list[dict], where: str) -> PromptSource:
+    if not rows:
+        raise ValueError(f"dataset {where!r} holds no rows")
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row.get("prompt"), str):
+            raise ValueError(f"dataset {where}, row {number}: no string `prompt` column")
+    return PromptSource(rows=rows)
+
+
 def dataset_source(path: str) -> PromptSource:
     """Prompts from a local JSONL file (one object a line) or a dataset saved with `datasets`
     (`save_to_disk`, a folder): a `prompt` column, and any other columns passed to the reward
@@ -127,12 +149,7 @@ def dataset_source(path: str) -> PromptSource:
             if not isinstance(row, dict):
                 raise ValueError(f"dataset {path}, line {number}: not a JSON object")
             rows.append(row)
-    if not rows:
-        raise ValueError(f"dataset {path!r} holds no rows")
-    for number, row in enumerate(rows, 1):
-        if not isinstance(row.get("prompt"), str):
-            raise ValueError(f"dataset {path}, row {number}: no string `prompt` column")
-    return PromptSource(rows=rows)
+    return _checked(rows, path)
 
 
 def load_reward(spec: str) -> RewardFn:

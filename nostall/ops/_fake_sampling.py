@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from nostall.decoder_weights import DecoderWeights
 from nostall.ops._checks import FLOAT_DTYPES, _fail
 
 
@@ -45,31 +46,28 @@ def _sample_tokens_fake(
     return logits.new_empty(b, dtype=torch.int64), logits.new_empty(b)
 
 
+# The decoder ops' weights come as DecoderWeights' nine arguments, then each op's own.
 @torch.library.register_fake("nostall::decode_step")
-def _decode_step_fake(token, position, slot, slot_mask, embed, input_norm, qkv_weight, qkv_bias,
-                      o_weight, post_norm, gate_up_weight, down_weight, final_norm, lm_head, cos,
-                      sin, keys, values, num_heads, kv_heads, eps):  # fmt: skip
+def _decode_step_fake(token, position, slot, slot_mask, *args):
+    w, (lm_head, *_) = DecoderWeights.split(args)  # (then cos, sin, the cache, its sizes)
     _check(token.dim() == 1, "decode_step: token must be int64 [B]")
-    _check(embed.dtype == torch.float32, "decode_step: embed must be float32")
-    return embed.new_empty(token.shape[0], lm_head.shape[0])
+    _check(w.embed.dtype == torch.float32, "decode_step: embed must be float32")
+    return w.embed.new_empty(token.shape[0], lm_head.shape[0])
 
 
 @torch.library.register_fake("nostall::prefill_prompts")
-def _prefill_prompts_fake(prompt_ids, prompt_mask, group_size, embed, input_norm, qkv_weight,
-                          qkv_bias, o_weight, post_norm, gate_up_weight, down_weight, final_norm,
-                          lm_head, cos, sin, keys, values, num_heads, kv_heads, eps):  # fmt: skip
+def _prefill_prompts_fake(prompt_ids, prompt_mask, group_size, *args):
+    w, (lm_head, *_) = DecoderWeights.split(args)
     _check(prompt_ids.dim() == 2, "prefill_prompts: prompt_ids must be int64 [Bp, P]")
     _check(group_size >= 1, f"prefill_prompts: group_size must be at least 1, got {group_size}")
-    _check(embed.dtype == torch.float32, "prefill_prompts: embed must be float32")
-    return embed.new_empty(prompt_ids.shape[0] * group_size, lm_head.shape[0])
+    _check(w.embed.dtype == torch.float32, "prefill_prompts: embed must be float32")
+    return w.embed.new_empty(prompt_ids.shape[0] * group_size, lm_head.shape[0])
 
 
 @torch.library.register_fake("nostall::generate_completions")
-def _generate_completions_fake(prompt_ids, prompt_mask, group_size, uniform, allowed, embed,
-                               input_norm, qkv_weight, qkv_bias, o_weight, post_norm,
-                               gate_up_weight, down_weight, final_norm, lm_head, cos, sin, keys,
-                               values, num_heads, kv_heads, eps, temperature, top_k, top_p,
-                               eos_token_id, pad_token_id):  # fmt: skip
+def _generate_completions_fake(prompt_ids, prompt_mask, group_size, uniform, allowed, *_args):
+    # (_args: the DecoderWeights, lm_head, cos, sin, the cache, its sizes, the sampling; the
+    # outputs' shapes need none of them)
     _check(prompt_ids.dim() == 2, "generate_completions: prompt_ids must be a CPU int64 [Bp, P]")
     _check(group_size >= 1,
            f"generate_completions: group_size must be at least 1, got {group_size}")  # fmt: skip

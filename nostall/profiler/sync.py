@@ -27,13 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
-import linecache
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -41,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from nostall.profiler import catalog
+from nostall.profiler.frames import Source, called_from_torch, names_host, user_frame
 from nostall.profiler.report import SyncEvent, SyncReport
 
 _ACTIVE = threading.local()
@@ -52,58 +49,6 @@ def active_watch() -> SyncWatch | None:
     return stack[-1] if stack else None
 
 
-@dataclass
-class _Source:
-    file: str
-    line: int
-    function: str
-    in_distributions: bool
-    caller: tuple[str, int] | None = None  # the nearest user line, when file is a library's
-
-
-def _outside_torch(filename: str) -> bool:
-    return not filename.startswith(catalog.INTERNAL_DIRS) and not filename.startswith("<frozen")
-
-
-def _user_frame() -> _Source:
-    """The first frame outside torch and the profiler (where the sync is reported) and, when
-    that frame is an installed library's, the nearest frame of the user's own code below it."""
-    frame = sys._getframe(1)
-    in_distributions = False
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename.startswith(catalog.DISTRIBUTIONS_DIR) and (
-            frame.f_code.co_name in catalog.VALIDATION_FUNCTIONS
-        ):
-            # Argument validation (a support check read on the host), not the distribution's
-            # own work: Categorical.sample's multinomial keeps its kind.
-            in_distributions = True
-        if _outside_torch(filename):
-            source = _Source(filename, frame.f_lineno, frame.f_code.co_name, in_distributions)
-            if catalog.is_library(filename):
-                caller = frame.f_back
-                while caller is not None and not (
-                    _outside_torch(caller.f_code.co_filename)
-                    and not catalog.is_library(caller.f_code.co_filename)
-                ):
-                    caller = caller.f_back
-                if caller is not None:
-                    source.caller = (caller.f_code.co_filename, caller.f_lineno)
-            return source
-        frame = frame.f_back
-    return _Source("<unknown>", 0, "<unknown>", in_distributions)
-
-
-def _called_from_torch() -> bool:
-    """True when the tensor call was made by torch's own code. `t.to(device)` there is
-    device-generic plumbing (moving a module, clip_grad_norm_'s scale factor): on a GPU it
-    targets the GPU, and on a CPU-only machine it cannot be told from a copy to the host."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(catalog.PROFILER_DIR):
-        frame = frame.f_back
-    return frame is not None and frame.f_code.co_filename.startswith(catalog.TORCH_DIR)
-
-
 class _FunctionLayer(TorchFunctionMode):
     def __init__(self, watch: SyncWatch):
         super().__init__()
@@ -113,7 +58,7 @@ class _FunctionLayer(TorchFunctionMode):
         kwargs = kwargs or {}
         watch = self.watch
         if func in catalog.MOVES:
-            if _called_from_torch():
+            if called_from_torch():
                 return self._follow(func, args, kwargs)
             return self._move(func, args, kwargs)
         if kwargs.get("device") is not None and (
@@ -146,7 +91,7 @@ class _FunctionLayer(TorchFunctionMode):
         if target is None or not isinstance(args[0], torch.Tensor):
             return func(*args, **kwargs)  # a dtype conversion: where it lives does not change
         source = args[0]
-        to_host = _names_host(target)
+        to_host = names_host(target)
         on_device = watch._is_device(source)
         blocking = not catalog.non_blocking(func, args, kwargs)
         if on_device and to_host:
@@ -179,7 +124,7 @@ class _FunctionLayer(TorchFunctionMode):
         but what it moves lives where it sends it."""
         out = func(*args, **kwargs)
         target = catalog.move_target(func, args, kwargs)
-        if target is not None and not _names_host(target):
+        if target is not None and not names_host(target):
             self.watch._tag(out)
         return out
 
@@ -191,7 +136,7 @@ class _FunctionLayer(TorchFunctionMode):
             target = torch.device(kwargs["device"])
         except (RuntimeError, TypeError):
             return func(*args, **kwargs)
-        if _names_host(target):
+        if names_host(target):
             return func(*args, **kwargs)
         watch._quiet += 1
         try:
@@ -202,39 +147,6 @@ class _FunctionLayer(TorchFunctionMode):
             watch._record("copy to device")
         watch._tag(out)
         return out
-
-
-def _names_host(target: torch.device) -> bool:
-    """Whether a move or factory targets the host. A CUDA target is the device; a CPU target is
-    the host on a machine with CUDA, and on a machine without it the host only when the call
-    names the CPU in its source (`.to("cpu")`): there `device = "cuda" if available else "cpu"`
-    is the script's compute device, a would-be GPU."""
-    if target.type != "cpu":
-        return False
-    if torch.cuda.is_available():
-        return True
-    # The line that made the call (torch's own, for a call inside torch: Adam's step counter is
-    # created with device="cpu"), not the user's line the sync would be reported at.
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(catalog.PROFILER_DIR):
-        frame = frame.f_back
-    if frame is None:
-        return True
-    line = _call_text(frame)
-    # Code without a source file (a string run with exec) says nothing: the CPU is the host.
-    return not line or bool(catalog.NAMES_CPU.search(line))
-
-
-def _call_text(frame) -> str:
-    """The source of the call a frame is executing, across lines (from the code object's
-    positions; its line alone where positions are missing)."""
-    filename = frame.f_code.co_filename
-    # The instruction's position, without listing every position of the code object.
-    position = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None), None)
-    start, end = (position[0], position[1]) if position is not None else (None, None)
-    if start is None:
-        return linecache.getline(filename, frame.f_lineno)
-    return "".join(linecache.getline(filename, n) for n in range(start, (end or start) + 1))
 
 
 def _stand_in(out, args):
@@ -367,8 +279,8 @@ class SyncWatch:
             self._device[t] = True
 
     # -- recording ---------------------------------------------------------------------------
-    def _record(self, kind: str) -> _Source:
-        source = _user_frame()
+    def _record(self, kind: str) -> Source:
+        source = user_frame()
         if source.in_distributions:
             kind = "distributions validation"
         allowed = bool(self._allowed)

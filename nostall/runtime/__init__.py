@@ -1,7 +1,8 @@
 """Overlapped rollout and training: chunks, queues, weight sync, and the rollout side in a
 thread (Runtime), in its own process (ProcessRuntime) or on Ray workers
-(ray_runtime.RayRuntime): one loop interface (loop.py, process_loop.py, ray_loop.py), one
-environment side (env_side.py), one trainer-facing runtime (env_runtime.LoopRuntime)."""
+(ray_runtime.RayRuntime): one loop interface (loop.py, process_loop.py, ray_loop.py) declared
+in protocol.py (Transport, Fill, LoopState), one environment side (env_side.py), one
+trainer-facing runtime (env_runtime.LoopRuntime)."""
 
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.process import ProcessRuntime

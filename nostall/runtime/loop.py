@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
 from nostall.runtime.rollout import Timeline
 from nostall.runtime.weights import WeightBuffer
@@ -81,17 +81,8 @@ class RolloutLoop:
                 self.channel.check()
                 index = self._free.get()
                 with self._busy:
-                    self.rollout_version = self.weights.pull(
-                        self.rollout_model, self.rollout_version
-                    )
-                    chunk = self.slots[index]
-                    # The version the chunk starts with: a fill that takes newer weights midway
-                    # (refresh) does not make its first part newer.
-                    version = self.rollout_version
-                    start = time.perf_counter()
-                    self._fill(chunk)
-                    self.timeline.record("rollout", start, time.perf_counter())
-                    chunk.version = version
+                    _, start, end = fill_chunk(self._fill, self.slots[index], self.refresh)
+                    self.timeline.record("rollout", start, end)
                     self.chunks_collected += 1
                     self._filled.put(index)
         except RuntimeStopped:
@@ -141,19 +132,20 @@ class RolloutLoop:
 
     # -- checkpoints: call inside boundary() ---------------------------------------------------
     def state_dict(self, clone_slot: Callable[[Any], dict]) -> dict:
-        """The loop's resumable state: versions, counts, the rollout side's weights, and the
-        filled chunks not yet trained on (`clone_slot(chunk)` copies one), in order."""
-        return {
-            "version": self.version,
-            "rollout_version": self.rollout_version,
-            "chunks_collected": self.chunks_collected,
-            "rollout_weights": {
+        """The loop's resumable state (LoopState's keys): versions, counts, the rollout side's
+        weights, and the filled chunks not yet trained on (`clone_slot(chunk)` copies one), in
+        order."""
+        return LoopState(
+            version=self.version,
+            rollout_version=self.rollout_version,
+            chunks_collected=self.chunks_collected,
+            rollout_weights={
                 k: v.detach().clone() for k, v in self.rollout_model.state_dict().items()
             },
-            "published_weights": self.weights.newest(),
-            "weights_version": self.weights.version,
-            "queued": [clone_slot(self.slots[i]) for i in self._filled.peek()],
-        }
+            published_weights=self.weights.newest(),
+            weights_version=self.weights.version,
+            queued=[clone_slot(self.slots[i]) for i in self._filled.peek()],
+        ).as_dict()
 
     def load_state_dict(
         self, state: dict, trainer_model: torch.nn.Module, restore_slot: Callable[[Any, dict], None]
@@ -162,15 +154,16 @@ class RolloutLoop:
         than the trainer's, when it publishes every K updates) and the trainer's progress."""
         if self._thread is not None:
             raise RuntimeError("load_state_dict must come before the loop starts")
-        self.version = int(state["version"])
-        self.rollout_version = int(state["rollout_version"])
-        self.chunks_collected = int(state["chunks_collected"])
-        self.weights.publish_state(state["published_weights"], int(state["weights_version"]))
+        state = LoopState.from_dict(state)
+        self.version = int(state.version)
+        self.rollout_version = int(state.rollout_version)
+        self.chunks_collected = int(state.chunks_collected)
+        self.weights.publish_state(state.published_weights, int(state.weights_version))
         self.weights.advance(self.version)
         with torch.no_grad():
             for name, value in self.rollout_model.state_dict().items():
-                value.copy_(state["rollout_weights"][name])
-        queued = state["queued"]
+                value.copy_(state.rollout_weights[name])
+        queued = state.queued
         if len(queued) > len(self.slots) - 1:
             raise ValueError(f"{len(queued)} queued chunks do not fit {len(self.slots)} slots")
         for saved in queued:

@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 
 from nostall.runtime.child import POLL_S, ChildProcess, Heartbeat, run_child
 from nostall.runtime.loop import check_slots
+from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.rollout import Timeline
 
@@ -121,17 +122,19 @@ def _fill_chunks(make_side: Callable, slots: list, weights: _SharedWeights, free
             time.sleep(0.0005)
         if stop.is_set():
             break
-        held["version"] = weights.pull(model, held["version"], alive, at_chunk_start=True)
         alive()
         try:
             slot = free.get(timeout=POLL_S)
         except queue.Empty:
             continue
+
+        def pull() -> int:
+            held["version"] = weights.pull(model, held["version"], alive, at_chunk_start=True)
+            alive()
+            return held["version"]
+
         chunk = slots[slot]
-        version = held["version"]  # the chunk's: an in-flight swap does not make it newer
-        start = time.perf_counter()
-        side(chunk)
-        end = time.perf_counter()
+        version, start, end = fill_chunk(side, chunk, pull)
         collected += 1
         filled.put((slot, version, chunk.host_state(), start, end, side.stats()))
 
@@ -251,15 +254,15 @@ class ProcessLoop:
             published = {k: v.clone() for k, v in shared.tensors.items()}
             weights_version = shared.version.value
         snapshot = self._snapshot
-        return {
-            "version": self.version,
-            "rollout_version": snapshot["rollout_version"],
-            "chunks_collected": snapshot["chunks_collected"],
-            "rollout_weights": snapshot["rollout_weights"],
-            "published_weights": published,
-            "weights_version": weights_version,
-            "queued": queued,
-        }
+        return LoopState(
+            version=self.version,
+            rollout_version=snapshot["rollout_version"],
+            chunks_collected=snapshot["chunks_collected"],
+            rollout_weights=snapshot["rollout_weights"],
+            published_weights=published,
+            weights_version=weights_version,
+            queued=queued,
+        ).as_dict()
 
     def fill_state(self) -> dict:
         """Inside `boundary()`: the side's own state (side.state_dict())."""
@@ -273,14 +276,15 @@ class ProcessLoop:
         load_fill_state gives the side's own state."""
         if self._child.process is not None:
             raise RuntimeError("load_state_dict must come before the rollout process starts")
-        self.version = int(state["version"])
+        state = LoopState.from_dict(state)
+        self.version = int(state.version)
         shared = self._weights
         with torch.no_grad():
-            for name, value in state["published_weights"].items():
+            for name, value in state.published_weights.items():
                 shared.tensors[name].copy_(value)
-        shared.version.value = int(state["weights_version"])
+        shared.version.value = int(state.weights_version)
         shared.progress.value = self.version
-        queued = state["queued"]
+        queued = state.queued
         if len(queued) > len(self.slots) - 1:
             raise ValueError(f"{len(queued)} queued chunks do not fit {len(self.slots)} slots")
         for slot, saved in enumerate(queued):
@@ -288,11 +292,11 @@ class ProcessLoop:
             self._queued.append(slot)
         self._free_slots = list(range(len(queued), len(self.slots)))
         # The child's count includes the restored chunks; none of them has been taken yet.
-        self._taken = int(state["chunks_collected"]) - len(queued)
+        self._taken = int(state.chunks_collected) - len(queued)
         self._initial_state = {
-            "rollout_weights": state["rollout_weights"],
-            "rollout_version": int(state["rollout_version"]),
-            "chunks_collected": int(state["chunks_collected"]),
+            "rollout_weights": state.rollout_weights,
+            "rollout_version": int(state.rollout_version),
+            "chunks_collected": int(state.chunks_collected),
             "side": {},
         }
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from nostall.runtime.loop import check_slots
+from nostall.runtime.protocol import LoopState
 from nostall.runtime.ray_worker import Worker, copy_numpy, ray_module
 from nostall.runtime.reaper import Reaper, descendants
 from nostall.runtime.rollout import Timeline
@@ -172,7 +173,7 @@ class RayLoop:
 
     def _join_collective(self) -> None:
         from nostall.runtime.collective_weights import Sender
-        from nostall.train.ddp import free_port
+        from nostall.runtime.distributed import free_port
 
         host, port = self.ray.util.get_node_ip_address(), free_port()
         world = self.num_workers + 1
@@ -354,17 +355,17 @@ class RayLoop:
         else:
             published = {k: torch.from_numpy(np.array(v))
                          for k, v in self.ray.get(self._weights_ref).items()}  # fmt: skip
-        return {
-            "version": self.version,
-            "rollout_version": workers[0]["rollout_version"],
-            "chunks_collected": self.requested - len(self._lost),
-            "rollout_weights": workers[0]["rollout_weights"],
-            "published_weights": published,
-            "weights_version": self._weights_version,
-            "queued": queued,
-            "workers": workers,
-            "worker_seq": list(self._seq),
-        }
+        return LoopState(
+            version=self.version,
+            rollout_version=workers[0]["rollout_version"],
+            chunks_collected=self.requested - len(self._lost),
+            rollout_weights=workers[0]["rollout_weights"],
+            published_weights=published,
+            weights_version=self._weights_version,
+            queued=queued,
+            workers=workers,
+            worker_seq=list(self._seq),
+        ).as_dict()
 
     def fill_state(self) -> dict:
         """Inside `boundary()`: worker 0's side state (each worker's is under "workers")."""
@@ -377,6 +378,7 @@ class RayLoop:
         level; a Ray checkpoint's every worker under "workers")."""
         if self.workers:
             raise RuntimeError("load_state_dict must come before the loop starts")
+        state = LoopState.from_dict(state).as_dict()  # (checked: every key a LoopState's)
         workers = state.get("workers") or [{
             "side": None, "rollout_weights": state["rollout_weights"],
             "rollout_version": state["rollout_version"],

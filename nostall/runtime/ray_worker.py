@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nostall.runtime.protocol import fill_chunk
+
 
 def ray_module():
     try:
@@ -68,15 +70,18 @@ class Worker:
     def fill(self, seq: int, version: int, weights) -> dict:
         """Fills the slot with the policy of `version` (`weights` None: already held) and
         returns its tensors as NumPy arrays (zero-copy in the store) and its host state."""
-        if self.receiver is not None:
-            if self.version < version:  # the broadcast of `version` (or newer) loaded
-                self.receiver.load(self.side.model, version)
-        elif weights is not None:
-            copy_numpy(self.side.model.state_dict(), weights)
-        self.version = version
-        start = time.time()
-        self.side(self.slot)
-        end = time.time()
+
+        def pull() -> int:
+            if self.receiver is not None:
+                if self.version < version:  # the broadcast of `version` (or newer) loaded
+                    self.receiver.load(self.side.model, version)
+            elif weights is not None:
+                copy_numpy(self.side.model.state_dict(), weights)
+            self.version = version
+            return version
+
+        # Wall-clock times: the driver compares them across processes.
+        _, start, end = fill_chunk(self.side, self.slot, pull, clock=time.time)
         stats = self.side.stats() if hasattr(self.side, "stats") else {}
         return {
             "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,

@@ -2,7 +2,7 @@
 straight into a preallocated chunk, and hands filled chunks to the trainer side.
 
 A chunk is collected either step by step from Python (`act`, any policy), or in one native call
-(`rollout`, a policy the native rollout knows: see nostall.algos.agent.native_rollout)."""
+(`rollout`, a policy the native rollout knows: see nostall.algos.ppo.agent.native_rollout)."""
 
 from __future__ import annotations
 

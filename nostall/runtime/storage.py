@@ -4,11 +4,11 @@ collecting a rollout allocates nothing."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
-import numpy as np
 import torch
+
+from nostall.envs.layout import slot_layout  # noqa: F401  (re-exported: the runtime sizes slots with it)
 
 
 @dataclass
@@ -72,19 +72,6 @@ class Chunk:
 
     def load_host_state(self, state: dict) -> None:
         pass
-
-
-def slot_layout(env) -> dict:
-    """The chunk sizes a vector env's rollouts need (keyword arguments of rollout_slots)."""
-    discrete = env.info.discrete
-    space = env.single_observation_space
-    return {
-        "num_envs": env.num_envs,
-        "obs_dim": int(math.prod(space.shape)),  # pixels are stored flattened
-        "action_shape": () if discrete else tuple(env.single_action_space.shape),
-        "discrete": discrete,
-        "obs_dtype": torch.uint8 if space.dtype == np.uint8 else torch.float32,
-    }
 
 
 def rollout_slots(

@@ -12,7 +12,8 @@ from PIL import Image
 import nostall
 from nostall.algos import appo, ppo
 from nostall.cli import main
-from nostall.envs.gymnasium_adapter import GymnasiumVectorEnv, make_env
+from nostall.envs.backends import make_env
+from nostall.envs.gymnasium_adapter import GymnasiumVectorEnv
 
 FAST = dict(watch_syncs=False, log_interval=4)
 
@@ -24,7 +25,7 @@ def test_ppo_solves_acrobot_through_gymnasium_as_through_the_native_env():
     from NumPy's, so the episodes start in other states."""
     runs = {}
     for backend in ("native", "gymnasium"):
-        args = ppo.Args(env_id="Acrobot-v1", env_backend=backend, total_timesteps=200_000,
+        args = ppo.PPOConfig(env_id="Acrobot-v1", env_backend=backend, total_timesteps=200_000,
                         stop_when_solved=True, **FAST)  # fmt: skip
         runs[backend] = ppo.train(args)
         assert runs[backend].solved_at is not None, (backend, runs[backend].curve[-3:])
@@ -33,7 +34,7 @@ def test_ppo_solves_acrobot_through_gymnasium_as_through_the_native_env():
 
 
 def test_a_custom_env_class_trains():
-    args = ppo.Args(env_id="tests.algos.custom_envs:SignEnv", total_timesteps=16 * 1024,
+    args = ppo.PPOConfig(env_id="tests.algos.custom_envs:SignEnv", total_timesteps=16 * 1024,
                     watch_syncs=False, log_interval=1)  # fmt: skip
     result = ppo.train(args)
     first, last = result.curve[0][2], result.curve[-1][2]
@@ -45,17 +46,21 @@ def test_the_adapter_runs_on_the_process_backend_and_resumes_exactly(tmp_path):
     so resuming from the 2nd and the 4th checkpoint ends where the uninterrupted run ends."""
     common = dict(env_id="CartPole-v1", env_backend="gymnasium", total_timesteps=6 * 1024,
                   checkpoint_every=2, **FAST)  # fmt: skip
-    ppo.train(ppo.Args(**common, backend="process", checkpoint=str(tmp_path / "s-{iteration}.pt")))
+    ppo.train(
+        ppo.PPOConfig(**common, backend="process", checkpoint=str(tmp_path / "s-{iteration}.pt"))
+    )
     straight = ppo.load_checkpoint(tmp_path / "s-6.pt", "ppo")["agent"]
     for k in (2, 4):
         resumed = tmp_path / f"r-{k}.pt"
-        ppo.train(ppo.Args(**common, checkpoint=str(resumed), resume=str(tmp_path / f"s-{k}.pt")))
+        ppo.train(
+            ppo.PPOConfig(**common, checkpoint=str(resumed), resume=str(tmp_path / f"s-{k}.pt"))
+        )
         for name, value in ppo.load_checkpoint(resumed, "ppo")["agent"].items():
             torch.testing.assert_close(value, straight[name], rtol=0, atol=0, msg=name)
 
 
 def test_an_env_that_raises_mid_run_stops_the_run_with_its_traceback():
-    args = appo.Args(env_id="tests.algos.custom_envs:FailingEnv", total_timesteps=64 * 1024,
+    args = appo.APPOConfig(env_id="tests.algos.custom_envs:FailingEnv", total_timesteps=64 * 1024,
                      **FAST)  # fmt: skip
     from tests.algos.custom_envs import FailingEnv
 
@@ -164,7 +169,7 @@ def test_eval_errors(tmp_path, capsys):
 def test_the_cnn_learns_from_pixels_kept_uint8_in_the_chunks(tmp_path):
     """Image observations choose the Nature CNN; frames stay uint8 in the rollout chunks (and in
     checkpoints) and are scaled on the trainer's side; the policy file round-trips."""
-    from nostall.algos.conv_agent import ConvActorCritic
+    from nostall.algos.ppo.conv_agent import ConvActorCritic
 
     seen = []
 
@@ -172,14 +177,18 @@ def test_the_cnn_learns_from_pixels_kept_uint8_in_the_chunks(tmp_path):
         seen.append((type(agent), chunk.obs.dtype, tuple(chunk.obs.shape)))
         return ppo.gae_advantages(agent, chunk, args)
 
-    args = ppo.Args(env_id="tests.algos.custom_envs:VisualSignEnv", num_envs=4, num_steps=64,
+    args = ppo.PPOConfig(env_id="tests.algos.custom_envs:VisualSignEnv", num_envs=4, num_steps=64,
                     total_timesteps=12 * 256, learning_rate=2.5e-3, watch_syncs=False,
                     log_interval=1)  # fmt: skip
-    result = ppo.train(args, advantage_fn=recording)
+
+    class Recording(ppo.PPOTrainer):
+        advantage_fn = staticmethod(recording)
+
+    result = Recording(args=args).train()
     assert seen[0] == (ConvActorCritic, torch.uint8, (65, 4, 40 * 40 * 3))
     first, last = result.curve[0][2], result.curve[-1][2]
     assert first < 7.5 and last > 9, result.curve  # random: about 5 of 10
-    from nostall.policy import Policy, save_policy
+    from nostall.algos.ppo.policy import Policy, save_policy
 
     save_policy(result.policy, tmp_path / "policy.pt")
     policy = nostall.load_policy(tmp_path / "policy.pt")
@@ -199,7 +208,7 @@ def test_the_cnn_learns_from_pixels_kept_uint8_in_the_chunks(tmp_path):
 )
 def test_a_policy_refuses_observations_it_cannot_take(env_id, policy, message):
     with pytest.raises(ValueError, match=message):
-        ppo.train(ppo.Args(env_id=env_id, policy=policy, total_timesteps=1024, **FAST))
+        ppo.train(ppo.PPOConfig(env_id=env_id, policy=policy, total_timesteps=1024, **FAST))
 
 
 def test_envpool_backend_steps_with_same_step_autoreset():
@@ -227,7 +236,7 @@ def test_envpool_backend_steps_with_same_step_autoreset():
 
 def test_ppo_on_envpool_pong_with_the_cnn():
     pytest.importorskip("envpool", reason="EnvPool (a dev dependency) is not installed")
-    args = ppo.Args(env_id="Pong-v5", env_backend="envpool", num_envs=2, num_steps=32,
+    args = ppo.PPOConfig(env_id="Pong-v5", env_backend="envpool", num_envs=2, num_steps=32,
                     total_timesteps=2 * 64, num_minibatches=2, update_epochs=1,
                     watch_syncs=False, log_interval=1)  # fmt: skip
     result = ppo.train(args)

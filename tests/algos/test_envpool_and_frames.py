@@ -7,10 +7,10 @@ import torch
 from PIL import Image
 
 from nostall import load_policy
+from nostall.algos.ppo.evaluate import record
 from nostall.cli import main
+from nostall.envs.backends import make_env
 from nostall.envs.frame_stack import StackFrames
-from nostall.envs.gymnasium_adapter import make_env
-from nostall.evaluate import record
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.rollout import collect
 from nostall.runtime.storage import rollout_slots, slot_layout

@@ -47,7 +47,7 @@ def trl_loss(log_prob, old, advantage, mask, loss_type, eps_low, eps_high, beta,
 @pytest.mark.parametrize("clip_high", [None, 0.28])
 def test_each_loss_type_matches_trls_formula(loss_type, beta, clip_high):
     log_prob, old, _, ref, advantage, mask = _batch()
-    args = grpo.Args(loss_type=loss_type, beta=beta, clip_high=clip_high)
+    args = grpo.GRPOConfig(loss_type=loss_type, beta=beta, clip_high=clip_high)
     loss = grpo.grpo_loss(log_prob, old, advantage, mask, args,
                           ref_log_prob=ref if beta else None)[0]  # fmt: skip
     ours = torch.autograd.grad(loss, log_prob)[0]
@@ -62,7 +62,7 @@ def test_decoupled_loss_matches_its_formula():
     """AReaL's decoupled PPO objective: the clip against the proximal policy, each token weighted
     by min(pi_prox / pi_behaviour, cap) (a constant)."""
     log_prob, proximal, behaviour, _, advantage, mask = _batch(seed=3)
-    args = grpo.Args(loss_type="grpo", is_cap=1.5)
+    args = grpo.GRPOConfig(loss_type="grpo", is_cap=1.5)
     loss = grpo.grpo_loss(log_prob, proximal, advantage, mask, args, behavior_log_prob=behaviour)[0]
     ratio = torch.exp(log_prob - proximal)
     clipped = torch.clamp(ratio, 0.8, 1.2)
@@ -87,7 +87,7 @@ def _parameters(setup) -> dict[str, torch.Tensor]:
 
 
 def test_staleness_zero_is_a_plain_generate_then_train_loop():
-    args = grpo.Args(**FAST)
+    args = grpo.GRPOConfig(**FAST)
     run = grpo.build(args)
     result = grpo.train(args, setup=run)
 
@@ -107,7 +107,7 @@ def test_staleness_zero_is_a_plain_generate_then_train_loop():
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
-    args = grpo.Args(**FAST, checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2)
+    args = grpo.GRPOConfig(**FAST, checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2)
     full = grpo.build(args)
     result = grpo.train(args, setup=full)
     resumed_args = dataclasses.replace(args, resume=str(tmp_path / f"ckpt-{k}.pt"),
@@ -123,7 +123,7 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.Args(**dict(FAST, staleness=1), checkpoint=str(tmp_path / "c-{step}.pt"),
+    args = grpo.GRPOConfig(**dict(FAST, staleness=1), checkpoint=str(tmp_path / "c-{step}.pt"),
                      checkpoint_every=3)  # fmt: skip
     first = grpo.train(args)
     resumed = grpo.train(dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"),
@@ -135,7 +135,7 @@ def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
 
 
 def test_resume_refuses_conflicting_arguments(tmp_path):
-    args = grpo.Args(**FAST, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=6)
+    args = grpo.GRPOConfig(**FAST, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=6)
     grpo.train(args)
     bad = dataclasses.replace(args, resume=str(tmp_path / "c.pt"), learning_rate=1e-4,
                               num_generations=8)  # fmt: skip
@@ -148,7 +148,7 @@ def test_a_checkpoint_from_before_the_entropy_bonus_resumes_without_one(tmp_path
     """Checkpoints written before `entropy_coef` existed trained with no bonus: they resume
     exactly with --entropy-coef 0 (from the k-th save), and the default bonus is refused by
     name rather than silently mixed into a run that had none."""
-    args = grpo.Args(**FAST, entropy_coef=0.0, checkpoint=str(tmp_path / "c-{step}.pt"),
+    args = grpo.GRPOConfig(**FAST, entropy_coef=0.0, checkpoint=str(tmp_path / "c-{step}.pt"),
                      checkpoint_every=2)  # fmt: skip
     first = grpo.train(args)
     path = tmp_path / f"c-{k}.pt"
@@ -165,7 +165,7 @@ def test_the_entropy_bonus_is_the_aggregated_entropy_times_its_weight():
     """The update's loss is the surrogate minus entropy_coef times the mean entropy of the
     sampling distribution over the completion tokens (dapo), the entropy computed here from
     the full logits; checked for two consecutive batches."""
-    args = grpo.Args(**FAST, entropy_coef=0.2)
+    args = grpo.GRPOConfig(**FAST, entropy_coef=0.2)
     setup = grpo.build(args)
     batch = setup.loop.slots[0]
     for _ in range(2):
@@ -197,14 +197,14 @@ def test_tiny_model_learns_copy():
     """Chance is about 0.1 (1 in 8 letters per position); a fixed seed must get well above,
     with the defaults (generation a version ahead, lr 1.1e-3, entropy bonus 0.05: about 180
     steps to 0.7)."""
-    args = grpo.Args(steps=200, watch_syncs=False, log_interval=50, seed=1)
+    args = grpo.GRPOConfig(steps=200, watch_syncs=False, log_interval=50, seed=1)
     result = grpo.train(args)
     assert sum(result.rewards[:10]) / 10 < 0.2
     assert sum(result.rewards[-10:]) / 10 > 0.5, result.rewards[-10:]
 
 
 def test_no_unintended_sync_in_an_update_or_a_decode_step():
-    args = grpo.Args(**dict(FAST, watch_syncs=True))
+    args = grpo.GRPOConfig(**dict(FAST, watch_syncs=True))
     result = grpo.train(args)
     assert result.syncs_per_update == 0, result.sync_sites
     assert result.syncs_per_decode_step == 0, result.sync_sites
@@ -244,7 +244,7 @@ def _reward_nan(prompts, completions, **kw):
 )  # fmt: skip
 def test_bad_input_is_named(change, message):
     with pytest.raises(ValueError, match=message):
-        grpo.build(grpo.Args(**dict(FAST, **change)))
+        grpo.build(grpo.GRPOConfig(**dict(FAST, **change)))
 
 
 @pytest.mark.parametrize(
@@ -254,7 +254,7 @@ def test_bad_input_is_named(change, message):
      ("_reward_raises", "the reward server is down")],
 )  # fmt: skip
 def test_a_failing_reward_stops_the_run_with_its_cause(reward, message):
-    args = grpo.Args(**dict(FAST, reward=f"tests.algos.test_grpo:{reward}"))
+    args = grpo.GRPOConfig(**dict(FAST, reward=f"tests.algos.test_grpo:{reward}"))
     with pytest.raises(nostall.runtime.RuntimeStopped, match=message) as info:
         grpo.train(args)
     assert info.value.__cause__ is not None  # the reward's own traceback is chained
@@ -276,7 +276,7 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
 @pytest.mark.parametrize("staleness,inflight", [(0, False), (1, False), (1, True)])
 def test_trains_on_a_gpu(staleness, inflight):
-    result = grpo.train(grpo.Args(**dict(FAST, watch_syncs=True), device="cuda",
+    result = grpo.train(grpo.GRPOConfig(**dict(FAST, watch_syncs=True), device="cuda",
                                   staleness=staleness, inflight_weights=inflight))  # fmt: skip
     assert len(result.rewards) == FAST["steps"]
     assert result.syncs_per_update == 0, result.sync_sites

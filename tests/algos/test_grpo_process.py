@@ -28,7 +28,7 @@ def _same(a, b) -> bool:
 
 
 def test_staleness_zero_matches_the_thread_backend_bit_for_bit():
-    args = grpo.Args(**FAST)
+    args = grpo.GRPOConfig(**FAST)
     thread = grpo.build(args)
     expected = grpo.train(args, setup=thread)
     process_args = dataclasses.replace(args, backend="process")
@@ -42,7 +42,7 @@ def test_staleness_zero_matches_the_thread_backend_bit_for_bit():
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
     """Written by the thread backend, resumed on the process backend: the same run."""
-    args = grpo.Args(**dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"),
+    args = grpo.GRPOConfig(**dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"),
                      checkpoint_every=2)  # fmt: skip
     full = grpo.build(args)
     result = grpo.train(args, setup=full)
@@ -61,7 +61,7 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.Args(**dict(FAST, staleness=1), backend="process",
+    args = grpo.GRPOConfig(**dict(FAST, staleness=1), backend="process",
                      checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=3)  # fmt: skip
     first = grpo.train(args)
     resumed = grpo.train(dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"),
@@ -72,7 +72,7 @@ def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
 
 
 def test_the_generation_sides_figures_cross_the_process_boundary():
-    args = grpo.Args(**dict(FAST, watch_syncs=True, staleness=1), backend="process",
+    args = grpo.GRPOConfig(**dict(FAST, watch_syncs=True, staleness=1), backend="process",
                      inflight_weights=True)  # fmt: skip
     result = grpo.train(args)
     assert result.syncs_per_decode_step == 0, result.sync_sites  # measured in the child
@@ -86,7 +86,7 @@ def _reward_raises(prompts, completions, **kw):
 
 
 def test_a_reward_that_raises_in_the_child_stops_the_run_with_its_traceback():
-    args = grpo.Args(**dict(FAST, reward="tests.algos.test_grpo_process:_reward_raises"),
+    args = grpo.GRPOConfig(**dict(FAST, reward="tests.algos.test_grpo_process:_reward_raises"),
                      backend="process")  # fmt: skip
     with pytest.raises(nostall.runtime.RuntimeStopped, match="the reward server is down") as info:
         grpo.train(args)
@@ -101,4 +101,4 @@ def test_a_reward_that_raises_in_the_child_stops_the_run_with_its_traceback():
 )  # fmt: skip
 def test_bad_backend_arguments_are_named(change, message):
     with pytest.raises(ValueError, match=message):
-        grpo.Args(**FAST, **change).check()
+        grpo.GRPOConfig(**FAST, **change).check()

@@ -34,7 +34,7 @@ def _same(a, b) -> bool:
 
 
 def test_staleness_zero_one_worker_matches_the_thread_backend_bit_for_bit(local_cluster):
-    args = grpo.Args(**FAST)
+    args = grpo.GRPOConfig(**FAST)
     thread = grpo.build(args)
     expected = grpo.train(args, setup=thread)
     ray_args = dataclasses.replace(args, backend="ray")
@@ -46,7 +46,7 @@ def test_staleness_zero_one_worker_matches_the_thread_backend_bit_for_bit(local_
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_moves_between_thread_and_ray(local_cluster, tmp_path, k):
-    args = grpo.Args(**dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"),
+    args = grpo.GRPOConfig(**dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"),
                      checkpoint_every=2)  # fmt: skip
     full = grpo.build(args)
     result = grpo.train(args, setup=full)
@@ -62,7 +62,7 @@ def test_resume_from_the_kth_checkpoint_moves_between_thread_and_ray(local_clust
 
 
 def test_two_generation_workers_every_batch_once_within_the_bound(local_cluster, tmp_path):
-    args = grpo.Args(**dict(FAST, staleness=1), backend="ray", num_workers=2,
+    args = grpo.GRPOConfig(**dict(FAST, staleness=1), backend="ray", num_workers=2,
                      checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=2)  # fmt: skip
     setup = grpo.build(args)
     lags, lag = [], setup.loop.lag
@@ -82,6 +82,6 @@ def test_two_generation_workers_every_batch_once_within_the_bound(local_cluster,
 
 def test_bad_ray_arguments_are_named():
     with pytest.raises(ValueError, match="--num-workers > 1 needs --backend ray"):
-        grpo.Args(num_workers=2).check()
+        grpo.GRPOConfig(num_workers=2).check()
     with pytest.raises(ValueError, match="--inflight-weights is not available with --backend ray"):
-        grpo.Args(backend="ray", staleness=1, inflight_weights=True).check()
+        grpo.GRPOConfig(backend="ray", staleness=1, inflight_weights=True).check()

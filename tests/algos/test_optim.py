@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nostall.algos.optim import ClippedAdam
+from nostall.optim import ClippedAdam
 
 
 def _net(seed: int) -> torch.nn.Module:

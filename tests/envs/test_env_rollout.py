@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nostall.envs
-from nostall.algos.agent import ActorCritic, native_rollout
+from nostall.algos.ppo.agent import ActorCritic, native_rollout
 from nostall.runtime.storage import Chunk, slot_layout
 
 ops = torch.ops.nostall

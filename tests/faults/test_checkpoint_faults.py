@@ -22,7 +22,7 @@ COMMON = ["--total-timesteps", "4096", "--no-progress", "--no-watch-syncs"]
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ckpt") / "good.pt"
-    ppo.train(ppo.Args(total_timesteps=2048, checkpoint=str(path), watch_syncs=False))
+    ppo.train(ppo.PPOConfig(total_timesteps=2048, checkpoint=str(path), watch_syncs=False))
     return path
 
 

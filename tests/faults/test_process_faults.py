@@ -13,6 +13,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from nostall.algos import ppo
+from nostall.algos.ppo.setup import make_runtime
 from nostall.runtime import RuntimeStopped
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +39,12 @@ def _alive(pid: int) -> bool:
 
 
 def _runtime(**kw):
-    args = ppo.Args(backend="process", watch_syncs=False)
+    args = ppo.PPOConfig(backend="process", watch_syncs=False)
     import nostall.envs
-    from nostall.algos.agent import ActorCritic
+    from nostall.algos.ppo.agent import ActorCritic
 
     env = nostall.envs.make("CartPole-v1", 8, seed=0, autoreset_mode="SameStep")
-    runtime = ppo._make_runtime(args, env, ActorCritic.for_env(env, 64))
+    runtime = make_runtime(args, env, ActorCritic.for_env(env, 64))
     for k, v in kw.items():
         setattr(runtime._child, k, v)  # the child process watcher's timeouts
     return runtime

@@ -1,5 +1,5 @@
-"""The GRPO update by explicit adjoints (nostall/lm/explicit_update.py) against the same update
-through autograd: every parameter and the metrics after several steps, on Qwen2 (tied output
+"""The GRPO update by explicit adjoints (nostall/algos/grpo/explicit_update.py) against the same
+update through autograd: every parameter and the metrics after several steps, on Qwen2 (tied output
 weight, q/k/v biases) and Llama (grouped-query attention, untied output weight, no biases), with
 and without banned tokens, each loss type, a temperature, several optimizer steps per batch, the
 decoupled objective and an entropy bonus; the flat layout it relies on; and checkpoints of the
@@ -12,13 +12,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from nostall.algos import grpo
-from nostall.algos.optim import ClippedAdam
+from nostall.algos.grpo import setup as grpo_setup
+from nostall.algos.grpo.explicit_update import ExplicitUpdate, training_order
 from nostall.lm.decoder import Decoder
-from nostall.lm.explicit_update import ExplicitUpdate, training_order
 from nostall.lm.generation import SampledVocab
 from nostall.lm.models import builtin_model
 from nostall.lm.rollout import LMBatch
-from nostall.train import grpo_setup
+from nostall.optim import ClippedAdam
 
 # float32; the two paths run the same ops but for the gradient's accumulation order.
 RTOL, ATOL = 1e-4, 1e-6
@@ -46,7 +46,7 @@ def _batch(Bp: int, G: int, P: int = 6, C: int = 4, seed: int = 0) -> LMBatch:
     return batch
 
 
-def _run(model, args: grpo.Args, banned: list[int], autograd: bool, steps: int = 3):
+def _run(model, args: grpo.GRPOConfig, banned: list[int], autograd: bool, steps: int = 3):
     decoder = Decoder(model)
     order = training_order(decoder)
     optimizer = ClippedAdam(order, lr=args.learning_rate, max_grad_norm=args.max_grad_norm)
@@ -70,7 +70,7 @@ def _run(model, args: grpo.Args, banned: list[int], autograd: bool, steps: int =
 def test_explicit_update_matches_autograd(which, loss_type, temperature, updates, banned,
                                           entropy_coef):  # fmt: skip
     model = builtin_model("tiny", seed=3).model if which == "qwen2_tiny" else _llama()
-    args = grpo.Args(num_prompts=3, num_generations=4, max_new_tokens=4, loss_type=loss_type,
+    args = grpo.GRPOConfig(num_prompts=3, num_generations=4, max_new_tokens=4, loss_type=loss_type,
                      temperature=temperature, updates_per_batch=updates, learning_rate=1e-2,
                      max_grad_norm=0.5, is_cap=1.5, entropy_coef=entropy_coef)  # fmt: skip
     mine, mine_metrics = _run(copy.deepcopy(model), args, banned, autograd=False)
@@ -113,7 +113,9 @@ def test_it_does_not_apply_where_its_layout_or_path_is_missing():
 def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_parameter(k):
     """Checkpoints before the explicit update kept the optimizer in the model's parameter order;
     a resume maps each parameter's moments to it by name (from the k-th of several saves)."""
-    args = grpo.Args(steps=4, num_prompts=2, num_generations=4, staleness=0, watch_syncs=False)
+    args = grpo.GRPOConfig(
+        steps=4, num_prompts=2, num_generations=4, staleness=0, watch_syncs=False
+    )
     setup = grpo_setup.build(args)
     batch = setup.loop.slots[0]
     group_index = setup.group_index
@@ -122,7 +124,7 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
         setup.generator(batch)
         grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
                          group_index)  # fmt: skip
-        saves.append(grpo_setup.snapshot(setup, 1, grpo.TrainResult(args={})))
+        saves.append(grpo_setup.snapshot(setup, 1, grpo.GRPOResult(args={})))
     state = saves[k - 1]
     names = grpo_setup._optimizer_names(setup)
     assert names != [n for n, _ in setup.lm.model.named_parameters()]  # the orders differ
@@ -136,7 +138,7 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
     del older["optimizer_parameters"]
     for saved in (state, older):
         fresh = grpo_setup.build(args)
-        grpo_setup.restore(fresh, saved, grpo.TrainResult(args={}))
+        grpo_setup.restore(fresh, saved, grpo.GRPOResult(args={}))
         expected = {n: setup.optimizer.state[p]["exp_avg"] for n, p in
                     setup.lm.model.named_parameters()}  # fmt: skip
         if k == 1:  # the first save's moments, not the live ones
@@ -149,8 +151,8 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
 def test_packed_parameters_make_the_generators_fused_weights_views():
     """pack_parameters lays a generation copy's parameters end to end: the fused weights are
     views (a refresh copies nothing and sees weights loaded later), and generation is unchanged."""
-    from nostall.lm.explicit_update import pack_parameters
     from nostall.lm.generation import Completions, GenerationEngine, SamplingConfig
+    from nostall.lm.packing import pack_parameters
 
     lm = builtin_model("tiny", seed=2)
     plain, packed = copy.deepcopy(lm.model), copy.deepcopy(lm.model)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import nostall.ops  # noqa: F401  (registers the fake kernels)
-from nostall.algos.optim import ClippedAdam
+from nostall.optim import ClippedAdam
 
 
 def _buffers(n=37, seed=0, scale=5.0):

@@ -9,20 +9,21 @@ import torch.multiprocessing as mp
 
 import nostall.envs
 from nostall.algos import appo, ppo
-from nostall.algos.agent import ActorCritic, act
+from nostall.algos.ppo.agent import ActorCritic, act
+from nostall.algos.ppo.setup import make_runtime
 from nostall.runtime import RuntimeStopped
 from nostall.runtime.process import ProcessRuntime
 
 
 def test_process_backend_reproduces_the_thread_backend_at_staleness_0():
     common = dict(total_timesteps=8 * 1024, log_interval=2, watch_syncs=False)
-    thread = ppo.train(ppo.Args(**common))
-    process = ppo.train(ppo.Args(**common, backend="process"))
+    thread = ppo.train(ppo.PPOConfig(**common))
+    process = ppo.train(ppo.PPOConfig(**common, backend="process"))
     assert thread.curve and [c[2] for c in thread.curve] == [c[2] for c in process.curve]
 
 
 def test_asynchronous_ppo_learns_cartpole_with_a_rollout_process():
-    args = appo.Args(total_timesteps=300_000, stop_when_solved=True, log_interval=5,
+    args = appo.APPOConfig(total_timesteps=300_000, stop_when_solved=True, log_interval=5,
                      backend="process")  # fmt: skip
     result = appo.train(args)
     assert result.solved_at is not None, result.curve[-5:]
@@ -53,19 +54,19 @@ def test_a_failure_in_the_rollout_process_reaches_the_trainer():
 
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend must be thread, process or ray"):
-        ppo.train(ppo.Args(backend="gpu"))
+        ppo.train(ppo.PPOConfig(backend="gpu"))
     assert torch.multiprocessing.active_children() == []
 
 
 def test_a_checkpoint_loads_only_before_the_process_starts(tmp_path):
     # (Exact resume with this backend: tests/algos/test_trainers.py.)
     path = tmp_path / "c-{iteration}.pt"
-    ppo.train(ppo.Args(backend="process", total_timesteps=2048, checkpoint=str(path)))
+    ppo.train(ppo.PPOConfig(backend="process", total_timesteps=2048, checkpoint=str(path)))
     state = ppo.load_checkpoint(tmp_path / "c-2.pt")
     assert {"env", "generator", "next_obs", "episodes", "queued"} <= set(state["runtime"])
     env = nostall.envs.make("CartPole-v1", 8, seed=0, autoreset_mode="SameStep")
     agent = ActorCritic.for_env(env, 64)
-    runtime = ppo._make_runtime(ppo.Args(backend="process"), env, agent)
+    runtime = make_runtime(ppo.PPOConfig(backend="process"), env, agent)
     with runtime, pytest.raises(RuntimeError, match="must come before the rollout process"):
         runtime.load_state_dict(state["runtime"], agent)
     assert torch.multiprocessing.active_children() == []

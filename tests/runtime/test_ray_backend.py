@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from nostall.algos import appo, ppo
-from nostall.algos.agent import act, make_agent
-from nostall.envs.gymnasium_adapter import make_env
+from nostall.algos.ppo.agent import act
+from nostall.algos.ppo.policies import make_agent
+from nostall.envs.backends import make_env
 from nostall.runtime.storage import slot_layout
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
@@ -41,7 +42,7 @@ def _runtime(num_workers, staleness, **kwargs) -> RayRuntime:
 def test_staleness_zero_one_worker_is_the_thread_run_bit_for_bit(local_cluster):
     runs = {}
     for backend in ("thread", "ray"):
-        args = ppo.Args(total_timesteps=8 * 128 * 4, backend=backend, seed=5, **FAST)
+        args = ppo.PPOConfig(total_timesteps=8 * 128 * 4, backend=backend, seed=5, **FAST)
         runs[backend] = ppo.train(args)
     thread, on_ray = runs["thread"], runs["ray"]
     assert [c[2] for c in thread.curve] == [c[2] for c in on_ray.curve]
@@ -118,7 +119,7 @@ def test_more_workers_than_the_cluster_can_place_fail_at_once(local_cluster):
 
 
 def test_a_worker_whose_env_raises_stops_the_run_with_the_cause(local_cluster):
-    args = appo.Args(env_id="tests.algos.custom_envs:FailingEnv", backend="ray",
+    args = appo.APPOConfig(env_id="tests.algos.custom_envs:FailingEnv", backend="ray",
                      total_timesteps=4096, num_envs=1, num_steps=64, **FAST)  # fmt: skip
     with pytest.raises(RuntimeError, match="the simulator diverged"):
         appo.train(args)
@@ -140,9 +141,9 @@ def test_appo_on_two_workers_learns_and_the_report_counts_no_drops(local_cluster
 
 def test_bad_worker_counts_are_refused():
     with pytest.raises(ValueError, match="num_workers > 1 needs --backend ray"):
-        ppo.Args(num_workers=2).check()
+        ppo.PPOConfig(num_workers=2).check()
     with pytest.raises(ValueError, match="num_workers must be at least 1"):
-        ppo.Args(num_workers=0, backend="ray").check()
+        ppo.PPOConfig(num_workers=0, backend="ray").check()
 
 
 def _ray_processes() -> set[int]:
@@ -166,7 +167,7 @@ def test_a_killed_driver_leaves_no_ray_process_behind():
 
     code = (
         "from nostall.algos import appo\n"
-        "args = appo.Args(backend='ray', num_workers=2, total_timesteps=10**9,"
+        "args = appo.APPOConfig(backend='ray', num_workers=2, total_timesteps=10**9,"
         " watch_syncs=False, log_interval=1)\n"
         "appo.train(args, log=lambda steps, m: print('running', flush=True))\n"
     )
@@ -196,13 +197,15 @@ def test_resume_from_the_kth_checkpoint_on_ray_is_exact(local_cluster, tmp_path,
     worker's envs, generator and weights saved) resumes to the uninterrupted run's end."""
     common = dict(backend="ray", num_workers=workers, staleness=staleness, num_envs=4,
                   num_steps=64, total_timesteps=8 * 256, checkpoint_every=2, **FAST)  # fmt: skip
-    appo.train(appo.Args(**common, checkpoint=str(tmp_path / "s-{iteration}.pt")))
+    appo.train(appo.APPOConfig(**common, checkpoint=str(tmp_path / "s-{iteration}.pt")))
     straight = _agent_params(tmp_path / "s-8.pt", "appo")
     saved = ppo.load_checkpoint(tmp_path / "s-4.pt", "appo")["runtime"]
     assert len(saved["workers"]) == workers and len(saved["queued"]) <= staleness + 1
     for k in (2, 6):
         resumed = tmp_path / f"r-{k}.pt"
-        appo.train(appo.Args(**common, checkpoint=str(resumed), resume=str(tmp_path / f"s-{k}.pt")))
+        appo.train(
+            appo.APPOConfig(**common, checkpoint=str(resumed), resume=str(tmp_path / f"s-{k}.pt"))
+        )
         for a, b in zip(straight, _agent_params(resumed, "appo"), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"resumed from {k}")
 
@@ -210,10 +213,10 @@ def test_resume_from_the_kth_checkpoint_on_ray_is_exact(local_cluster, tmp_path,
 def test_a_checkpoint_moves_between_the_thread_and_ray_backends(local_cluster, tmp_path):
     common = dict(total_timesteps=6 * 1024, checkpoint_every=3, **FAST)
     for saved_on, resumed_on in (("thread", "ray"), ("ray", "thread")):
-        ppo.train(ppo.Args(**common, backend=saved_on,
+        ppo.train(ppo.PPOConfig(**common, backend=saved_on,
                            checkpoint=str(tmp_path / f"{saved_on}-{{iteration}}.pt")))  # fmt: skip
         resumed = tmp_path / f"{saved_on}-to-{resumed_on}.pt"
-        ppo.train(ppo.Args(**common, backend=resumed_on, checkpoint=str(resumed),
+        ppo.train(ppo.PPOConfig(**common, backend=resumed_on, checkpoint=str(resumed),
                            resume=str(tmp_path / f"{saved_on}-3.pt")))  # fmt: skip
         for a, b in zip(_agent_params(tmp_path / f"{saved_on}-6.pt", "ppo"),
                         _agent_params(resumed, "ppo"), strict=True):  # fmt: skip
@@ -222,9 +225,9 @@ def test_a_checkpoint_moves_between_the_thread_and_ray_backends(local_cluster, t
 
 def test_a_checkpoint_of_two_workers_refuses_a_run_of_one(local_cluster, tmp_path):
     common = dict(backend="ray", total_timesteps=2 * 1024, checkpoint_every=2, **FAST)
-    ppo.train(ppo.Args(**common, num_workers=2, checkpoint=str(tmp_path / "s-{iteration}.pt")))
+    ppo.train(ppo.PPOConfig(**common, num_workers=2, checkpoint=str(tmp_path / "s-{iteration}.pt")))
     with pytest.raises(ValueError, match="num_workers"):
-        ppo.train(ppo.Args(**common, num_workers=1, resume=str(tmp_path / "s-2.pt")))
+        ppo.train(ppo.PPOConfig(**common, num_workers=1, resume=str(tmp_path / "s-2.pt")))
 
 
 def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
@@ -233,13 +236,13 @@ def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
     import copy
     import dataclasses
 
-    from nostall.algos.optim import ClippedAdam
+    from nostall.algos.ppo.ranks import TrainerRanks
+    from nostall.optim import ClippedAdam
     from nostall.runtime.episodes import EpisodeTracker
     from nostall.runtime.rollout import collect
     from nostall.runtime.storage import rollout_slots
-    from nostall.train.ppo_ranks import TrainerRanks
 
-    args = ppo.Args(norm_adv=False, num_envs=4, num_steps=32, num_minibatches=2,
+    args = ppo.PPOConfig(norm_adv=False, num_envs=4, num_steps=32, num_minibatches=2,
                     update_epochs=1, trainers=2, backend="ray", max_grad_norm=1e9)  # fmt: skip
     args.check()
     env = _make_env(0)
@@ -277,9 +280,9 @@ def test_appo_with_two_trainer_ranks_runs_from_the_command(local_cluster, tmp_pa
                  "4096", "--no-progress", "--no-watch-syncs", "--out", str(tmp_path)])  # fmt: skip
     assert code == 0 and (tmp_path / "policy.pt").exists()
     with pytest.raises(ValueError, match="trainers > 1 needs --backend ray"):
-        ppo.Args(trainers=2).check()
+        ppo.PPOConfig(trainers=2).check()
     with pytest.raises(ValueError, match="must split evenly over 3 trainers"):
-        ppo.Args(trainers=3, backend="ray").check()
+        ppo.PPOConfig(trainers=3, backend="ray").check()
 
 
 @pytest.mark.parametrize("workers,staleness", [(1, 0), (2, 2)])
@@ -289,14 +292,14 @@ def test_collective_weights_train_the_same_run_as_the_object_store(local_cluster
     store's do: the same run, bit for bit, and its checkpoints resume exactly."""
     common = dict(backend="ray", num_workers=workers, staleness=staleness, num_envs=4,
                   num_steps=64, total_timesteps=6 * 256, checkpoint_every=3, **FAST)  # fmt: skip
-    appo.train(appo.Args(**common, checkpoint=str(tmp_path / "store-{iteration}.pt")))
-    appo.train(appo.Args(**common, ray_weights="collective",
+    appo.train(appo.APPOConfig(**common, checkpoint=str(tmp_path / "store-{iteration}.pt")))
+    appo.train(appo.APPOConfig(**common, ray_weights="collective",
                          checkpoint=str(tmp_path / "coll-{iteration}.pt")))  # fmt: skip
     store = _agent_params(tmp_path / "store-6.pt", "appo")
     for a, b in zip(store, _agent_params(tmp_path / "coll-6.pt", "appo"), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     resumed = tmp_path / "resumed.pt"
-    appo.train(appo.Args(**common, ray_weights="collective", checkpoint=str(resumed),
+    appo.train(appo.APPOConfig(**common, ray_weights="collective", checkpoint=str(resumed),
                          resume=str(tmp_path / "coll-3.pt")))  # fmt: skip
     for a, b in zip(store, _agent_params(resumed, "appo"), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -308,6 +311,6 @@ def test_collective_weights_over_nccl_on_gpus():
     other GPU."""
     common = dict(backend="ray", num_workers=1, total_timesteps=4 * 1024, device="cuda",
                   gpus_per_worker=1, **FAST)  # fmt: skip
-    first = appo.train(appo.Args(**common))
-    second = appo.train(appo.Args(**common, ray_weights="collective"))
+    first = appo.train(appo.APPOConfig(**common))
+    second = appo.train(appo.APPOConfig(**common, ray_weights="collective"))
     assert [c[2] for c in first.curve] == [c[2] for c in second.curve]

@@ -20,5 +20,5 @@ def test_an_unreachable_cluster_is_an_error_within_seconds():
         port = s.getsockname()[1]
     start = time.perf_counter()
     with pytest.raises(RuntimeError, match=f"cannot reach the Ray cluster at '127.0.0.1:{port}'"):
-        ppo.train(ppo.Args(backend="ray", ray_address=f"127.0.0.1:{port}", **FAST))
+        ppo.train(ppo.PPOConfig(backend="ray", ray_address=f"127.0.0.1:{port}", **FAST))
     assert time.perf_counter() - start < 10

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nostall.envs
-from nostall.algos.agent import ActorCritic, act
+from nostall.algos.ppo.agent import ActorCritic, act
 from nostall.runtime import Runtime, RuntimeStopped
 
 

@@ -1,6 +1,5 @@
 """A PPO / APPO run's checkpoint state: what `snapshot` takes at a chunk boundary and
-`load_checkpoint` validates on the way back (in the format of nostall.train.checkpoint). The
-algorithm itself is nostall/algos/ppo.py."""
+`load_checkpoint` validates on the way back (in the format of nostall.train.checkpoint)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from nostall.train import checkpoint
 # device may change: the checkpoint format does not depend on them.
 RESUMABLE = {"total_timesteps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "solved_return", "watch_syncs", "backend", "device",
-             "torch_threads"}  # fmt: skip
+             "torch_threads", "output_dir"}  # fmt: skip
 
 
 def snapshot(agent, optimizer, lr, runtime, generator, iteration, result) -> dict:

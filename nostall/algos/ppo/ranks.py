@@ -1,5 +1,5 @@
-"""`--trainers M` for PPO and APPO: rank 0 (the driver's trainer loop in ppo.py) and ranks
-1..M-1 (nostall.train.ddp's Ray actors), each built from rank 0's agent, optimizer and
+"""`--trainers M` for PPO and APPO: rank 0 (the driver's trainer, trainer.py) and ranks
+1..M-1 (nostall.runtime.distributed's Ray actors), each built from rank 0's agent, optimizer and
 generator and running the same update on its share of every minibatch. M = 1 does nothing."""
 
 from __future__ import annotations
@@ -9,16 +9,17 @@ import functools
 
 import torch
 
-from nostall.algos import ppo
-from nostall.algos.optim import ClippedAdam
+from nostall.algos.ppo.config import PPOConfig
+from nostall.algos.ppo.update import ppo_update
+from nostall.optim import ClippedAdam
 from nostall.runtime.device import DeviceChunks
 from nostall.runtime.storage import Chunk, slot_layout
 
 
 class TrainerRanks:
-    """Ranks 1..M-1 of `--trainers M` (nostall.train.ddp), or nothing to do for M = 1."""
+    """Ranks 1..M-1 of `--trainers M` (nostall.runtime.distributed), or nothing to do for M = 1."""
 
-    def __init__(self, args: ppo.Args, agent, optimizer, generator, advantage_fn, env):
+    def __init__(self, args: PPOConfig, agent, optimizer, generator, advantage_fn, env):
         self.args, self.ranks = args, None
         if args.trainers > 1:  # rank 0's state, for the ranks to start from
             self._state = {
@@ -31,9 +32,9 @@ class TrainerRanks:
 
     def __enter__(self) -> TrainerRanks:
         if self.args.trainers > 1:
-            from nostall.train import ddp  # torch.distributed: imported only for ranks
+            from nostall.runtime import distributed  # torch.distributed: only for ranks
 
-            self.ranks = ddp.TrainerRanks(self.args.trainers, self._build, self._state,
+            self.ranks = distributed.TrainerRanks(self.args.trainers, self._build, self._state,
                                           self._optimizer)  # fmt: skip
         return self
 
@@ -50,7 +51,7 @@ class TrainerRanks:
             self.ranks.wait()
 
 
-def build_rank(args: ppo.Args, advantage_fn, state: dict):
+def build_rank(args: PPOConfig, advantage_fn, state: dict):
     """A trainer rank's agent, optimizer, learning rate, generator and update, from rank 0's
     state (in the rank's process)."""
     device = torch.device(state["device"])
@@ -68,7 +69,7 @@ def build_rank(args: ppo.Args, advantage_fn, state: dict):
 class RankUpdate:
     """One iteration's update on a rank: the targets, then its shard of every minibatch."""
 
-    def __init__(self, args: ppo.Args, advantage_fn, layout: dict, device: torch.device):
+    def __init__(self, args: PPOConfig, advantage_fn, layout: dict, device: torch.device):
         self.args, self.advantage_fn, self.device = args, advantage_fn, device
         self.chunk = Chunk.empty(args.num_steps, layout["num_envs"], layout["obs_dim"],
                                  layout["action_shape"], layout["discrete"],
@@ -80,4 +81,4 @@ class RankUpdate:
     def __call__(self, agent, optimizer, chunk: Chunk, generator, rank: tuple[int, int]) -> None:
         chunk = DeviceChunks(chunk, self.device).to_device(chunk)
         targets = self.advantage_fn(agent, chunk, self.args)
-        ppo.ppo_update(agent, optimizer, chunk, targets, self.args, generator, rank)
+        ppo_update(agent, optimizer, chunk, targets, self.args, generator, rank)

@@ -25,52 +25,16 @@ import weakref
 
 import torch
 
-from nostall.algos.optim import ClippedAdam, pack
+from nostall.algos.grpo.config import AGGREGATIONS
+from nostall.algos.grpo.loss import aggregate
+from nostall.decoder_weights import DecoderWeights
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
+from nostall.lm.packing import training_order
 from nostall.ops.losses import DEFAULT_CHUNK_LOGITS
+from nostall.optim import ClippedAdam
 
 Tensor = torch.Tensor
-
-
-def training_order(decoder: Decoder) -> list[torch.nn.Parameter] | None:
-    """The model's parameters in decoder_train_backward's output order, or None when the model
-    has parameters that order does not cover (the update then goes through autograd)."""
-    layers = decoder.layers
-    attn = [layer.self_attn for layer in layers]
-    mlp = [layer.mlp for layer in layers]
-    biases = [[a.q_proj.bias, a.k_proj.bias, a.v_proj.bias] for a in attn]
-    present = {b is not None for bs in biases for b in bs}
-    if len(present) > 1:
-        return None  # some projections with a bias, some without: not decoder_train's layout
-    order = [decoder.embed.weight]
-    order += [layer.input_layernorm.weight for layer in layers]
-    order += [p.weight for a in attn for p in (a.q_proj, a.k_proj, a.v_proj)]
-    order += [b for bs in biases for b in bs if b is not None]
-    order += [a.o_proj.weight for a in attn]
-    order += [layer.post_attention_layernorm.weight for layer in layers]
-    order += [p.weight for m in mlp for p in (m.gate_proj, m.up_proj)]
-    order += [m.down_proj.weight for m in mlp]
-    order.append(decoder.norm.weight)
-    if decoder.output_weight is not decoder.embed.weight:
-        order.append(decoder.output_weight)
-    everything = list(decoder.model.parameters())
-    if len(order) != len(everything) or {id(p) for p in order} != {id(p) for p in everything}:
-        return None
-    return order
-
-
-def pack_parameters(decoder: Decoder) -> bool:
-    """Lays the model's parameters end to end in one buffer, in `training_order` (as ClippedAdam
-    does for the trainer's), so the decoder's fused q/k/v and gate/up weights are views too and
-    a generation side's `freeze` copies nothing. False (nothing done) where the order does not
-    cover the model or its parameters differ in dtype or device."""
-    order = training_order(decoder)
-    if order is None or len({(p.dtype, p.device) for p in order}) != 1:
-        return False
-    pack(order)
-    decoder.thaw()  # fused weights built before now were copies
-    return True
 
 
 class ExplicitUpdate:
@@ -86,23 +50,11 @@ class ExplicitUpdate:
             if (qkv.data_ptr() != layer.self_attn.q_proj.weight.data_ptr()
                     or gate_up.data_ptr() != layer.mlp.gate_proj.weight.data_ptr()):  # fmt: skip
                 raise ValueError("ExplicitUpdate needs the parameters packed in training_order")
-        self.qkv = [qkv for qkv, _, _ in fused]
-        self.qkv_bias = [bias for _, bias, _ in fused if bias is not None]
-        self.gate_up = [gate_up for _, _, gate_up in fused]
         # decoder_train's weight arguments: views of the flat buffer, valid for every step.
-        self.weights = (
-            decoder.embed.weight.detach(),
-            [layer.input_layernorm.weight.detach() for layer in layers],
-            self.qkv,
-            self.qkv_bias,
-            [layer.self_attn.o_proj.weight.detach() for layer in layers],
-            [layer.post_attention_layernorm.weight.detach() for layer in layers],
-            self.gate_up,
-            [layer.mlp.down_proj.weight.detach() for layer in layers],
-            decoder.norm.weight.detach(),
-            decoder.cos,
-            decoder.sin,
-        )
+        weights = DecoderWeights.of(decoder, fused).detached()
+        self.qkv, self.qkv_bias, self.gate_up = (weights.qkv_weight, weights.qkv_bias,
+                                                 weights.gate_up_weight)  # fmt: skip
+        self.weights = (*weights, decoder.cos, decoder.sin)
         self.config = decoder._native_config()
         self.tied = decoder.output_weight is decoder.embed.weight
         # The gradients: the optimizer's views. decoder_train_backward's outputs, end to end,
@@ -136,8 +88,6 @@ class ExplicitUpdate:
         """One optimizer step on `batch`: (log_prob, loss, clip_fraction, approx_kl, entropy),
         the log-probs before the step, the entropy aggregated as the loss (None without an
         entropy bonus). `old_log_prob` None: this step's own (the proximal policy)."""
-        from nostall.algos.grpo import AGGREGATIONS, aggregate  # (grpo imports this module)
-
         d = self.decoder
         G = args.num_generations
         B, C = batch.completion_ids.shape

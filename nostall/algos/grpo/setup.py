@@ -1,45 +1,67 @@
 """What a GRPO run builds before its first step, and its checkpoint state: the model and
 tokenizer, the prompt source and reward functions, the generation side (engine, prompt encoder,
 group generator) and the rollout loop joining it to the trainer, the optimizer and the
-reference model. The algorithm itself is nostall/algos/grpo.py."""
+reference model."""
 
 from __future__ import annotations
 
 import copy
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from nostall.algos.optim import ClippedAdam
+from nostall.algos.grpo.config import GRPOConfig
+from nostall.algos.grpo.result import GRPOResult
 from nostall.lm.decoder import Decoder
-from nostall.lm.explicit_update import pack_parameters, training_order
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
 from nostall.lm.models import LanguageModel, load_model
+from nostall.lm.packing import pack_parameters, training_order
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
-from nostall.lm.tasks import Rewards, answer_reward, dataset_source, load_reward, task_source
+from nostall.lm.tasks import (
+    PromptSource,
+    RewardFn,
+    Rewards,
+    answer_reward,
+    dataset_source,
+    load_reward,
+    rows_source,
+    task_source,
+)
+from nostall.optim import ClippedAdam
 from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.process_loop import ProcessLoop
-
-if TYPE_CHECKING:
-    from nostall.algos.grpo import Args, TrainResult
-    from nostall.runtime.ray_loop import RayLoop
+from nostall.runtime.ray_loop import RayLoop
 
 
-def _rewards(args: Args) -> Rewards:
-    if not args.reward:
-        return Rewards([answer_reward])
-    functions = [load_reward(spec.strip()) for spec in args.reward.split(",")]
-    weights = None
-    if args.reward_weights:
+@dataclass
+class Inputs:
+    """What a run trains on beyond its config: the Python API's own objects (None: what the
+    config names). They travel to a rollout process or Ray worker by pickling."""
+
+    lm: LanguageModel | None = None  # the user's model and tokenizer (None: config.model)
+    reward_funcs: list[RewardFn] | None = None  # callables (None: config.reward)
+    rows: list[dict] | None = None  # prompt rows (None: config.dataset, or config.task)
+
+
+def _rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
+    weights = args.reward_weights
+    if isinstance(weights, str):
         try:
-            weights = [float(w) for w in args.reward_weights.split(",")]
+            weights = [float(w) for w in weights.split(",")]
         except ValueError:
-            raise ValueError(
-                f"--reward-weights must be numbers, got {args.reward_weights!r}"
-            ) from None
-    return Rewards(functions, weights)
+            raise ValueError(f"--reward-weights must be numbers, got {weights!r}") from None
+    if inputs.reward_funcs is not None:
+        return Rewards(inputs.reward_funcs, weights)
+    if not args.reward:
+        return Rewards([answer_reward], weights)
+    return Rewards([load_reward(spec.strip()) for spec in args.reward.split(",")], weights)
+
+
+def _source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
+    if inputs.rows is not None:
+        return rows_source(inputs.rows, "train_dataset")
+    return dataset_source(args.dataset) if args.dataset else task_source(args.task)
 
 
 @dataclass
@@ -56,14 +78,15 @@ class Setup:
     reference: Decoder | None
 
 
-def build_generator(
-    args: Args, lm: LanguageModel | None = None, seed: int | None = None
-) -> GroupGenerator:
+def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int | None = None,
+                    inputs: Inputs | None = None) -> GroupGenerator:  # fmt: skip
     """The generation side: its own model copy (of `lm`'s, or loaded anew: in the rollout
     process), engine, prompt source and reward functions; prompts and samples drawn from
     `seed` (default args.seed)."""
-    source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
-    rewards = _rewards(args)
+    inputs = inputs or Inputs()
+    source = _source(args, inputs)
+    rewards = _rewards(args, inputs)
+    lm = lm or inputs.lm
     if lm is None:
         lm = load_model(args.model, seed=args.seed)
         rollout_model = lm.model.to(torch.device(args.device))
@@ -86,18 +109,19 @@ def build_generator(
     return generator
 
 
-def ray_generator(args: Args, worker: int) -> GroupGenerator:
+def ray_generator(args: GRPOConfig, inputs: Inputs, worker: int) -> GroupGenerator:
     """Ray worker `worker`'s generation side: prompts and samples of its own (seed + worker:
     worker 0's are the thread backend's)."""
-    return build_generator(args, seed=args.seed + worker)
+    return build_generator(args, seed=args.seed + worker, inputs=inputs)
 
 
-def build(args: Args) -> Setup:
+def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     """Model, generation side, runtime and optimizer; ValueError for bad input."""
     args.check()
-    source = dataset_source(args.dataset) if args.dataset else task_source(args.task)
-    _rewards(args)  # bad reward specs are named here, before any process starts
-    lm = load_model(args.model, seed=args.seed)
+    inputs = inputs or Inputs()
+    source = _source(args, inputs)
+    _rewards(args, inputs)  # bad reward specs are named here, before any process starts
+    lm = inputs.lm or load_model(args.model, seed=args.seed)
     device = torch.device(args.device)
     lm.model.to(device)
     model = lm.model
@@ -107,17 +131,15 @@ def build(args: Args) -> Setup:
              for _ in range(args.staleness + 2)]  # fmt: skip
     generator = None
     if args.backend == "ray":
-        from nostall.runtime.ray_loop import RayLoop
-
-        loop = RayLoop(slots, functools.partial(ray_generator, args), model,
+        loop = RayLoop(slots, functools.partial(ray_generator, args, inputs), model,
                        staleness=args.staleness, num_workers=args.num_workers,
                        address=args.ray_address, torch_threads=args.torch_threads)  # fmt: skip
     elif args.backend == "process":
-        loop = ProcessLoop(slots, functools.partial(build_generator, args), model,
+        loop = ProcessLoop(slots, functools.partial(build_generator, args, inputs=inputs), model,
                            staleness=args.staleness, inflight=args.inflight_weights,
                            torch_threads=args.torch_threads)  # fmt: skip
     else:
-        generator = build_generator(args, lm)
+        generator = build_generator(args, lm, inputs=inputs)
         loop = RolloutLoop(slots, generator, generator.model, model, staleness=args.staleness)
         if args.inflight_weights:
             generator.refresh = loop.refresh
@@ -134,7 +156,7 @@ def build(args: Args) -> Setup:
     return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference)
 
 
-def snapshot(setup: Setup, step: int, result: TrainResult) -> dict:
+def snapshot(setup: Setup, step: int, result: GRPOResult) -> dict:
     """Taken inside the loop's boundary, after the step's publish."""
     state = {
         "model": {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()},
@@ -176,7 +198,7 @@ def _reordered(setup: Setup, state: dict) -> dict:
     return {**optimizer, "state": moved}
 
 
-def restore(setup: Setup, state: dict, result: TrainResult) -> int:
+def restore(setup: Setup, state: dict, result: GRPOResult) -> int:
     model = setup.lm.model
     with torch.no_grad():
         for name, value in model.state_dict().items():

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nostall.algos.ppo.policy import Policy
 from nostall.envs import ENVS
-from nostall.envs.gymnasium_adapter import make_env, make_one
-from nostall.policy import Policy
+from nostall.envs.backends import make_env
+from nostall.envs.gymnasium_adapter import make_one
 
 # A guard against an environment with no time limit and a policy that never ends an episode.
 MAX_EPISODE_STEPS = 100_000

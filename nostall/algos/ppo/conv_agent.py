@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from nostall.algos.agent import log_prob_entropy
+from nostall.algos.ppo.agent import log_prob_entropy
 
 
 def _init(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:

@@ -57,7 +57,8 @@ class ClippedAdam(torch.optim.Adam):
             )
         super().__init__(params, lr=lr, betas=betas, eps=eps, fused=True)
         self.max_grad_norm = max_grad_norm
-        # Called on the flat gradient before clipping (nostall.train.ddp.average_gradients).
+        # Called on the flat gradient before clipping
+        # (nostall.runtime.distributed.average_gradients).
         self.reduce_grad: Callable[[torch.Tensor], None] | None = None
         self._params = params
         self._flat_param = pack(params)  # the parameters now live in the flat buffer

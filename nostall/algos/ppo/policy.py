@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nostall.algos.agent import ActorCritic
-from nostall.algos.conv_agent import ConvActorCritic
+from nostall.algos.ppo.agent import ActorCritic
+from nostall.algos.ppo.conv_agent import ConvActorCritic
 
 FORMAT = "nostall-policy-1"
 

@@ -1,0 +1,7 @@
+"""`python -m nostall ...`: the `nostall` command."""
+
+import sys
+
+from nostall.cli import main
+
+sys.exit(main())

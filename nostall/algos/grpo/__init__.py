@@ -1,0 +1,52 @@
+"""GRPO for causal language models, its generation overlapped with training.
+
+Group Relative Policy Optimization (Shao et al. 2024, arXiv:2402.03300) as TRL's GRPOTrainer
+runs it, with TRL's names, and the waits taken out:
+- each step draws `num_prompts` prompts, samples `num_generations` completions of each with the
+  rollout side's copy of the model (a native sampler, a static KV cache, no host read per
+  token: nostall/lm/generation.py) and scores them with the reward functions there, off the
+  trainer's critical path;
+- advantages are the rewards minus their group's mean, over the group's std (`scale_rewards`
+  "group"), the batch's ("batch") or not scaled ("none", Dr. GRPO): `nostall.group_advantages`;
+- token log-probabilities come from the final hidden states and the output weight in chunks
+  (`nostall.token_log_prob_linear`, no [B, T, V] logits), renormalised over the tokens the
+  sampler may draw (special tokens other than <eos> are never sampled);
+- the clipped surrogate is `nostall.clipped_policy_loss` with TRL's `loss_type`: "grpo" (per
+  sequence token mean, then the mean), "bnpo" and "dapo" (mean over all tokens of the batch),
+  "dr_grpo" (token sum over batch * max_new_tokens); clip [1 - clip_low, 1 + clip_high];
+  optional KL to the frozen initial model (`beta`, k3 estimator) aggregated the same way;
+- an optional entropy bonus (`entropy_coef`, `nostall.token_entropy_linear`, the same chunks);
+- `staleness` S lets generation run up to S policy versions ahead of the trainer (S = 0:
+  generate then train, exactly synchronous GRPO). Stale batches use the decoupled objective
+  (AReaL, Fu et al. 2025): the clip against the proximal policy (the trainer's weights before
+  the update, log-probs recomputed), each token weighted by min(pi_prox / pi_behaviour, is_cap).
+
+Read top to bottom: config.py (every setting, TRL's names), loss.py (log-probs and the clipped
+surrogate), update.py (an update on one batch), explicit_update.py (the same update by explicit
+adjoints, no autograd graph), setup.py (model, generation side, runtime, optimizer;
+checkpoints), trainer.py (the run as the shared loop's hooks, and TRL's constructor).
+"""
+
+from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
+from nostall.algos.grpo.loss import aggregate, grpo_loss, policy_head, policy_log_probs
+from nostall.algos.grpo.result import GRPOResult
+from nostall.algos.grpo.setup import Inputs, Setup, build
+from nostall.algos.grpo.trainer import GRPOTrainer, train
+from nostall.algos.grpo.update import METRICS, grpo_update
+
+__all__ = [
+    "AGGREGATIONS",
+    "METRICS",
+    "GRPOConfig",
+    "GRPOResult",
+    "GRPOTrainer",
+    "Inputs",
+    "Setup",
+    "aggregate",
+    "build",
+    "grpo_loss",
+    "grpo_update",
+    "policy_head",
+    "policy_log_probs",
+    "train",
+]

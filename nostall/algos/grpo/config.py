@@ -1,0 +1,207 @@
+"""GRPOConfig: every setting of a GRPO run, with its default and what it means."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nostall.ops.losses import GROUP_SCALES
+
+# TRL's loss_type -> clipped_policy_loss's aggregation.
+AGGREGATIONS = {
+    "grpo": "seq_mean_token_mean",
+    "bnpo": "token_mean",
+    "dapo": "token_mean",
+    "dr_grpo": "seq_mean_token_sum_norm",
+}
+
+# Arguments a resume may change; every other one must match the checkpoint's.
+RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
+             "stop_when_solved", "target_reward", "watch_syncs", "backend",
+             "output_dir"}  # fmt: skip
+
+
+@dataclass
+class GRPOConfig:
+    """A GRPO run's settings, with TRL's GRPOConfig names where TRL has the setting; every
+    field is also a flag of `nostall train grpo` (`--num-generations 8`), its docstring the
+    flag's help."""
+
+    model: str = "tiny"
+    """a built-in model ("tiny", "small") or a local causal LM directory"""
+    task: str = "copy"
+    """a built-in task (copy, reverse, sort, sum), used when no --dataset is given"""
+    dataset: str | None = None
+    """prompts from a JSONL file or a saved `datasets` folder (a `prompt` column; other columns
+    reach the reward functions as keyword arguments)"""
+    reward: str | None = None
+    """reward functions as module:function, comma-separated (TRL's signature); default: the
+    task's partial-credit reward against the `answer` column"""
+    reward_weights: str | None = None
+    """weights of the reward functions, comma-separated (default: 1 each)"""
+    steps: int = 500
+    """generation batches to train on (one or more optimizer steps each)"""
+    num_prompts: int = 8
+    """prompts per generation batch"""
+    num_generations: int = 8
+    """completions per prompt (the group), at least 2"""
+    max_new_tokens: int = 5
+    """completion length limit, in tokens"""
+    temperature: float = 1.0
+    """sampling temperature (the trainer's log-probs use the same)"""
+    top_k: int = 0
+    """sample from the k most likely tokens (0: all)"""
+    top_p: float = 1.0
+    """sample from the smallest set of tokens whose probability reaches top_p (1: all)"""
+    learning_rate: float = 1.1e-3
+    """Adam's learning rate (constant). The default is tuned for --staleness 1 (see
+    benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses 2e-3 and no entropy
+    bonus (--entropy-coef 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    loss_type: str = "dapo"
+    """grpo, bnpo, dr_grpo or dapo (TRL's names)"""
+    scale_rewards: str = "group"
+    """divide advantages by the group's std ("group"), the batch's ("batch") or not ("none")"""
+    clip_low: float = 0.2
+    """the ratio is clipped below at 1 - clip_low"""
+    clip_high: float | None = None
+    """the ratio is clipped above at 1 + clip_high (default: clip_low)"""
+    beta: float = 0.0
+    """weight of the KL penalty to the initial model (k3 estimator); 0: no reference model"""
+    updates_per_batch: int = 1
+    """optimizer steps per generation batch (TRL's num_iterations)"""
+    staleness: int = 1
+    """how many policy versions generation may run ahead of training (0: synchronous GRPO, the
+    same run as a generate-then-train loop; the default 1 overlaps generation with the update)"""
+    inflight_weights: bool = False
+    """with staleness >= 1: the generator takes weights published while it generates a batch
+    between two decode steps (in flight, as PipelineRL does), each token's version recorded;
+    the cached keys and values of earlier tokens are kept. Off: one version per batch"""
+    is_cap: float = 2.0
+    """cap of the behaviour importance weight of stale tokens (decoupled objective)"""
+    entropy_coef: float = 0.05
+    """weight of an entropy bonus: the loss minus entropy_coef times the sampling
+    distribution's entropy per completion token, aggregated as the loss is. It keeps a group's
+    completions from all becoming the same, where their advantages, and so the update, vanish
+    (see benchmarks/RESULTS.md); 0: none, as TRL's GRPOTrainer"""
+    stop_check_every: int = 0
+    """stop generating once every completion ended, checked every this many tokens (a host
+    read); 0: always generate max_new_tokens"""
+    device: str = "cpu"
+    """where the model, generation and update run ("cpu", "cuda", "cuda:1")"""
+    backend: str = "thread"
+    """where generation runs: "thread" (beside the trainer, in this process), "process" (its
+    own process, CPU only: no GIL shared with the trainer) or "ray" (worker actors on a Ray
+    cluster, CPU only)"""
+    num_workers: int = 1
+    """generation workers with --backend ray (each generates whole batches)"""
+    ray_address: str | None = None
+    """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
+    cuda_graph: bool = True
+    """on a GPU, capture each decode step as a CUDA graph (one launch per token)"""
+    seed: int = 0
+    """seeds the model's initialisation (built-ins), the prompts and the sampling"""
+    torch_threads: int = 1
+    """intra-op threads for torch"""
+    target_reward: float = 0.7
+    """mean reward over the last 10 steps that counts as solved (time_to_target_s)"""
+    stop_when_solved: bool = False
+    """stop once the target reward is reached"""
+    log_interval: int = 10
+    """read metrics (a host sync) every this many steps"""
+    watch_syncs: bool = True
+    """run two early updates under SyncWatch and report their host syncs"""
+    checkpoint: str | None = None
+    """save a checkpoint here every checkpoint_every steps and at the end ("{step}" in the path
+    keeps one per save)"""
+    checkpoint_every: int = 50
+    """steps between checkpoints"""
+    resume: str | None = None
+    """resume from this checkpoint"""
+    output_dir: str | None = None
+    """where the run leaves its report, plots, TensorBoard logs and model (the command's
+    default: runs/grpo-MODEL-TASK-SEED; the Python API writes none without it)"""
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_prompts * self.num_generations
+
+    @property
+    def run_name(self) -> str:
+        """MODEL-TASK-SEED, for the command's default output folder."""
+        source = Path(self.dataset).stem if self.dataset else self.task
+        return f"{Path(self.model).name}-{source}-{self.seed}"
+
+    rounding_note = None  # (a GRPO run trains the steps it is given)
+
+    def check(self) -> None:
+        for name in ("steps", "num_prompts", "max_new_tokens", "updates_per_batch",
+                     "log_interval", "checkpoint_every", "torch_threads"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise ValueError(
+                f"--num-generations must be at least 2 (a group of one has no relative "
+                f"advantage), got {self.num_generations}"
+            )
+        caps = (("num_prompts", 1 << 16), ("num_generations", 1 << 12),
+                ("max_new_tokens", 1 << 20), ("updates_per_batch", 1 << 10), ("staleness", 64),
+                ("torch_threads", 1024), ("seed", (1 << 62) - 1))  # fmt: skip
+        for name, cap in caps:
+            if getattr(self, name) > cap:
+                raise ValueError(
+                    f"--{_flag(name)} must be at most {cap}, got {getattr(self, name)}"
+                )
+        if self.batch_size > 1 << 20:
+            raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
+        for name in ("staleness", "top_k", "stop_check_every", "seed"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        for name in ("learning_rate", "max_grad_norm", "temperature", "is_cap"):
+            value = getattr(self, name)
+            if not (value > 0 and value < float("inf")):
+                raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must lie in (0, 1], got {self.top_p}")
+        for name in ("clip_low", "clip_high", "beta", "entropy_coef"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < float("inf"):
+                raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value}")
+        if not -float("inf") < self.target_reward < float("inf"):
+            raise ValueError(f"--target-reward must be finite, got {self.target_reward}")
+        if self.loss_type not in AGGREGATIONS:
+            raise ValueError(f"--loss-type must be one of {', '.join(AGGREGATIONS)}, "
+                             f"got {self.loss_type!r}")  # fmt: skip
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
+        if self.backend not in ("thread", "process", "ray"):
+            raise ValueError(f"--backend must be thread, process or ray, got {self.backend!r}")
+        if self.backend in ("process", "ray") and device.type != "cpu":
+            raise ValueError(f"--backend {self.backend} generates on the CPU; with --device "
+                             f"{self.device} use --backend thread")  # fmt: skip
+        if self.num_workers < 1:
+            raise ValueError(f"--num-workers must be at least 1, got {self.num_workers}")
+        if self.num_workers > 1 and self.backend != "ray":
+            raise ValueError("--num-workers > 1 needs --backend ray")
+        if self.backend == "ray" and self.inflight_weights:
+            raise ValueError("--inflight-weights is not available with --backend ray (a worker "
+                             "takes new weights between batches)")  # fmt: skip
+        if self.inflight_weights and self.staleness < 1:
+            raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
+                             "no weights are published while a batch is generated)")  # fmt: skip
+        if self.scale_rewards not in GROUP_SCALES:
+            raise ValueError(f"--scale-rewards must be group, batch or none, got "
+                             f"{self.scale_rewards!r}")  # fmt: skip
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")

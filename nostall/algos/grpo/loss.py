@@ -1,0 +1,73 @@
+"""GRPO's loss: the token log-probabilities of the sampling distribution from the final hidden
+states (chunked, never [B, T, V] logits), the clipped surrogate aggregated as TRL's
+`loss_type`, the decoupled weight for stale tokens, and the optional KL to a reference model."""
+
+from __future__ import annotations
+
+import torch
+
+import nostall
+from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
+from nostall.lm.decoder import Decoder
+from nostall.lm.generation import SampledVocab
+from nostall.lm.rollout import LMBatch
+
+
+def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
+                     vocab: SampledVocab | None, group_size: int) -> torch.Tensor:  # fmt: skip
+    """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
+    model's, at `temperature`, over the tokens the sampler may draw: `vocab`, None for all);
+    each group's prompt is run once."""
+    return nostall.token_log_prob_linear(*policy_head(decoder, batch, temperature, vocab,
+                                                      group_size))  # fmt: skip
+
+
+def policy_head(decoder: Decoder, batch: LMBatch, temperature: float,
+                vocab: SampledVocab | None, group_size: int):  # fmt: skip
+    """(hidden [B, C, H] over the temperature, output weight [V', H], tokens [B, C] in [0, V'))
+    of the sampling distribution at the completion tokens, V' the tokens the sampler may draw:
+    the arguments of token_log_prob_linear (and token_entropy_linear)."""
+    hidden = (
+        decoder.grouped_hidden(
+            batch.prompt_ids[::group_size],
+            batch.prompt_mask[::group_size],
+            batch.completion_ids,
+            batch.completion_mask,
+        )
+        / temperature
+    )  # (B, C, H): the states that predict the completion tokens
+    weight, tokens = decoder.output_weight, batch.completion_ids
+    if vocab is not None:  # the softmax over the allowed tokens' rows only
+        weight, tokens = weight[vocab.ids], vocab.index[tokens]
+    return hidden, weight, tokens
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str,
+              max_tokens: int) -> torch.Tensor:  # fmt: skip
+    """A [B, C] per-token quantity reduced as the loss type reduces the surrogate."""
+    m = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        return ((per_token * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token * m).sum() / (per_token.shape[0] * max_tokens)
+    return (per_token * m).sum() / m.sum().clamp(min=1)
+
+
+def grpo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor,
+              mask: torch.Tensor, args: GRPOConfig, behavior_log_prob: torch.Tensor | None = None,
+              ref_log_prob: torch.Tensor | None = None):  # fmt: skip
+    """(loss, clip_fraction, approx_kl, kl) of [B, C] token log-probs: the clipped surrogate
+    aggregated as `args.loss_type`, weighted by the capped behaviour ratio when
+    `behavior_log_prob` is given (decoupled objective), plus beta * k3 KL to `ref_log_prob`."""
+    C = mask.shape[1]
+    out = nostall.clipped_policy_loss(
+        log_prob, old_log_prob, advantage, mask, args.clip_low, args.clip_high,
+        AGGREGATIONS[args.loss_type], C, behavior_log_prob=behavior_log_prob,
+        is_cap=args.is_cap,
+    )  # fmt: skip
+    loss, kl = out.loss, torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    if ref_log_prob is not None:
+        delta = ref_log_prob - log_prob
+        kl = aggregate(delta.exp() - delta - 1, mask, args.loss_type, C)
+        loss = loss + args.beta * kl
+    return loss, out.clip_fraction, out.approx_kl, kl

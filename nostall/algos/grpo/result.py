@@ -1,0 +1,95 @@
+"""What a GRPO run returns beyond every trainer's figures: each step's mean reward and time,
+completion tokens, when the target reward was reached, and the generation side's figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from nostall.train.result import Curve, TrainResult, rounded
+
+
+@dataclass
+class GRPOResult(TrainResult):
+    rollout_label: ClassVar[str] = "generation"
+    timeline_window_s: ClassVar[float] = 1.0
+
+    algorithm: str = "grpo"
+    rewards: list[float] = field(default_factory=list)  # mean reward of each step's batch
+    step_times: list[float] = field(default_factory=list)  # seconds from start, at each step
+    tokens: int = 0  # completion tokens trained on
+    steps_to_target: int | None = None
+    time_to_target_s: float | None = None
+    generation_ms: float | None = None  # mean per batch (the rollout side)
+    update_ms: float | None = None  # mean per step (the trainer side)
+    syncs_per_decode_step: float | None = None
+    mean_lag: float | None = None  # versions between a batch's start and the trainer's
+    mean_token_lag: float | None = None  # the same per token (differs with in-flight swaps)
+    weight_swaps: int = 0  # in-flight weight swaps the generator made
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def note_target(self, target: float, window: int = 10) -> None:
+        """Sets steps_to_target / time_to_target_s at the first step whose mean reward over
+        the last `window` steps reaches `target`."""
+        if self.steps_to_target is not None or len(self.rewards) < window:
+            return
+        if sum(self.rewards[-window:]) / window >= target:
+            self.steps_to_target = len(self.rewards)
+            self.time_to_target_s = self.step_times[-1]
+
+    def summary(self) -> dict:
+        args = self.args
+        recent = self.rewards[-10:]
+        return {
+            **super().summary(),
+            "model": args["model"],
+            "task": args["dataset"] or args["task"],
+            "loss_type": args["loss_type"],
+            "steps": len(self.rewards),
+            "target_reward": args["target_reward"],
+            "steps_to_target": self.steps_to_target,
+            "time_to_target_s": rounded(self.time_to_target_s),
+            "final_reward": round(sum(recent) / len(recent), 4) if recent else None,
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "generation_ms_per_step": rounded(self.generation_ms),
+            "update_ms_per_step": rounded(self.update_ms),
+            "syncs_per_decode_step": self.syncs_per_decode_step,
+            "mean_version_lag": rounded(self.mean_lag),
+            "mean_token_version_lag": rounded(self.mean_token_lag),
+            "inflight_weights": args.get("inflight_weights", False),
+            "weight_swaps": self.weight_swaps,
+        }
+
+    def summary_lines(self, summary: dict) -> list[str]:
+        if summary["steps_to_target"] is not None:
+            reached = (f"reached mean reward {summary['target_reward']} (last 10 steps) at "
+                       f"step {summary['steps_to_target']}, "
+                       f"{summary['time_to_target_s']} s")  # fmt: skip
+        else:
+            reached = f"did not reach mean reward {summary['target_reward']}"
+        inflight = ""
+        if summary["inflight_weights"]:
+            inflight = (f" ({summary['mean_token_version_lag']} per token, "
+                        f"{summary['weight_swaps']} in-flight weight swaps)")  # fmt: skip
+        return [
+            f"nostall train grpo: {summary['model']} on {summary['task']} (seed "
+            f"{summary['seed']}, staleness {summary['staleness']}, loss {summary['loss_type']}, "
+            f"generation on a {summary['backend']})",
+            f"  {summary['steps']} steps in {summary['seconds']} s: "
+            f"{summary['tokens_per_second']} completion tokens/s",
+            f"  {reached}; final reward {summary['final_reward']}",
+            f"  generation {summary['generation_ms_per_step']} ms/step, update "
+            f"{summary['update_ms_per_step']} ms/step, mean version lag "
+            f"{summary['mean_version_lag']}{inflight}",
+            f"  unintended host-device syncs: {summary['syncs_per_update']} per update, "
+            f"{summary['syncs_per_decode_step']} per decode step",
+            *super().summary_lines(summary),
+        ]
+
+    def learning_curve(self) -> Curve:
+        steps = [float(i) for i in range(1, len(self.rewards) + 1)]
+        return Curve(steps, list(self.rewards), "step (generation batch)", "reward",
+                     "batch mean reward", target=self.args["target_reward"], smooth=10)  # fmt: skip

@@ -1,0 +1,205 @@
+"""GRPOTrainer: a GRPO run as the shared training loop's hooks, with TRL's constructor.
+
+    from nostall import GRPOConfig, GRPOTrainer
+
+    def reward_len(completions, **kwargs):
+        return [-abs(8 - len(c)) for c in completions]
+
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, train_dataset=rows,
+                          args=GRPOConfig(output_dir="runs/grpo", steps=100))
+    result = trainer.train()      # GRPOResult; the model is saved in output_dir/model
+
+`model` is a built-in name, a local directory or a `transformers` causal LM (its tokenizer as
+`processing_class`, or found beside it); `reward_funcs` callables with TRL's signature
+`fn(prompts, completions, **kwargs) -> list[float]` or "module:function" strings; `train_dataset`
+a `datasets.Dataset`, a list of dicts or a path, each row with a `prompt` and any columns the
+rewards read. The `nostall train grpo` command builds the same trainer from its flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from nostall.algos.grpo.config import RESUMABLE, GRPOConfig
+from nostall.algos.grpo.result import GRPOResult
+from nostall.algos.grpo.setup import Inputs, Setup, build, restore, save_model, snapshot
+from nostall.algos.grpo.update import grpo_update
+from nostall.lm.models import LanguageModel, load_tokenizer_beside
+from nostall.lm.tasks import load_reward
+from nostall.runtime.heap import frozen_heap
+from nostall.train import checkpoint, loop
+from nostall.train.loop import Clock, LogFn
+from nostall.train.outputs import write_outputs
+
+
+class GRPOTrainer:
+    algorithm = "grpo"
+
+    def __init__(self, model=None, reward_funcs=None, args: GRPOConfig | None = None,
+                 train_dataset=None, processing_class=None, *,
+                 setup: Setup | None = None):  # fmt: skip
+        """TRL's arguments (see the module's docstring); `setup` when the caller built the run
+        already (nostall.algos.grpo.setup.build)."""
+        args = GRPOConfig() if args is None else args
+        inputs = _inputs(args, model, reward_funcs, train_dataset, processing_class)
+        args.check()
+        torch.set_num_threads(args.torch_threads)
+        self.config = args
+        self.setup = setup or build(args, inputs)
+        self.runtime = self.setup.loop
+        self.model = self.setup.lm.model
+        self.result = GRPOResult(self.algorithm, asdict(args))
+        self.first_step, self.last_step = 1, args.steps
+        self._offset = 0.0  # seconds of the run before a resume
+        if args.resume:
+            saved_args, state = checkpoint.load(args.resume, self.algorithm)
+            saved_args.setdefault("entropy_coef", 0.0)  # saved before the bonus existed: none
+            checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
+            self.first_step = restore(self.setup, state, self.result) + 1
+            steps = self.result.step_times
+            self._offset = steps[-1] if steps else 0.0
+        self._lags: list[int] = []
+        self._token_lags: list[float] = []
+        self._new_tokens = 0
+        self.report: str | None = None  # the report's text, once written
+
+    # What a run leaves in its output_dir.
+    outputs = ("report", "learning_curve.png", "timeline.png", "tensorboard/",
+               "model/ for from_pretrained")  # fmt: skip
+
+    def train(self, log: LogFn | None = None, time_limit_s: float | None = None) -> GRPOResult:
+        """Runs the loop, calling log(step, metrics) every log_interval steps (stopping at the
+        first log past `time_limit_s` seconds, when given); with an output_dir, writes the
+        model and the report there (`self.report`: its text)."""
+        result = loop.run(self, log, time_limit_s)
+        if self.config.output_dir:
+            self.write_outputs(Path(self.config.output_dir))
+        return result
+
+    def save_model(self, out_dir) -> None:
+        """The trained model and its tokenizer, loadable with transformers' from_pretrained."""
+        save_model(self.setup, out_dir)
+
+    def write_outputs(self, out_dir: Path) -> str:
+        """model/ (transformers' from_pretrained), the report and its plots."""
+        self.save_model(out_dir / "model")
+        args = self.config
+        subject = f"{args.dataset or args.task} ({args.model})"
+        self.report = write_outputs(self.result, out_dir, subject)
+        return self.report
+
+    def progress_span(self) -> tuple[int, str, int]:
+        """(total, unit, already done) of the run's progress, in steps."""
+        return self.last_step, "step", self.first_step - 1
+
+    # -- the loop's hooks (nostall.train.loop.Hooks) --------------------------------------------
+    def running(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(frozen_heap())
+        # (A rollout process is ready when the loop's block begins: the clock starts after it.)
+        stack.enter_context(self.runtime)
+        return stack
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def device_tensors(self, batch):
+        setup = self.setup
+        tensors = [*batch.tensors().values(), setup.group_index]  # built on the run's device
+        if setup.vocab is not None:
+            tensors += [setup.vocab.ids, setup.vocab.index]
+        return tensors
+
+    def update(self, batch, step: int) -> dict[str, torch.Tensor]:
+        setup = self.setup
+        return grpo_update(setup.decoder, setup.optimizer, batch, self.config, setup.vocab,
+                           setup.reference, self.config.staleness > 0,
+                           setup.group_index)  # fmt: skip
+
+    def record(self, batch, lag: int, logging: bool) -> None:
+        self._lags.append(lag)
+        self._token_lags.append(batch.mean_token_lag(self.runtime.version))
+        self.result.rewards.append(batch.reward_mean)  # (host values: no sync)
+        self.result.tokens += batch.tokens
+        self._new_tokens += batch.tokens
+
+    def publishes(self, step: int) -> bool:
+        return True
+
+    def at_boundary(self, step: int, clock: Clock) -> None:
+        # Step times count from the original run's start.
+        self.result.step_times.append(time.perf_counter() - (clock.ready - self._offset))
+        self.result.note_target(self.config.target_reward)
+
+    def snapshot(self, step: int) -> dict:
+        return snapshot(self.setup, step, self.result)
+
+    def checkpoint_path(self, step: int) -> str:
+        return self.config.checkpoint.format(step=step)
+
+    def log_values(self, step: int, values: dict[str, float], lag: int, clock: Clock):
+        recent = self.result.rewards[-10:]
+        values.update(
+            reward=sum(recent) / len(recent), version_lag=float(lag),
+            tokens_per_second=self._new_tokens / (time.perf_counter() - clock.ready),
+        )  # fmt: skip
+        return step, values
+
+    def solved(self) -> bool:
+        return self.result.steps_to_target is not None
+
+    def finish(self, clock: Clock, end: float) -> GRPOResult:
+        result = self.result
+        result.seconds = end - clock.ready
+        stats = self.runtime.stats  # the generation side's figures
+        result.syncs_per_decode_step = stats.get("syncs_per_decode_step")
+        result.sync_sites += stats.get("sync_sites", [])
+        lags, token_lags = self._lags, self._token_lags
+        result.mean_lag = sum(lags) / len(lags) if lags else None
+        result.mean_token_lag = sum(token_lags) / len(token_lags) if token_lags else None
+        result.weight_swaps = stats.get("swaps", 0)
+        result.generation_ms = result.side_ms("rollout")
+        result.update_ms = result.side_ms("train")
+        return result
+
+
+def _inputs(args: GRPOConfig, model, reward_funcs, train_dataset, processing_class) -> Inputs:
+    """The Python API's objects, recorded in the config by name where they have one."""
+    inputs = Inputs()
+    if isinstance(model, str | Path):
+        args.model = str(model)
+    elif model is not None:
+        tokenizer = processing_class or load_tokenizer_beside(model)
+        inputs.lm = LanguageModel(model, tokenizer, getattr(model, "name_or_path", "") or "model")
+        args.model = inputs.lm.name
+    if reward_funcs is not None:
+        funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+        if all(isinstance(f, str) for f in funcs):
+            args.reward = ",".join(funcs)
+        else:
+            inputs.reward_funcs = [_reward(f) for f in funcs]
+    if isinstance(train_dataset, str | Path):
+        args.dataset = str(train_dataset)
+    elif train_dataset is not None:
+        inputs.rows = train_dataset
+    return inputs
+
+
+def _reward(fn) -> Callable:
+    if isinstance(fn, str):
+        return load_reward(fn)
+    if not callable(fn):
+        raise ValueError(f"reward_funcs: {fn!r} is neither a callable nor 'module:function'")
+    return fn
+
+
+def train(args: GRPOConfig, log: LogFn | None = None, setup: Setup | None = None,
+          time_limit_s: float | None = None) -> GRPOResult:  # fmt: skip
+    """`GRPOTrainer(args=args, setup=setup).train(log, time_limit_s)`."""
+    return GRPOTrainer(args=args, setup=setup).train(log, time_limit_s)

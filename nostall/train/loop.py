@@ -1,0 +1,142 @@
+"""The training loop every trainer shares, written once (as Sample Factory's and TRL's Trainer
+are): a step takes the next chunk from the runtime, updates on it, releases its slot, publishes
+the new weights, checkpoints at the rollout side's boundary, logs, and stops when solved.
+
+An algorithm gives the loop its pieces through the `Hooks` protocol (PPO's in
+nostall/algos/ppo/trainer.py, GRPO's in nostall/algos/grpo/trainer.py): what to update on a
+chunk, what to record from it, what a checkpoint holds, what a log line says. The loop owns the
+order of those pieces, which is what every algorithm must get right the same way:
+- the slot is released only after everything read from the chunk was read (the rollout side
+  refills it at once);
+- a checkpoint is taken inside the runtime's boundary, after this step's publish, where the
+  rollout side is between chunks: its state and the chunks filled ahead are exact on every
+  transport;
+- metrics are read (a host sync) only every `log_interval` steps;
+- two early steps run under SyncWatch, from taking the chunk to publishing, and report the
+  trainer side's unintended syncs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from nostall.profiler import SyncWatch, allow
+from nostall.train import checkpoint
+from nostall.train.result import TrainResult
+
+# Steps whose update runs under SyncWatch, after warm-up (the optimizer's state exists from the
+# first update on), to report syncs per update.
+WATCHED_STEPS = (3, 4)
+
+LogFn = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class Clock:
+    """perf_counter readings: `started` before the runtime starts, `ready` once it runs."""
+
+    started: float
+    ready: float = 0.0
+
+
+class Hooks(Protocol):
+    """What an algorithm gives the loop. `config` has watch_syncs, log_interval, checkpoint,
+    checkpoint_every and stop_when_solved; `runtime` is a transport (nostall.runtime.Transport)
+    or a runtime over one."""
+
+    algorithm: str
+    config: Any
+    runtime: Any
+    model: torch.nn.Module  # watched for syncs, and published to the rollout side
+    result: TrainResult
+    first_step: int
+    last_step: int
+
+    def running(self) -> contextlib.AbstractContextManager: ...
+    def begin_step(self, step: int) -> None: ...
+    def device_tensors(self, chunk: Any) -> Iterable[torch.Tensor]: ...
+    def update(self, chunk: Any, step: int) -> dict[str, torch.Tensor]: ...
+    def record(self, chunk: Any, lag: int, logging: bool) -> None: ...
+    def publishes(self, step: int) -> bool: ...
+    def at_boundary(self, step: int, clock: Clock) -> None: ...
+    def snapshot(self, step: int) -> dict: ...
+    def checkpoint_path(self, step: int) -> str: ...
+    def log_values(self, step: int, values: dict[str, float], lag: int,
+                   clock: Clock) -> tuple[int, dict[str, float]]: ...  # fmt: skip
+    def solved(self) -> bool: ...
+    def finish(self, clock: Clock, end: float) -> TrainResult: ...
+
+
+def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = None) -> TrainResult:
+    """Trains from `hooks.first_step` to `hooks.last_step`, calling log(progress, values) every
+    log_interval steps; stops at the first log once solved (with stop_when_solved) or past
+    `time_limit_s` seconds of the run."""
+    config, runtime, result = hooks.config, hooks.runtime, hooks.result
+    syncs: list[int] = []
+    if config.watch_syncs:
+        SyncWatch.prepare()  # outside the run's clock
+    clock = Clock(time.perf_counter())
+    last = hooks.last_step
+    with hooks.running():
+        clock.ready = time.perf_counter()
+        for step in range(hooks.first_step, last + 1):
+            hooks.begin_step(step)
+            watched = config.watch_syncs and step in WATCHED_STEPS
+            with contextlib.ExitStack() as watch_scope:
+                watch = watch_scope.enter_context(SyncWatch(hooks.model)) if watched else None
+                slot, chunk = runtime.next_chunk()
+                if watch is not None:  # the chunk's tensors are the device tensors they are
+                    watch.mark(*hooks.device_tensors(chunk))  # on a GPU
+                began = time.perf_counter()
+                metrics = hooks.update(chunk, step)
+                lag = runtime.lag(chunk)
+                logging = step % config.log_interval == 0 or step == last
+                hooks.record(chunk, lag, logging)  # before the release: the slot is refilled
+                runtime.release(slot)
+                saving = config.checkpoint and (step % config.checkpoint_every == 0 or step == last)
+                with runtime.boundary() if saving else contextlib.nullcontext():
+                    runtime.publish(hooks.model, weights=hooks.publishes(step))
+                    watch_scope.close()
+                    hooks.at_boundary(step, clock)
+                    if saving:
+                        checkpoint.save(hooks.checkpoint_path(step), hooks.algorithm,
+                                        _plain(config), hooks.snapshot(step))  # fmt: skip
+            if watch is not None:
+                report = watch.report()
+                syncs.append(report.unintended_count)
+                result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
+            runtime.timeline.record("train", began, time.perf_counter())
+            if logging:
+                with allow("metrics every log_interval steps"):
+                    values = {k: float(v) for k, v in metrics.items()}  # sync: logging
+                progress, values = hooks.log_values(step, values, lag, clock)
+                result.metrics = values
+                if log is not None:
+                    log(progress, values)
+                if config.stop_when_solved and hooks.solved():
+                    break
+                if time_limit_s is not None and time.perf_counter() - clock.ready > time_limit_s:
+                    break
+        # The run ends with its last update: closing the rollout side (joining a thread, a
+        # process, shutting down a local Ray cluster) is not training time.
+        end = time.perf_counter()
+    result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
+    result.timeline = list(runtime.timeline.spans)
+    loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
+    if loss is not None:
+        result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
+    return hooks.finish(clock, end)
+
+
+def _plain(config: Any) -> dict:
+    """A config's fields as checkpoint arguments (plain values: the header loads with
+    weights_only)."""
+    from dataclasses import asdict
+
+    return asdict(config)

@@ -1,0 +1,113 @@
+"""What a training run shows and leaves behind, for every algorithm: a progress bar and
+TensorBoard scalars while it runs; a learning curve, a timeline of the rollout side and the
+trainer overlapping, and a short report (report.txt, report.json) when it ends. The result
+says what to plot and report (nostall.train.result), so nothing here knows an algorithm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nostall.train.result import TrainResult
+
+# The figures the bar shows, when a log line has them.
+BAR_FIGURES = {"steps_per_second": ("steps/s", "{:.0f}"), "episode_return": ("return", "{:.1f}"),
+               "reward": ("reward", "{:.3f}"), "tokens_per_second": ("tok_s", "{:.0f}"),
+               "version_lag": ("lag", "{:.0f}")}  # fmt: skip
+
+
+class Progress:
+    """tqdm bar plus TensorBoard scalars, fed by the trainer's log callback (progress in the
+    algorithm's unit: environment steps, or generation batches)."""
+
+    def __init__(self, total: int, out_dir: Path, unit: str = "step", first: int = 0):
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=first, unit=unit, dynamic_ncols=True)
+        self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+        self._last = first
+
+    def __call__(self, progress: int, metrics: dict[str, float]) -> None:
+        self.bar.update(progress - self._last)
+        self._last = progress
+        self.bar.set_postfix(
+            {
+                name: form.format(metrics[key])
+                for key, (name, form) in BAR_FIGURES.items()
+                if key in metrics
+            }
+        )
+        for name, value in metrics.items():
+            self.writer.add_scalar(f"train/{name}", value, progress)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+
+
+def figure(size: tuple[float, float]):
+    # A bare Figure draws with Agg without pyplot: no backend selection, no global figure
+    # registry, and a faster start (the plots are written while the user waits).
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    return fig, fig.subplots()
+
+
+def plot_learning_curve(result: TrainResult, path: Path, title: str) -> None:
+    curve = result.learning_curve()
+    fig, ax = figure((7, 4))
+    if curve.x:
+        ax.plot(curve.x, curve.y, alpha=0.3 if curve.smooth else 1.0, label=curve.label)
+        if curve.smooth:
+            n = curve.smooth
+            recent = [curve.y[max(0, i - n + 1) : i + 1] for i in range(len(curve.y))]
+            window = [sum(r) / len(r) for r in recent]
+            ax.plot(curve.x, window, label=f"mean of the last {n}")
+        if curve.target is not None:
+            ax.axhline(curve.target, color="gray", linestyle="--", linewidth=1, label="target")
+    ax.set_xlabel(curve.xlabel)
+    ax.set_ylabel(curve.ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float = 2.0,
+                  rollout_label: str = "rollout") -> None:  # fmt: skip
+    """`window_s` seconds after warm-up (the 12th span on): when each side was busy."""
+    spans = result.timeline
+    fig, ax = figure((9, 2.6))
+    if spans:
+        origin = spans[min(len(spans) - 1, 12)][1]  # past warm-up and the watched steps
+        for row, (side, color) in enumerate((("train", "tab:orange"), ("rollout", "tab:blue"))):
+            # One collection a side: a bar per span as its own artist took a second to draw.
+            bars = [(start - origin, end - start) for s, start, end in spans
+                    if s == side and origin <= start <= origin + window_s]  # fmt: skip
+            ax.broken_barh(bars, (row - 0.4, 0.8), color=color)
+        ax.set_yticks([0, 1], ["trainer", rollout_label])
+        ax.set_xlim(0, window_s)
+    ax.set_xlabel(f"seconds after the first 12 spans of work (a {window_s:g} s window)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_outputs(result: TrainResult, out_dir: Path, subject: str) -> str:
+    """report.json, report.txt, learning_curve.png and timeline.png in out_dir; returns the
+    report's text. `subject`: what the run trained on, for the plots' titles."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = result.summary()
+    title = f"{result.algorithm} on {subject}"
+    plot_learning_curve(result, out_dir / "learning_curve.png", title)
+    side = result.rollout_label
+    plot_timeline(result, out_dir / "timeline.png", f"{title}: {side} and training over time",
+                  window_s=result.timeline_window_s, rollout_label=side)  # fmt: skip
+    (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
+    text = "\n".join(result.summary_lines(summary))
+    (out_dir / "report.txt").write_text(text + "\n")
+    return text

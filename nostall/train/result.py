@@ -1,0 +1,73 @@
+"""What a training run returns, for every algorithm: the figures the shared loop measures, and
+each algorithm's own (PPOResult's episode curve, GRPOResult's rewards and tokens) in a subclass.
+The report writer (outputs.py) reads a result through `summary()` and `curve()` alone, so it
+needs no algorithm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+@dataclass
+class Curve:
+    """The learning curve a report plots: y against x, and where the target lies."""
+
+    x: list[float]
+    y: list[float]
+    xlabel: str
+    ylabel: str
+    label: str
+    target: float | None = None
+    smooth: int = 0  # also plot the running mean over this many points (0: none)
+
+
+@dataclass
+class TrainResult:
+    # What the rollout side is called in plots, and how much of the timeline they show.
+    rollout_label: ClassVar[str] = "rollout"
+    timeline_window_s: ClassVar[float] = 2.0
+
+    algorithm: str = ""
+    args: dict = field(default_factory=dict)  # the config's fields
+    seconds: float = 0.0  # the run's wall time (a resumed run's own, not the earlier part's)
+    syncs_per_update: float | None = None  # unintended trainer-side syncs, watched updates
+    sync_sites: list[str] = field(default_factory=list)
+    timeline: list[tuple[str, float, float]] = field(default_factory=list)  # (side, start, end)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last logged values
+    dropped_chunks: int = 0  # chunks lost with a rollout worker (Ray), never trained on
+    dropped_causes: list[str] = field(default_factory=list)
+
+    def side_ms(self, side: str) -> float | None:
+        """The mean span of one side's work ("rollout" or "train") in milliseconds."""
+        spans = [end - start for s, start, end in self.timeline if s == side]
+        return 1e3 * sum(spans) / len(spans) if spans else None
+
+    def summary(self) -> dict:
+        """report.json: the figures every algorithm reports; subclasses add their own."""
+        return {
+            "algorithm": self.algorithm,
+            "seed": self.args.get("seed"),
+            "staleness": self.args.get("staleness"),
+            "backend": self.args.get("backend", "thread"),
+            "seconds": round(self.seconds, 3),
+            "syncs_per_update": self.syncs_per_update,
+            "sync_sites": self.sync_sites,
+            "dropped_chunks": self.dropped_chunks,
+            "dropped_causes": self.dropped_causes,
+        }
+
+    def summary_lines(self, summary: dict) -> list[str]:
+        """report.txt's lines after the algorithm's own."""
+        lines = []
+        if summary.get("dropped_chunks"):
+            lines.append(f"  chunks dropped with a lost worker: {summary['dropped_chunks']} "
+                         f"({'; '.join(summary['dropped_causes'])})")  # fmt: skip
+        return lines
+
+    def learning_curve(self) -> Curve:
+        raise NotImplementedError
+
+
+def rounded(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
