@@ -14,11 +14,12 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 
+@runtime_checkable
 class Fill(Protocol):
     """A rollout side: fills one preallocated chunk with its model's current weights."""
 
@@ -30,6 +31,7 @@ class Fill(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+@runtime_checkable
 class Transport(Protocol):
     """The trainer's side of a rollout loop, whatever carries the chunks."""
 
