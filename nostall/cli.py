@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -81,7 +82,8 @@ def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
         sub.add_argument("--out", dest="output_dir", default=argparse.SUPPRESS,
                          help="alias of --output-dir")  # fmt: skip
         sub.add_argument("--no-progress", action="store_true",
-                         help="no progress bar (TensorBoard logs are still written)")  # fmt: skip
+                         help="no progress bar (the TensorBoard logs are written all the "
+                              "same)")  # fmt: skip
 
     commands.add_parser("bench", help="run every benchmark (installs the peers they measure)")
 
@@ -238,6 +240,10 @@ def _train(args: argparse.Namespace) -> int:
     from nostall.train.checkpoint import CheckpointError
     from nostall.train.outputs import Progress
 
+    # "module:function" (a reward, an environment class) is imported as `python -m` would: the
+    # working directory first (a console script does not put it on the path).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     config_class, trainer_class = _trainer(args.algorithm)
     config = config_from(args, config_class)
     if config.output_dir is None:
@@ -250,10 +256,8 @@ def _train(args: argparse.Namespace) -> int:
     if config.rounding_note:
         print(f"nostall train {args.algorithm}: {config.rounding_note}", file=sys.stderr)
     out_dir = Path(config.output_dir)
-    progress = None
-    if not args.no_progress:
-        total, unit, first = trainer.progress_span()
-        progress = Progress(total, out_dir, unit, first)
+    total, unit, first = trainer.progress_span()
+    progress = Progress(total, out_dir, unit, first, bar=not args.no_progress)
     try:
         trainer.train(log=progress)
     except CheckpointError as e:
@@ -263,8 +267,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     finally:
-        if progress is not None:
-            progress.close()
+        progress.close()
     print(trainer.report)
     print(f"  outputs in {out_dir}/ ({', '.join(trainer.outputs)})")
     return 0

@@ -96,6 +96,28 @@ def _backend(tokenizer, prompts: list[str], encoded: list[list[int]]):
     return backend if same else None
 
 
+def _unknown_id(tokenizer) -> int | None:
+    """The id a tokenizer gives what it does not know (its model's unknown token), if any."""
+    if tokenizer.unk_token_id is not None:
+        return int(tokenizer.unk_token_id)
+    unk = getattr(getattr(getattr(tokenizer, "_tokenizer", None), "model", None), "unk_token", None)
+    return None if unk is None else tokenizer.convert_tokens_to_ids(unk)
+
+
+def _check_known(tokenizer, prompts: list[str], encoded: list[list[int]]) -> None:
+    """ValueError for a prompt with text the tokenizer maps to its unknown token (the built-in
+    character tokenizer's is <pad>): the model would see padding where the prompt has text."""
+    unk = _unknown_id(tokenizer)
+    if unk is None:
+        return
+    token = tokenizer.convert_ids_to_tokens(unk)
+    for prompt, ids in zip(prompts, encoded, strict=True):
+        if unk in ids and token not in prompt:
+            raise ValueError(f"prompt {prompt!r} has text the tokenizer does not know: it "
+                             f"would become {token!r} (the built-in models know a-h, 0-9 and "
+                             "=)")  # fmt: skip
+
+
 class PromptEncoder:
     """Prompts to left-padded ids of one fixed length (the longest prompt of the source), so
     every batch has the same shape."""
@@ -106,6 +128,7 @@ class PromptEncoder:
         if self.pad_token_id is None:
             self.pad_token_id = tokenizer.eos_token_id
         encoded = tokenizer(prompts).input_ids
+        _check_known(tokenizer, prompts, encoded)
         self.backend = _backend(tokenizer, prompts, encoded)
         lengths = [len(ids) for ids in encoded]
         self.length = max(lengths)
@@ -158,6 +181,7 @@ class GroupGenerator:
         # any and returns the version held (RolloutLoop.refresh); None: one version a batch.
         self.refresh: Callable[[], int] | None = None
         self.swaps = 0  # in-flight swaps made
+        self.columns = source.columns  # what the reward functions get besides the texts
         self.syncs_per_decode_step: float | None = None
         self.sync_sites: list[str] = []
         self._filled = 0
@@ -199,7 +223,7 @@ class GroupGenerator:
         texts, lengths = self.decode(batch)
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]
-        columns = {k: [row[k] for row in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
+        columns = {k: [row.get(k) for row in rows for _ in range(G)] for k in self.columns}
         rewards = self.rewards(repeated, texts, columns)
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
         batch.reward_mean = sum(rewards) / len(rewards)

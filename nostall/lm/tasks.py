@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import numbers
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,17 @@ class PromptSource:
                     for _ in range(n)]  # fmt: skip
         return [self.rows[self.rng.randrange(len(self.rows))] for _ in range(n)]
 
+    @property
+    def columns(self) -> list[str]:
+        """The columns besides `prompt` the reward functions get, every row's (a row without
+        one gives None there, as TRL passes it)."""
+        if self.generate is not None:
+            return ["answer"]
+        names: dict[str, None] = {}
+        for row in self.rows:
+            names.update(dict.fromkeys(k for k in row if k != "prompt"))
+        return list(names)
+
     def all_prompts(self) -> list[str]:
         """Every prompt the source can give (for a dataset) or a sample (for a generator)."""
         if self.generate is not None:
@@ -123,33 +135,57 @@ def _checked(rows: list[dict], where: str) -> PromptSource:
 
 
 def dataset_source(path: str) -> PromptSource:
-    """Prompts from a local JSONL file (one object a line) or a dataset saved with `datasets`
-    (`save_to_disk`, a folder): a `prompt` column, and any other columns passed to the reward
-    functions as keyword arguments."""
+    """Prompts from a local JSONL file (one object a line), a Parquet or CSV file, or a dataset
+    saved with `datasets` (`save_to_disk`, a folder; a DatasetDict's `train` split): a `prompt`
+    column, and any other columns passed to the reward functions as keyword arguments."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"dataset {path!r} does not exist")
-    if p.is_dir():
+    if p.is_dir() or p.suffix in (".parquet", ".csv"):
+        return _checked(_datasets_rows(p), path)
+    if p.suffix not in JSON_SUFFIXES:
+        raise ValueError(f"dataset {path!r}: a JSONL file ({', '.join(JSON_SUFFIXES)}), a "
+                         "Parquet or CSV file, or a folder saved with datasets' "
+                         "save_to_disk")  # fmt: skip
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"dataset {path!r} is not UTF-8 text ({e.reason} at byte {e.start}): "
+                         "a JSONL file is expected for this name") from None  # fmt: skip
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            import datasets
-        except ImportError:
-            raise ValueError(
-                f"dataset {path!r} is a folder: reading it needs the `datasets` package"
-            ) from None
-        rows = [dict(row) for row in datasets.load_from_disk(str(p))]
-    else:
-        rows = []
-        for number, line in enumerate(p.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"dataset {path}, line {number}: not JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"dataset {path}, line {number}: not a JSON object")
-            rows.append(row)
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"dataset {path}, line {number}: not JSON ({e})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"dataset {path}, line {number}: not a JSON object")
+        rows.append(row)
     return _checked(rows, path)
+
+
+JSON_SUFFIXES = (".jsonl", ".json", "")
+
+
+def _datasets_rows(p: Path) -> list[dict]:
+    """Rows of a `save_to_disk` folder (a DatasetDict's `train` split, as TRL trains on) or of a
+    Parquet or CSV file, read with the `datasets` package."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"dataset {str(p)!r}: reading it needs the `datasets` package") from None
+    if p.is_dir():
+        loaded = datasets.load_from_disk(str(p))
+        if isinstance(loaded, datasets.DatasetDict):
+            if "train" not in loaded:
+                raise ValueError(f"dataset {str(p)!r} holds the splits {sorted(loaded)}; its "
+                                 "`train` split is what a run reads")  # fmt: skip
+            loaded = loaded["train"]
+    else:
+        loaded = datasets.load_dataset(p.suffix[1:], data_files=str(p), split="train")
+    return [dict(row) for row in loaded]
 
 
 def load_reward(spec: str) -> RewardFn:
@@ -160,7 +196,8 @@ def load_reward(spec: str) -> RewardFn:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"reward {spec!r}: cannot import {module_name!r} ({e})") from None
+        raise ValueError(f"reward {spec!r}: cannot import {module_name!r} ({e}; looked in the "
+                         f"working directory and on sys.path)") from None  # fmt: skip
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"reward {spec!r}: {module_name} has no function {attr!r}")
@@ -180,10 +217,15 @@ class Rewards:
         self.functions, self.weights = list(functions), weights
 
     def __call__(self, prompts: list[str], completions: list[str], columns: dict) -> list[float]:
+        """The weighted sum over the functions of each completion's rewards. As in TRL, None
+        (or NaN) from a function means "not applicable": it adds nothing (TRL's nansum), and
+        a completion no function applies to gets 0."""
         total = [0.0] * len(completions)
         for fn, weight in zip(self.functions, self.weights, strict=True):
             name = getattr(fn, "__name__", repr(fn))
             values = fn(prompts=prompts, completions=completions, **columns)
+            if hasattr(values, "tolist"):  # a NumPy array or a tensor
+                values = values.tolist()
             if not isinstance(values, list | tuple) or len(values) != len(completions):
                 got = len(values) if isinstance(values, list | tuple) else type(values).__name__
                 raise ValueError(
@@ -191,7 +233,16 @@ class Rewards:
                     "completions (it must return one float per completion)"
                 )
             for i, v in enumerate(values):
-                if v is None or not math.isfinite(float(v)):
+                if v is None:
+                    continue
+                if not isinstance(v, numbers.Real):  # (NumPy's scalars are, strings not)
+                    raise ValueError(f"reward function {name} returned {v!r} for completion "
+                                     f"{i} (a number or None, not a string or another "
+                                     "type)")  # fmt: skip
+                v = float(v)
+                if math.isnan(v):
+                    continue
+                if math.isinf(v):
                     raise ValueError(f"reward function {name} returned {v!r} for completion {i}")
                 total[i] += weight * float(v)
         return total

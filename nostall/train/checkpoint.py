@@ -25,6 +25,18 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used, with the reason."""
 
 
+def check_path_template(path: str | None, flag: str, placeholder: str) -> None:
+    """ValueError naming `flag` when a checkpoint path has a placeholder other than
+    `{placeholder}` (or a brace that is not one): found now, not at the first save."""
+    if path is None:
+        return
+    try:
+        path.format(**{placeholder: 1})
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"{flag} {path!r}: the only placeholder is {{{placeholder}}} "
+                         f"({type(e).__name__}: {e})") from None  # fmt: skip
+
+
 def save(path: str | Path, algorithm: str, args: dict, state: dict) -> None:
     """Writes atomically: a crash mid-write leaves the previous file intact."""
     buffer = io.BytesIO()

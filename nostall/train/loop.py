@@ -87,7 +87,8 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
         clock.ready = time.perf_counter()
         for step in range(hooks.first_step, last + 1):
             hooks.begin_step(step)
-            watched = config.watch_syncs and step in WATCHED_STEPS
+            # (The run's own steps: a resumed run watches its 3rd and 4th too.)
+            watched = config.watch_syncs and step - hooks.first_step + 1 in WATCHED_STEPS
             with contextlib.ExitStack() as watch_scope:
                 watch = watch_scope.enter_context(SyncWatch(hooks.model)) if watched else None
                 slot, chunk = runtime.next_chunk()

@@ -6,6 +6,8 @@ says what to plot and report (nostall.train.result), so nothing here knows an al
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 from nostall.train.result import TrainResult
@@ -17,32 +19,35 @@ BAR_FIGURES = {"steps_per_second": ("steps/s", "{:.0f}"), "episode_return": ("re
 
 
 class Progress:
-    """tqdm bar plus TensorBoard scalars, fed by the trainer's log callback (progress in the
-    algorithm's unit: environment steps, or generation batches)."""
+    """TensorBoard scalars and, unless `bar` is False, a tqdm bar, fed by the trainer's log
+    callback (progress in the algorithm's unit: environment steps, or generation batches).
+    Each run writes its own folder under out_dir/tensorboard/ (its start time and process), so
+    two runs into one output folder stay two runs in TensorBoard."""
 
-    def __init__(self, total: int, out_dir: Path, unit: str = "step", first: int = 0):
+    def __init__(self, total: int, out_dir: Path, unit: str = "step", first: int = 0,
+                 bar: bool = True):  # fmt: skip
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, initial=first, unit=unit, dynamic_ncols=True)
-        self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+        self.bar = tqdm(total=total, initial=first, unit=unit, dynamic_ncols=True) if bar else None
+        run = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.log_dir = Path(out_dir) / "tensorboard" / run
+        self.writer = SummaryWriter(str(self.log_dir))
         self._last = first
 
     def __call__(self, progress: int, metrics: dict[str, float]) -> None:
-        self.bar.update(progress - self._last)
+        if self.bar is not None:
+            self.bar.update(progress - self._last)
+            shown = {key: figure for key, figure in BAR_FIGURES.items() if key in metrics}
+            self.bar.set_postfix({name: form.format(metrics[key])
+                                  for key, (name, form) in shown.items()})  # fmt: skip
         self._last = progress
-        self.bar.set_postfix(
-            {
-                name: form.format(metrics[key])
-                for key, (name, form) in BAR_FIGURES.items()
-                if key in metrics
-            }
-        )
         for name, value in metrics.items():
             self.writer.add_scalar(f"train/{name}", value, progress)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
         self.writer.close()
 
 

@@ -218,8 +218,12 @@ def _reward_wrong_length(prompts, completions, **kw):
     return [0.0]
 
 
-def _reward_nan(prompts, completions, **kw):
-    return [float("nan")] * len(completions)
+def _reward_inf(prompts, completions, **kw):
+    return [float("inf")] * len(completions)
+
+
+def _reward_text(prompts, completions, **kw):
+    return ["1.0"] * len(completions)
 
 
 @pytest.mark.parametrize(
@@ -250,7 +254,8 @@ def test_bad_input_is_named(change, message):
 @pytest.mark.parametrize(
     "reward,message",
     [("_reward_wrong_length", "returned 1 values for 16 completions"),
-     ("_reward_nan", "returned nan for completion 0"),
+     ("_reward_inf", "returned inf for completion 0"),
+     ("_reward_text", "_reward_text returned '1.0' for completion 0 \\(a number or None"),
      ("_reward_raises", "the reward server is down")],
 )  # fmt: skip
 def test_a_failing_reward_stops_the_run_with_its_cause(reward, message):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from nostall.ops.losses import GROUP_SCALES
+from nostall.train.checkpoint import check_path_template
 
 # TRL's loss_type -> clipped_policy_loss's aggregation.
 AGGREGATIONS = {
@@ -20,7 +22,8 @@ AGGREGATIONS = {
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "target_reward", "watch_syncs", "backend",
-             "output_dir"}  # fmt: skip
+             "output_dir", "torch_threads"}  # fmt: skip
+# (Not the device: the sampling generator's state is the device's kind of generator.)
 
 
 @dataclass
@@ -39,7 +42,7 @@ class GRPOConfig:
     reward: str | None = None
     """reward functions as module:function, comma-separated (TRL's signature); default: the
     task's partial-credit reward against the `answer` column"""
-    reward_weights: str | None = None
+    reward_weights: str | list[float] | None = None
     """weights of the reward functions, comma-separated (default: 1 each)"""
     steps: int = 500
     """generation batches to train on (one or more optimizer steps each)"""
@@ -201,6 +204,23 @@ class GRPOConfig:
         if self.scale_rewards not in GROUP_SCALES:
             raise ValueError(f"--scale-rewards must be group, batch or none, got "
                              f"{self.scale_rewards!r}")  # fmt: skip
+        check_path_template(self.checkpoint, "--checkpoint", "step")
+        self.weights()
+
+    def weights(self) -> list[float] | None:
+        """reward_weights as numbers (a list, or the command's "1,0.5"); ValueError for a
+        weight that is not a finite number."""
+        weights = self.reward_weights
+        if weights is None:
+            return None
+        try:
+            values = [float(w) for w in (weights.split(",") if isinstance(weights, str)
+                                         else weights)]  # fmt: skip
+        except (TypeError, ValueError):
+            raise ValueError(f"--reward-weights must be numbers, got {weights!r}") from None
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"--reward-weights must be finite numbers, got {weights!r}")
+        return values
 
 
 def _flag(name: str) -> str:

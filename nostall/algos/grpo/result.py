@@ -40,6 +40,16 @@ class GRPOResult(TrainResult):
             self.steps_to_target = len(self.rewards)
             self.time_to_target_s = self.step_times[-1]
 
+    def find_target(self, target: float, window: int = 10) -> None:
+        """steps_to_target / time_to_target_s over the rewards so far (a resumed run's, from
+        its checkpoint: the first crossing, not the first step after the resume)."""
+        rewards, times = self.rewards, self.step_times
+        self.steps_to_target = self.time_to_target_s = None
+        for end in range(window, len(rewards) + 1):
+            if sum(rewards[end - window : end]) / window >= target:
+                self.steps_to_target, self.time_to_target_s = end, times[end - 1]
+                return
+
     def summary(self) -> dict:
         args = self.args
         recent = self.rewards[-10:]

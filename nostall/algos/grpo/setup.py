@@ -45,12 +45,10 @@ class Inputs:
 
 
 def _rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
-    weights = args.reward_weights
-    if isinstance(weights, str):
-        try:
-            weights = [float(w) for w in weights.split(",")]
-        except ValueError:
-            raise ValueError(f"--reward-weights must be numbers, got {weights!r}") from None
+    weights = args.weights()
+    if weights is not None and inputs.reward_funcs is None and not args.reward:
+        raise ValueError("--reward-weights weighs the functions of --reward (reward_funcs): "
+                         "give them, or leave the weights out")  # fmt: skip
     if inputs.reward_funcs is not None:
         return Rewards(inputs.reward_funcs, weights)
     if not args.reward:

@@ -61,7 +61,13 @@ class GRPOTrainer:
             saved_args, state = checkpoint.load(args.resume, self.algorithm)
             saved_args.setdefault("entropy_coef", 0.0)  # saved before the bonus existed: none
             checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
-            self.first_step = restore(self.setup, state, self.result) + 1
+            saved_step = restore(self.setup, state, self.result)
+            if args.steps <= saved_step:
+                raise ValueError(f"--steps {args.steps} is not past the checkpoint's step "
+                                 f"{saved_step}: nothing would be trained (give --steps above "
+                                 f"{saved_step})")  # fmt: skip
+            self.first_step = saved_step + 1
+            self.result.find_target(args.target_reward)
             steps = self.result.step_times
             self._offset = steps[-1] if steps else 0.0
         self._lags: list[int] = []

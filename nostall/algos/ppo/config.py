@@ -10,6 +10,7 @@ import torch
 
 from nostall.algos.ppo.policies import POLICIES
 from nostall.envs.backends import BACKENDS as ENV_BACKENDS
+from nostall.train.checkpoint import check_path_template
 
 
 @dataclass
@@ -215,6 +216,7 @@ class PPOConfig:
             raise ValueError(f"the minibatch ({self.batch_size // self.num_minibatches} samples) "
                              "must split evenly "
                              f"over {self.trainers} trainers")  # fmt: skip
+        check_path_template(self.checkpoint, "checkpoint", "iteration")
         try:
             device = torch.device(self.device)
         except RuntimeError:
