@@ -58,9 +58,12 @@ class LanguageModel:
         """Special tokens other than `<eos>`: never sampled into a completion (a policy that
         emits `<pad>` or `<bos>` could hack a reward that strips special tokens), and ids past
         the tokenizer's vocabulary (padding rows of the embedding)."""
-        special = set(self.tokenizer.all_special_ids) - {self.eos_token_id}
+        vocab = self.vocab_size
+        # A special token past the embedding (a reloaded Qwen2 tokenizer adds an unknown token
+        # the model has no row for) cannot be sampled anyway: only the model's rows are banned.
+        special = {i for i in self.tokenizer.all_special_ids if i < vocab} - {self.eos_token_id}
         known = len(self.tokenizer)
-        return sorted(special | set(range(known, self.vocab_size)))
+        return sorted(special | set(range(known, vocab)))
 
 
 def char_tokenizer():

@@ -138,3 +138,37 @@ def test_a_prompt_the_tokenizer_cannot_read_is_refused():
     with pytest.raises(ValueError, match="prompt 'xyz=' has text the tokenizer does not know"):
         GRPOTrainer(model="tiny", reward_funcs=_answer_or_none,
                     train_dataset=[{"prompt": "xyz="}], args=GRPOConfig(**FAST))  # fmt: skip
+
+
+def test_a_run_trains_on_from_the_model_it_saved(tmp_path):
+    """The saved tokenizer reloads with an unknown token the model has no row for (Qwen2's
+    tokenizer class adds one): it is not banned past the vocabulary, and the run goes on."""
+    GRPOTrainer(args=GRPOConfig(**FAST, output_dir=str(tmp_path / "first"))).train()
+    again = GRPOTrainer(model=str(tmp_path / "first" / "model"), args=GRPOConfig(**FAST)).train()
+    assert len(again.rewards) == FAST["steps"]
+
+
+def test_a_failed_model_save_leaves_no_half_model(tmp_path, monkeypatch):
+    """A full disk mid-save (EFBIG after config.json) leaves no folder that looks like a model,
+    and a model saved before stays whole."""
+    import errno
+
+    trainer = GRPOTrainer(args=GRPOConfig(**FAST))
+    trainer.train()
+    out = tmp_path / "model"
+    trainer.save_model(out)
+    before = sorted(p.name for p in out.iterdir())
+    model = trainer.model
+
+    def full_disk(path, **kwargs):
+        model.config.save_pretrained(path)
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(model, "save_pretrained", full_disk)
+    with pytest.raises(OSError, match="File too large"):
+        trainer.save_model(out)
+    assert sorted(p.name for p in out.iterdir()) == before  # the earlier model, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # nothing half-written beside it
+    with pytest.raises(OSError):
+        trainer.save_model(tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()

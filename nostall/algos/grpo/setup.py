@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -212,9 +215,26 @@ def restore(setup: Setup, state: dict, result: GRPOResult) -> int:
 
 
 def save_model(setup: Setup, out_dir) -> None:
-    """The trained model and its tokenizer, loadable with transformers' from_pretrained."""
-    model = setup.lm.model
-    # The optimizer keeps parameters as views of one flat buffer: save standalone copies.
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.save_pretrained(out_dir, state_dict=state)
-    setup.lm.tokenizer.save_pretrained(out_dir)
+    """The trained model and its tokenizer, loadable with transformers' from_pretrained,
+    written beside out_dir and renamed into place: a failed write (a full disk) leaves no
+    folder that looks like a model, and the one there before, if any, intact."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.writing-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        model = setup.lm.model
+        # The optimizer keeps parameters as views of one flat buffer: save standalone copies.
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model.save_pretrained(staging, state_dict=state)
+        setup.lm.tokenizer.save_pretrained(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out_dir.exists():  # the previous model goes only once the new one is whole
+        previous = out_dir.with_name(f".{out_dir.name}.previous-{os.getpid()}")
+        out_dir.rename(previous)
+        staging.rename(out_dir)
+        shutil.rmtree(previous, ignore_errors=True)
+    else:
+        staging.rename(out_dir)
