@@ -79,6 +79,9 @@ class LoopRuntime:
     def boundary(self):
         return self.loop.boundary()
 
+    def expect(self, total: int) -> None:
+        self.loop.expect(total)
+
     # -- checkpoints (inside `boundary()`) -----------------------------------------------------
     def state_dict(self) -> dict:
         state = {

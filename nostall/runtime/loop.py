@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,11 +73,14 @@ class RolloutLoop:
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
         self._join_timeout_s = join_timeout_s
+        self.limit: int | None = None  # chunks the trainer will take in all (expect)
 
     # -- the rollout side ----------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self.channel.stop.is_set():
+                if self.limit is not None and self.chunks_collected >= self.limit:
+                    return  # the trainer's last chunk is filled: nothing more to start
                 self.weights.wait_for(self.chunks_collected - self.staleness, self.channel.stop)
                 self.channel.check()
                 index = self._free.get()
@@ -189,12 +193,23 @@ class RolloutLoop:
         self._thread.start()
         return self
 
+    def expect(self, total: int) -> None:
+        """The trainer will take `total` chunks in all (counting those of the run resumed): the
+        rollout side starts none after the last, so the run ends with its last update instead
+        of waiting for a chunk nobody takes."""
+        self.limit = total
+
     def close(self) -> None:
+        """Stops the rollout side. A fill still running after the join timeout (a long batch of
+        generation, a slow reward) is left to end on its own: the thread is a daemon, it starts
+        nothing more, and the trainer's results are not lost to it."""
         self.channel.stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self._join_timeout_s)
             if self._thread.is_alive():
-                raise RuntimeError("the rollout thread did not stop")
+                warnings.warn(f"the rollout thread is still inside a chunk after "
+                              f"{self._join_timeout_s:g} s; it ends when that chunk does",
+                              RuntimeWarning, stacklevel=2)  # fmt: skip
             self._thread = None
 
     def __enter__(self) -> RolloutLoop:

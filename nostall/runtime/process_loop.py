@@ -49,6 +49,7 @@ class _SharedWeights:
         self.version = ctx.Value("q", 0)  # the version of the weights in `tensors`
         self.progress = ctx.Value("q", 0)  # updates the trainer has done
         self.pulls = ctx.Value("q", 0)  # weight checks the child has made (one per chunk)
+        self.limit = ctx.Value("q", 0)  # chunks the trainer will take in all (0: no end)
         self.lock = ctx.Lock()
 
     @contextlib.contextmanager
@@ -106,7 +107,9 @@ def _fill_chunks(make_side: Callable, slots: list, weights: _SharedWeights, free
 
         side.refresh = refresh
     while not stop.is_set():
-        while weights.progress.value < collected - staleness and not stop.is_set():
+        # (Also where it stays once the trainer's last chunk is filled: it starts no more.)
+        while (weights.progress.value < collected - staleness
+               or 0 < weights.limit.value <= collected) and not stop.is_set():  # fmt: skip
             # Waiting for the next version is the one point where this side is between chunks
             # and stays there until the trainer publishes: checkpoints are taken here.
             alive()
@@ -220,6 +223,10 @@ class ProcessLoop:
 
     def lag(self, chunk: Any) -> int:
         return self.version - chunk.version
+
+    def expect(self, total: int) -> None:
+        """The trainer will take `total` chunks in all: the rollout process starts none after."""
+        self._weights.limit.value = total
 
     # -- checkpoints ---------------------------------------------------------------------------
     @contextlib.contextmanager

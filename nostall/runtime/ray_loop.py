@@ -125,6 +125,7 @@ class RayLoop:
         self._seq = [0] * num_workers
         self._held = False  # inside boundary(): no request is made
         self._resume: dict | None = None  # a checkpoint's state, applied at start
+        self.limit: int | None = None  # chunks the trainer will take in all (expect)
         self._started_ray = False
         self._reaper: Reaper | None = None
         self.workers: list = []
@@ -236,8 +237,11 @@ class RayLoop:
 
     def _issue(self) -> None:
         """Requests slots while the staleness bound allows, slot k from worker k mod K."""
-        # Requests lost with a worker are not trained on: they do not count against the bound.
+        # Requests lost with a worker are not trained on: they do not count against the bound
+        # (nor against the chunks the trainer will take in all, `expect`).
         while not self._held and self.version >= self.requested - len(self._lost) - self.staleness:
+            if self.limit is not None and self.requested - len(self._lost) >= self.limit:
+                return
             worker = self.requested % self.num_workers
             fresh = self._worker_version[worker] < self._weights_version
             weights = self._weights_ref if fresh and self._sender is None else None
@@ -302,6 +306,10 @@ class RayLoop:
         copy_numpy(slot.tensors(), result["tensors"])
         slot.load_host_state(result["host"])
         slot.version, slot.worker, slot.seq = result["version"], result["worker"], result["seq"]
+
+    def expect(self, total: int) -> None:
+        """The trainer will take `total` chunks in all: no request is made after the last."""
+        self.limit = total
 
     def release(self, index: int) -> None:
         self._free.append(index)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
@@ -71,6 +71,8 @@ class Hooks(Protocol):
                    clock: Clock) -> tuple[int, dict[str, float]]: ...  # fmt: skip
     def solved(self) -> bool: ...
     def finish(self, clock: Clock, end: float) -> TrainResult: ...
+    def completed(self, result: TrainResult) -> None: ...  # saves what the run leaves behind
+    def interrupted(self) -> None: ...  # saves the last completed step's model
 
 
 def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = None) -> TrainResult:
@@ -78,66 +80,83 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
     log_interval steps; stops at the first log once solved (with stop_when_solved) or past
     `time_limit_s` seconds of the run."""
     config, runtime, result = hooks.config, hooks.runtime, hooks.result
-    syncs: list[int] = []
+    syncs: list[int] = []  # unintended syncs of each watched step
     if config.watch_syncs:
         SyncWatch.prepare()  # outside the run's clock
     clock = Clock(time.perf_counter())
     last = hooks.last_step
+    runtime.expect(last)  # the rollout side starts no chunk past the last step's
     with hooks.running():
         clock.ready = time.perf_counter()
-        for step in range(hooks.first_step, last + 1):
-            hooks.begin_step(step)
-            # (The run's own steps: a resumed run watches its 3rd and 4th too.)
-            watched = config.watch_syncs and step - hooks.first_step + 1 in WATCHED_STEPS
-            with contextlib.ExitStack() as watch_scope:
-                watch = watch_scope.enter_context(SyncWatch(hooks.model)) if watched else None
-                slot, chunk = runtime.next_chunk()
-                if watch is not None:  # the chunk's tensors are the device tensors they are
-                    watch.mark(*hooks.device_tensors(chunk))  # on a GPU
-                began = time.perf_counter()
-                metrics = hooks.update(chunk, step)
-                lag = runtime.lag(chunk)
-                logging = step % config.log_interval == 0 or step == last
-                hooks.record(chunk, lag, logging)  # before the release: the slot is refilled
-                runtime.release(slot)
-                saving = config.checkpoint and (step % config.checkpoint_every == 0 or step == last)
-                with runtime.boundary() if saving else contextlib.nullcontext():
-                    runtime.publish(hooks.model, weights=hooks.publishes(step))
-                    watch_scope.close()
-                    hooks.at_boundary(step, clock)
-                    if saving:
-                        checkpoint.save(hooks.checkpoint_path(step), hooks.algorithm,
-                                        _plain(config), hooks.snapshot(step))  # fmt: skip
-            if watch is not None:
-                report = watch.report()
-                syncs.append(report.unintended_count)
-                result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
-            runtime.timeline.record("train", began, time.perf_counter())
-            if logging:
-                with allow("metrics every log_interval steps"):
-                    values = {k: float(v) for k, v in metrics.items()}  # sync: logging
-                progress, values = hooks.log_values(step, values, lag, clock)
-                result.metrics = values
-                if log is not None:
-                    log(progress, values)
-                if config.stop_when_solved and hooks.solved():
-                    break
-                if time_limit_s is not None and time.perf_counter() - clock.ready > time_limit_s:
-                    break
-        # The run ends with its last update: closing the rollout side (joining a thread, a
-        # process, shutting down a local Ray cluster) is not training time.
-        end = time.perf_counter()
-    result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
-    result.timeline = list(runtime.timeline.spans)
-    loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
-    if loss is not None:
-        result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
-    return hooks.finish(clock, end)
+        try:
+            end = _steps(hooks, log, time_limit_s, clock, syncs)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM: the last step's model kept
+            hooks.interrupted()
+            raise
+        result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
+        result.timeline = list(runtime.timeline.spans)
+        loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
+        if loss is not None:
+            result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
+        result = hooks.finish(clock, end)
+        # Saved before the rollout side is closed: a close that fails (a worker's late error)
+        # costs the run nothing.
+        hooks.completed(result)
+    return result
+
+
+def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: Clock,
+           syncs: list[int]) -> float:  # fmt: skip
+    """The steps, in the order every trainer shares; returns the clock when the last update
+    ended."""
+    config, runtime, result = hooks.config, hooks.runtime, hooks.result
+    last = hooks.last_step
+    for step in range(hooks.first_step, last + 1):
+        hooks.begin_step(step)
+        # (The run's own steps: a resumed run watches its 3rd and 4th too.)
+        watched = config.watch_syncs and step - hooks.first_step + 1 in WATCHED_STEPS
+        with contextlib.ExitStack() as watch_scope:
+            watch = watch_scope.enter_context(SyncWatch(hooks.model)) if watched else None
+            slot, chunk = runtime.next_chunk()
+            if watch is not None:  # the chunk's tensors are the device tensors they are
+                watch.mark(*hooks.device_tensors(chunk))  # on a GPU
+            began = time.perf_counter()
+            metrics = hooks.update(chunk, step)
+            lag = runtime.lag(chunk)
+            logging = step % config.log_interval == 0 or step == last
+            hooks.record(chunk, lag, logging)  # before the release: the slot is refilled
+            runtime.release(slot)
+            saving = config.checkpoint and (step % config.checkpoint_every == 0 or step == last)
+            with runtime.boundary() if saving else contextlib.nullcontext():
+                runtime.publish(hooks.model, weights=hooks.publishes(step))
+                watch_scope.close()
+                hooks.at_boundary(step, clock)
+                if saving:
+                    checkpoint.save(hooks.checkpoint_path(step), hooks.algorithm,
+                                    _plain(config), hooks.snapshot(step))  # fmt: skip
+        if watch is not None:
+            report = watch.report()
+            syncs.append(report.unintended_count)
+            result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
+        runtime.timeline.record("train", began, time.perf_counter())
+        if logging:
+            with allow("metrics every log_interval steps"):
+                values = {k: float(v) for k, v in metrics.items()}  # sync: logging
+            progress, values = hooks.log_values(step, values, lag, clock)
+            result.metrics = values
+            if log is not None:
+                log(progress, values)
+            if config.stop_when_solved and hooks.solved():
+                break
+            if time_limit_s is not None and time.perf_counter() - clock.ready > time_limit_s:
+                break
+    # The run ends with its last update: closing the rollout side (joining a thread, a
+    # process, shutting down a local Ray cluster) is not training time.
+    end = time.perf_counter()
+    return end
 
 
 def _plain(config: Any) -> dict:
     """A config's fields as checkpoint arguments (plain values: the header loads with
     weights_only)."""
-    from dataclasses import asdict
-
     return asdict(config)

@@ -83,10 +83,7 @@ class GRPOTrainer:
         """Runs the loop, calling log(step, metrics) every log_interval steps (stopping at the
         first log past `time_limit_s` seconds, when given); with an output_dir, writes the
         model and the report there (`self.report`: its text)."""
-        result = loop.run(self, log, time_limit_s)
-        if self.config.output_dir:
-            self.write_outputs(Path(self.config.output_dir))
-        return result
+        return loop.run(self, log, time_limit_s)
 
     def save_model(self, out_dir) -> None:
         """The trained model and its tokenizer, loadable with transformers' from_pretrained."""
@@ -159,6 +156,15 @@ class GRPOTrainer:
 
     def solved(self) -> bool:
         return self.result.steps_to_target is not None
+
+    def completed(self, result: GRPOResult) -> None:
+        if self.config.output_dir:
+            self.write_outputs(Path(self.config.output_dir))
+
+    def interrupted(self) -> None:
+        """The model as it is (the last completed update's), when the run has an output_dir."""
+        if self.config.output_dir:
+            self.save_model(Path(self.config.output_dir) / "model")
 
     def finish(self, clock: Clock, end: float) -> GRPOResult:
         result = self.result

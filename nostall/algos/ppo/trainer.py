@@ -103,11 +103,10 @@ class PPOTrainer:
     def train(self, log: LogFn | None = None) -> PPOResult:
         """Runs the loop, calling log(env_steps, metrics) every log_interval iterations; with
         an output_dir, writes the policy and the report there (`self.report`: its text)."""
-        result = loop.run(self, log)
-        self.env.close()
-        if self.config.output_dir:
-            self.write_outputs(Path(self.config.output_dir))
-        return result
+        try:
+            return loop.run(self, log)
+        finally:
+            self.env.close()
 
     def write_outputs(self, out_dir: Path) -> str:
         """policy.pt (nostall.algos.ppo.policy.load_policy), the report and its plots."""
@@ -189,6 +188,17 @@ class PPOTrainer:
 
     def solved(self) -> bool:
         return self.result.solved_at is not None
+
+    def completed(self, result: PPOResult) -> None:
+        if self.config.output_dir:
+            self.write_outputs(Path(self.config.output_dir))
+
+    def interrupted(self) -> None:
+        """The policy as it is (the last completed update's), when the run has an output_dir."""
+        if self.config.output_dir:
+            out_dir = Path(self.config.output_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            save_policy(policy_record(self.agent, self.env, self.config), out_dir / "policy.pt")
 
     def finish(self, clock: Clock, end: float) -> PPOResult:
         result = self.result
