@@ -7,8 +7,11 @@ The trainer is rank 0 of a process group of its own (a TCPStore and a ProcessGro
 ProcessGroupNCCL, not torch.distributed's default group, which data-parallel trainer ranks
 use). Each published version is one flat buffer [version, weights...], broadcast in order by a
 sender thread, so `publish` never waits for a worker. Each worker receives every broadcast in
-a thread of its own into a double buffer; a fill asked for version v waits until it holds v or
-newer. A failure on either side is raised at the next publish or fill, with its cause."""
+a thread of its own, one buffer a version; a fill asked for version v waits until it holds v
+and loads exactly v, as the store's fills do (a broadcast that ran ahead of the fills keeps its
+buffer for the fill that asks for it), so both transports train the same run. A worker's fills
+ask for versions in order, so the buffers of versions older than its last load are reused. A
+failure on either side is raised at the next publish or fill, with its cause."""
 
 from __future__ import annotations
 
@@ -73,15 +76,17 @@ class Sender:
 
 
 class Receiver:
-    """A worker (rank r > 0): receives every broadcast into a double buffer from a thread;
-    `load(model, version)` waits until it holds `version` or newer and loads it."""
+    """A worker (rank r > 0): receives every broadcast from a thread, one buffer a version;
+    `load(model, version)` waits until it holds `version` and loads exactly it."""
 
     def __init__(self, host: str, port: int, rank: int, world: int, numel: int,
                  device: torch.device):  # fmt: skip
         self._group = _group(host, port, rank, world, device)
-        self._buffers = [torch.empty(1 + numel, device=device) for _ in range(2)]
-        self._newest = -1  # which buffer holds the newest version (-1: none yet)
-        self._version = -1
+        self._shape, self._device = (1 + numel,), device
+        # Versions received and not yet passed by a load, and buffers free for the next ones:
+        # a broadcast runs at most `staleness + 1` versions ahead of this worker's fills.
+        self._received: dict[int, torch.Tensor] = {}
+        self._spare: list[torch.Tensor] = []
         self._cond = threading.Condition()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="nostall-weights", daemon=True)
@@ -90,12 +95,13 @@ class Receiver:
     def _run(self) -> None:
         try:
             while True:
-                target = 0 if self._newest < 0 else 1 - self._newest  # not the one loads read
-                _broadcast(self._group, self._buffers[target])
                 with self._cond:
-                    self._newest = target
+                    spare = self._spare.pop() if self._spare else None
+                buffer = torch.empty(self._shape, device=self._device) if spare is None else spare
+                _broadcast(self._group, buffer)  # (into a buffer no load reads)
+                with self._cond:
                     # sync: the version number, once per broadcast, in this receiving thread
-                    self._version = int(self._buffers[target][0])
+                    self._received[int(buffer[0])] = buffer
                     self._cond.notify_all()
         except BaseException as e:
             with self._cond:
@@ -103,20 +109,21 @@ class Receiver:
                 self._cond.notify_all()
 
     def load(self, model: torch.nn.Module, version: int, timeout_s: float = JOIN_TIMEOUT_S) -> int:
-        """Loads the newest received weights once they are at least `version`; returns the
-        version loaded. The buffer is read under the lock, so the next broadcast (into the
-        other buffer) cannot overwrite it meanwhile."""
+        """Loads the weights of `version` once received; returns it. The buffers of older
+        versions are freed: this worker's later fills ask for `version` or newer."""
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._version >= version or self.error, timeout_s)
+            ok = self._cond.wait_for(lambda: version in self._received or self.error, timeout_s)
             if self.error is not None:
                 raise RuntimeError(f"the weight broadcast failed: {self.error!r}") from self.error
             if not ok:
                 raise RuntimeError(f"weights of version {version} did not arrive within "
                                    f"{timeout_s:.0f} s")  # fmt: skip
-            flat, offset = self._buffers[self._newest], 1
+            flat, offset = self._received[version], 1
             with torch.no_grad():
                 for value in model.state_dict().values():
                     n = value.numel()
                     value.copy_(flat[offset : offset + n].view_as(value))
                     offset += n
-            return self._version
+            for older in [v for v in self._received if v < version]:
+                self._spare.append(self._received.pop(older))
+            return version

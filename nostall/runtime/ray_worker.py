@@ -73,7 +73,7 @@ class Worker:
 
         def pull() -> int:
             if self.receiver is not None:
-                if self.version < version:  # the broadcast of `version` (or newer) loaded
+                if self.version < version:  # the broadcast of `version`, exactly
                     self.receiver.load(self.side.model, version)
             elif weights is not None:
                 copy_numpy(self.side.model.state_dict(), weights)
