@@ -225,7 +225,7 @@ class Rewards:
             name = getattr(fn, "__name__", repr(fn))
             values = fn(prompts=prompts, completions=completions, **columns)
             if hasattr(values, "tolist"):  # a NumPy array or a tensor
-                values = values.tolist()
+                values = values.tolist()  # sync: the reward's own output, read once a batch
             if not isinstance(values, list | tuple) or len(values) != len(completions):
                 got = len(values) if isinstance(values, list | tuple) else type(values).__name__
                 raise ValueError(
