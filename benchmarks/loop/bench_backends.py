@@ -30,10 +30,10 @@ from nostall.algos import appo, ppo
 from nostall.algos.ppo.agent import act, native_rollout
 from nostall.algos.ppo.policies import make_agent
 from nostall.algos.ppo.setup import make_run_env, make_seeded_env
+from nostall.envs.layout import slot_layout
 from nostall.runtime import Runtime
 from nostall.runtime.process import ProcessRuntime
 from nostall.runtime.ray_runtime import RayRuntime
-from nostall.runtime.storage import slot_layout
 
 BACKENDS = {  # name: (backend, num_workers)
     "thread": ("thread", 1),

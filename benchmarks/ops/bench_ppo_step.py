@@ -22,10 +22,11 @@ from bench_policy import report, timeit  # the sibling script's timing (run as a
 import nostall
 import nostall.envs
 from nostall.algos.ppo.agent import ActorCritic, act, native_rollout
+from nostall.envs.layout import slot_layout
 from nostall.ops import reference
 from nostall.optim import ClippedAdam
 from nostall.runtime.rollout import _collect_steps
-from nostall.runtime.storage import Chunk, slot_layout
+from nostall.runtime.storage import Chunk
 
 
 def bench_ppo_loss(m: int, a: int) -> None:

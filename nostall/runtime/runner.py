@@ -28,12 +28,13 @@ from collections.abc import Callable
 import torch
 
 from nostall.envs import VectorEnv
+from nostall.envs.layout import slot_layout
 from nostall.runtime.device import pinned
 from nostall.runtime.env_runtime import LoopRuntime
 from nostall.runtime.env_side import EnvSide
 from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.rollout import ActFn
-from nostall.runtime.storage import rollout_slots, slot_layout
+from nostall.runtime.storage import rollout_slots
 
 
 class Runtime(LoopRuntime):

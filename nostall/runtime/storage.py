@@ -8,8 +8,6 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from nostall.envs.layout import slot_layout  # noqa: F401  (re-exported: the runtime sizes slots with it)
-
 
 @dataclass
 class Chunk:

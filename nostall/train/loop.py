@@ -133,7 +133,7 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
                 hooks.at_boundary(step, clock)
                 if saving:
                     checkpoint.save(hooks.checkpoint_path(step), hooks.algorithm,
-                                    _plain(config), hooks.snapshot(step))  # fmt: skip
+                                    asdict(config), hooks.snapshot(step))  # fmt: skip
         if watch is not None:
             report = watch.report()
             syncs.append(report.unintended_count)
@@ -154,9 +154,3 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
     # process, shutting down a local Ray cluster) is not training time.
     end = time.perf_counter()
     return end
-
-
-def _plain(config: Any) -> dict:
-    """A config's fields as checkpoint arguments (plain values: the header loads with
-    weights_only)."""
-    return asdict(config)

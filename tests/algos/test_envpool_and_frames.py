@@ -11,9 +11,10 @@ from nostall.algos.ppo.evaluate import record
 from nostall.cli import main
 from nostall.envs.backends import make_env
 from nostall.envs.frame_stack import StackFrames
+from nostall.envs.layout import slot_layout
 from nostall.runtime.episodes import EpisodeTracker
 from nostall.runtime.rollout import collect
-from nostall.runtime.storage import rollout_slots, slot_layout
+from nostall.runtime.storage import rollout_slots
 from tests.algos.custom_envs import GraySignEnv, SignEnv, VisualSignEnv
 
 envpool = pytest.importorskip("envpool", reason="EnvPool is not installed")

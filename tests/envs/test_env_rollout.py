@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import nostall.envs
 from nostall.algos.ppo.agent import ActorCritic, native_rollout
-from nostall.runtime.storage import Chunk, slot_layout
+from nostall.envs.layout import slot_layout
+from nostall.runtime.storage import Chunk
 
 ops = torch.ops.nostall
 ENV_IDS = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0"]

@@ -13,7 +13,7 @@ from nostall.algos import appo, ppo
 from nostall.algos.ppo.agent import act
 from nostall.algos.ppo.policies import make_agent
 from nostall.envs.backends import make_env
-from nostall.runtime.storage import slot_layout
+from nostall.envs.layout import slot_layout
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
 from nostall.runtime.ray_runtime import RayRuntime  # noqa: E402

@@ -11,9 +11,10 @@ import torch
 
 from nostall.algos.ppo.config import PPOConfig
 from nostall.algos.ppo.update import ppo_update
+from nostall.envs.layout import slot_layout
 from nostall.optim import ClippedAdam
 from nostall.runtime.device import DeviceChunks
-from nostall.runtime.storage import Chunk, slot_layout
+from nostall.runtime.storage import Chunk
 
 
 class TrainerRanks:

@@ -57,7 +57,6 @@ class PPOTrainer:
             self.env = env if own_env else make_run_env(args)
         except ValueError as e:  # an unknown id, an unsupported space: named, before any run
             raise ValueError(f"env_id: {e}") from e
-        self._own_env = own_env
         if args.checkpoint:
             self.env.state_dict()  # an env that cannot be saved fails now, not at the first save
         info = self.env.info
