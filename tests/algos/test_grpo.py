@@ -161,11 +161,13 @@ def test_a_checkpoint_from_before_the_entropy_bonus_resumes_without_one(tmp_path
         grpo.train(dataclasses.replace(resumed, entropy_coef=0.05))
 
 
-def test_the_entropy_bonus_is_the_aggregated_entropy_times_its_weight():
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo", "grpo"])
+def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type):
     """The update's loss is the surrogate minus entropy_coef times the mean entropy of the
-    sampling distribution over the completion tokens (dapo), the entropy computed here from
-    the full logits; checked for two consecutive batches."""
-    args = grpo.GRPOConfig(**FAST, entropy_coef=0.2)
+    sampling distribution over the completion tokens, a plain token mean whatever the loss
+    type (TRL's entropy_coef), the entropy computed here from the full logits; checked for two
+    consecutive batches."""
+    args = grpo.GRPOConfig(**FAST, entropy_coef=0.2, loss_type=loss_type)
     setup = grpo.build(args)
     batch = setup.loop.slots[0]
     for _ in range(2):
@@ -181,7 +183,10 @@ def test_the_entropy_bonus_is_the_aggregated_entropy_times_its_weight():
             log_prob = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
             advantage = nostall.group_advantages(batch.rewards, setup.group_index,
                                                  args.num_prompts, args.scale_rewards)  # fmt: skip
-            surrogate = nostall.clipped_policy_loss(log_prob, log_prob, advantage, mask).loss
+            surrogate = nostall.clipped_policy_loss(
+                log_prob, log_prob, advantage, mask,
+                aggregation=grpo.AGGREGATIONS[loss_type], max_tokens=mask.shape[1],
+            ).loss  # fmt: skip
         metrics = grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab,
                                    None, False, setup.group_index)  # fmt: skip
         torch.testing.assert_close(metrics["entropy"], want_entropy, rtol=1e-5, atol=1e-6)

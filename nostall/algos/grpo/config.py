@@ -87,9 +87,10 @@ class GRPOConfig:
     """cap of the behaviour importance weight of stale tokens (decoupled objective)"""
     entropy_coef: float = 0.05
     """weight of an entropy bonus: the loss minus entropy_coef times the sampling
-    distribution's entropy per completion token, aggregated as the loss is. It keeps a group's
-    completions from all becoming the same, where their advantages, and so the update, vanish
-    (see benchmarks/RESULTS.md); 0: none, as TRL's GRPOTrainer"""
+    distribution's entropy, a plain mean over the completion tokens whatever the loss type (as
+    TRL's `entropy_coef`). It keeps a group's completions from all becoming the same, where
+    their advantages, and so the update, vanish (see benchmarks/RESULTS.md); 0: none, TRL's
+    default"""
     stop_check_every: int = 0
     """stop generating once every completion ended, checked every this many tokens (a host
     read); 0: always generate max_new_tokens"""

@@ -26,7 +26,7 @@ import weakref
 import torch
 
 from nostall.algos.grpo.config import AGGREGATIONS
-from nostall.algos.grpo.loss import aggregate
+from nostall.algos.grpo.loss import token_mean
 from nostall.decoder_weights import DecoderWeights
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
@@ -86,8 +86,8 @@ class ExplicitUpdate:
     def step(self, batch, advantage: Tensor, args, vocab: SampledVocab | None, decoupled: bool,
              old_log_prob: Tensor | None) -> tuple[Tensor, ...]:  # fmt: skip
         """One optimizer step on `batch`: (log_prob, loss, clip_fraction, approx_kl, entropy),
-        the log-probs before the step, the entropy aggregated as the loss (None without an
-        entropy bonus). `old_log_prob` None: this step's own (the proximal policy)."""
+        the log-probs before the step, the entropy's mean over the completion tokens (None
+        without an entropy bonus). `old_log_prob` None: this step's own (the proximal policy)."""
         d = self.decoder
         G = args.num_generations
         B, C = batch.completion_ids.shape
@@ -123,22 +123,18 @@ class ExplicitUpdate:
             grad_log_prob, scaled, weight, tokens, logsumexp, chunk
         )
         entropy = None
-        if args.entropy_coef:  # the bonus -coef * entropy, aggregated as the surrogate is
+        if args.entropy_coef:  # the bonus -coef * entropy, a plain mean over the tokens (TRL's)
             entropy, entropy_lse = torch.ops.nostall.token_entropy_linear.default(
                 scaled, weight, chunk
             )
-            # Each token's weight in the aggregate, from the surrogate's own adjoint (it scales
-            # a per-token gradient by the aggregation's weights; masked tokens get zero here).
-            bonus_grad = batch.completion_mask.to(entropy.dtype) * -args.entropy_coef
-            grad_entropy = torch.ops.nostall.clipped_policy_loss_backward.default(
-                torch.ones_like(loss), bonus_grad, batch.completion_mask, aggregation, C
-            )
+            mask = batch.completion_mask.to(entropy.dtype)
+            grad_entropy = mask * (-args.entropy_coef / mask.sum().clamp(min=1))
             grad_h, grad_w = torch.ops.nostall.token_entropy_linear_backward.default(
                 grad_entropy, scaled, weight, entropy, entropy_lse, chunk
             )
             grad_scaled += grad_h
             grad_weight += grad_w
-            entropy = aggregate(entropy, batch.completion_mask, args.loss_type, C)
+            entropy = token_mean(entropy, batch.completion_mask)
             loss = loss - args.entropy_coef * entropy
         grads = torch.ops.nostall.decoder_train_backward.default(
             (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1),

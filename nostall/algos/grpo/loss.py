@@ -53,6 +53,13 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str,
     return (per_token * m).sum() / m.sum().clamp(min=1)
 
 
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A [B, C] per-token quantity's mean over the unmasked tokens of the batch (the entropy
+    bonus's reduction whatever the loss type, as TRL's `entropy_coef`)."""
+    m = mask.to(per_token.dtype)
+    return (per_token * m).sum() / m.sum().clamp(min=1)
+
+
 def grpo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor,
               mask: torch.Tensor, args: GRPOConfig, behavior_log_prob: torch.Tensor | None = None,
               ref_log_prob: torch.Tensor | None = None):  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 import nostall
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.explicit_update import explicit_update
-from nostall.algos.grpo.loss import aggregate, grpo_loss, policy_head, policy_log_probs
+from nostall.algos.grpo.loss import grpo_loss, policy_head, policy_log_probs, token_mean
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
@@ -36,7 +36,6 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
     names = METRICS if args.entropy_coef else METRICS[:-1]  # (entropy: computed with a bonus)
     totals = torch.zeros(len(names), device=batch.rewards.device)
     old_log_prob = None
-    C = batch.completion_mask.shape[1]
     for _ in range(args.updates_per_batch):
         if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
             log_prob, loss, clip_fraction, approx_kl, entropy = explicit.step(
@@ -53,8 +52,8 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
             )  # fmt: skip
             entropy = None
             if args.entropy_coef:
-                entropy = aggregate(nostall.token_entropy_linear(hidden, weight),
-                                    batch.completion_mask, args.loss_type, C)  # fmt: skip
+                entropy = token_mean(nostall.token_entropy_linear(hidden, weight),
+                                     batch.completion_mask)  # fmt: skip
                 loss = loss - args.entropy_coef * entropy
             optimizer.zero_grad()
             loss.backward()
