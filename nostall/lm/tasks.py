@@ -62,20 +62,34 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
 
 @dataclass
 class PromptSource:
-    """Rows of prompts with extra columns; draws batches of distinct rows, reproducibly."""
+    """Rows of prompts with extra columns, drawn as TRL's sampler draws them: every row once an
+    epoch, in an order shuffled anew each epoch (a batch may span two epochs); reproducibly
+    from the seed. A task's generator instead draws a fresh prompt each time."""
 
     rows: list[dict]
     generate: Callable[[random.Random], tuple[str, str]] | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    order: list[int] = field(default_factory=list)  # this epoch's row order
+    position: int = 0  # rows of `order` drawn
+    epoch: int = 0  # epochs begun
 
     def seed(self, seed: int) -> None:
         self.rng = random.Random(seed)
+        self.order, self.position, self.epoch = [], 0, 0
 
     def batch(self, n: int) -> list[dict]:
         if self.generate is not None:
             return [dict(zip(("prompt", "answer"), self.generate(self.rng), strict=True))
                     for _ in range(n)]  # fmt: skip
-        return [self.rows[self.rng.randrange(len(self.rows))] for _ in range(n)]
+        drawn = []
+        for _ in range(n):
+            if self.position == len(self.order):  # a new epoch, in a new order
+                self.order = list(range(len(self.rows)))
+                self.rng.shuffle(self.order)
+                self.position, self.epoch = 0, self.epoch + 1
+            drawn.append(self.rows[self.order[self.position]])
+            self.position += 1
+        return drawn
 
     @property
     def columns(self) -> list[str]:
@@ -96,10 +110,18 @@ class PromptSource:
         return [row["prompt"] for row in self.rows]
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.getstate()}
+        return {"rng": self.rng.getstate(), "order": list(self.order),
+                "position": self.position, "epoch": self.epoch}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(_as_tuple(state["rng"]))
+        # (A checkpoint from before epochs drew with replacement: it goes on with a new epoch.)
+        self.order = [int(i) for i in state.get("order", [])]
+        if any(not 0 <= i < len(self.rows) for i in self.order):
+            raise ValueError(f"the checkpoint's prompt order names rows past the dataset's "
+                             f"{len(self.rows)}: it was saved with another dataset")  # fmt: skip
+        self.position = int(state.get("position", len(self.order)))
+        self.epoch = int(state.get("epoch", 0))
 
 
 def _as_tuple(x):
