@@ -13,8 +13,8 @@
 // would); allowed bool [V]; the decoder's weights as decode_step takes them; keys, values
 // [L, B, kv_heads, S, D] with S >= P + C - 1, written in place. Returns completion_ids int64
 // [B, C] (pad_token_id after a row's <eos>), completion_mask bool [B, C] (the sampled tokens,
-// <eos> included) and log_prob float32 [B, C] (each token's log-probability under the sampling
-// distribution; 0 where masked). CPU, float32, inference only.
+// <eos> included) and log_prob float32 [B, C] (each token's log-probability under the untruncated
+// policy, as sample_tokens records it; 0 where masked). CPU, float32, inference only.
 #pragma once
 
 #include <tuple>

@@ -88,10 +88,12 @@ void sample_row(const S* x, int64_t xs, const S* u, int64_t us, const bool* allo
     *log_prob = std::numeric_limits<S>::quiet_NaN();
     return;
   }
+  // The log-prob is the untruncated policy's (every allowed token), as a trainer computes it
+  // from the same logits: truncation chooses which token is drawn, not its recorded probability.
   S sum = S(0);
   for (int64_t v = 0; v < V; ++v) {
     const S xv = x[v * xs] * inv_temperature;
-    if (allowed[v] && xv >= threshold) sum += std::exp(xv - m);
+    if (allowed[v] && xv >= neg_inf) sum += std::exp(xv - m);  // (NaN logits left out)
   }
   *token = best;
   *log_prob = best_x - (m + std::log(sum));

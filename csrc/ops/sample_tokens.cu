@@ -121,13 +121,16 @@ __global__ void sample_tokens_kernel(const S* x, int64_t xs0, int64_t xs1, const
     const S lo = threshold == S(-INFINITY) ? min_at_or_above(r, S(-INFINITY), shared) : threshold;
     threshold = bisect(r, lo, m, static_cast<S>(top_p) * total, false, m, shared);
   }
-  // Gumbel-max over the kept values, ties to the lowest index; and their logsumexp.
+  // Gumbel-max over the kept values, ties to the lowest index; and the logsumexp of every
+  // allowed value: the log-prob is the untruncated policy's, as a trainer computes it.
   S best_score = -INFINITY;
   int64_t best = V;
   S sum = S(0);
   for (int64_t v = threadIdx.x; v < V; v += kRowThreads) {
     const S xv = r.at(v);
-    if (!allowed[v] || !(xv >= threshold)) continue;
+    if (!allowed[v] || !(xv >= S(-INFINITY))) continue;  // (NaN logits left out)
+    sum += exp(xv - m);
+    if (!(xv >= threshold)) continue;
     S uv = u[b * us0 + v * us1];
     uv = uv < S(1e-20) ? S(1e-20) : uv;
     const S score = xv - log(-log(uv));
@@ -135,7 +138,6 @@ __global__ void sample_tokens_kernel(const S* x, int64_t xs0, int64_t xs1, const
       best = v;
       best_score = score;
     }
-    sum += exp(xv - m);
   }
   shared[threadIdx.x] = best_score;
   shared_index[threadIdx.x] = best;

@@ -6,7 +6,11 @@
 //   keep      = the top_k largest x (top_k = 0: all; ties at the k-th value are all kept), then the
 //               smallest set of the largest kept x whose probability mass reaches top_p (1: all)
 //   token[b]  = argmax_{v in keep} x[v] - log(-log(max(uniform[b, v], 1e-20)))
-//   log_prob  = x[token] - logsumexp_{v in keep} x[v]   (the sampling distribution's log-prob)
+//   log_prob  = x[token] - logsumexp_{v allowed} x[v]
+//
+// The log-prob is the untruncated policy's (temperature, allowed tokens), the one a trainer
+// computes from the same logits: with identical weights the behaviour/trainer ratio is 1, as in
+// TRL, where top-k and top-p choose which token is drawn but not its recorded probability.
 //
 // Rows already finished get pad_token_id and log_prob 0; a row that samples eos_token_id is
 // marked finished (in place), so a decode loop needs no host read to know which rows are done.

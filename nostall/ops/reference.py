@@ -222,8 +222,10 @@ def sample_tokens(
     logits, uniform, finished, allowed, temperature, top_k, top_p, eos_token_id, pad_token_id
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(token, log_prob, finished after the step): temperature, HF-style top-k then top-p (on
-    the top-k renormalised distribution), Gumbel-max with the given noise."""
+    the top-k renormalised distribution), Gumbel-max with the given noise; the log-prob under
+    the distribution before truncation."""
     x = (logits / temperature).masked_fill(~allowed, float("-inf"))
+    policy = x  # the log-prob is the untruncated policy's
     if top_k > 0:
         kth = x.topk(min(top_k, x.shape[-1]), dim=-1).values[:, -1:]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -237,7 +239,7 @@ def sample_tokens(
         x = x.masked_fill(x < threshold, float("-inf"))
     gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
     token = torch.where(torch.isinf(x), float("-inf"), x + gumbel).argmax(-1)
-    log_prob = x.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+    log_prob = policy.log_softmax(-1).gather(-1, token[:, None])[:, 0]
     token = torch.where(finished, pad_token_id, token)
     log_prob = torch.where(finished, 0.0, log_prob)
     return token, log_prob, finished | (token == eos_token_id)

@@ -1,8 +1,9 @@
 """Token sampling for language-model generation as a native operator.
 
 :func:`sample_tokens` is one decode step's sampler: temperature, top-k and top-p truncation and
-a Gumbel-max draw from the caller's generator, the token's log-probability under that sampling
-distribution (the behaviour log-prob an off-policy correction needs), and the finished mask
+a Gumbel-max draw from the caller's generator, the token's log-probability under the policy
+before truncation (the behaviour log-prob an off-policy correction compares with the trainer's,
+which computes the same from the same logits), and the finished mask
 updated in place at `<eos>`, all on the logits' device with no host read, so a decode loop can
 run (and be captured) without a sync per token.
 """
@@ -45,8 +46,10 @@ def sample_tokens(
             device, or `uniform` when given.
 
     Returns:
-        token int64 `[B]` and its log-probability `[B]` (logits' dtype) under the truncated,
-        renormalised sampling distribution. A row with nothing to sample (no allowed token, or
+        token int64 `[B]` and its log-probability `[B]` (logits' dtype) under the policy
+        before truncation (temperature, allowed tokens): top-k and top-p choose which token is
+        drawn, not its recorded probability, so a trainer with the same weights computes the
+        same log-prob (as TRL does). A row with nothing to sample (no allowed token, or
         NaN logits) gets `pad_token_id` and a NaN log-prob, never a silent token.
     """
     logits = logits.detach()

@@ -4,6 +4,9 @@ TRL's logged metrics, and log-probs of the distribution the sampler drew from. E
 on the code before it."""
 
 import pytest
+import torch
+
+from nostall.algos import grpo
 
 from nostall.lm.tasks import PromptSource
 
@@ -39,3 +42,22 @@ def test_a_prompt_state_from_another_dataset_is_refused():
     source.batch(2)
     with pytest.raises(ValueError, match="saved with another dataset"):
         PromptSource(rows=ROWS[:3]).load_state_dict(source.state_dict())
+
+
+@pytest.mark.parametrize("truncation", [{"top_k": 3}, {"top_p": 0.7}, {}])
+def test_with_identical_weights_the_behaviour_weight_is_one_under_top_k_and_top_p(truncation):
+    """The generator's behaviour log-probs and the trainer's, from the same weights, agree
+    token for token: the decoupled weight exp(trainer - behaviour) is 1 (before, under top-k
+    or top-p it was the kept probability mass, about 0.78 at these settings)."""
+    args = grpo.GRPOConfig(num_prompts=4, num_generations=4, watch_syncs=False,
+                           max_new_tokens=6, **truncation)  # fmt: skip
+    setup = grpo.build(args)
+    batch = setup.loop.slots[0]
+    setup.generator(batch)
+    with torch.no_grad():
+        trainer = grpo.policy_log_probs(setup.decoder, batch, args.temperature, setup.vocab,
+                                        args.num_generations)  # fmt: skip
+    mask = batch.completion_mask
+    weight = (trainer - batch.log_probs).exp()[mask]
+    torch.testing.assert_close(weight, torch.ones_like(weight), rtol=0, atol=1e-5)
+    assert (batch.log_probs[mask] < 0).all()  # real log-probs, not zeros
