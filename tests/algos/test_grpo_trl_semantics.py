@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from nostall.algos import grpo
-
 from nostall.lm.tasks import PromptSource
 
 ROWS = [{"prompt": f"row{i}"} for i in range(10)]
