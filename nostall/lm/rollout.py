@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from nostall.lm.generation import Completions, GenerationEngine
+from nostall.lm.stats import batch_stats
 from nostall.lm.tasks import PromptSource, Rewards
 
 Tensor = torch.Tensor
@@ -37,6 +38,9 @@ class LMBatch:
     # With in-flight weight swaps, the policy version that sampled each completion position
     # (every row swaps at the same token); empty when the whole batch is `version`'s.
     token_versions: list[int] = field(default_factory=list)
+    # TRL's per-batch figures (reward_std, rewards/<function>/mean, completions/mean_length,
+    # ...), computed on the host with the rewards (batch_stats).
+    stats: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
@@ -66,12 +70,13 @@ class LMBatch:
     def host_state(self) -> dict:
         """What the batch holds on the host (a process transport sends it with the slot)."""
         return {"reward_mean": self.reward_mean, "tokens": self.tokens,
-                "token_versions": list(self.token_versions)}  # fmt: skip
+                "token_versions": list(self.token_versions), "stats": dict(self.stats)}  # fmt: skip
 
     def load_host_state(self, state: dict) -> None:
         self.reward_mean = float(state["reward_mean"])
         self.tokens = int(state["tokens"])
         self.token_versions = [int(v) for v in state["token_versions"]]
+        self.stats = {str(k): float(v) for k, v in state.get("stats", {}).items()}
 
     def mean_token_lag(self, version: int) -> float:
         """How many versions behind `version` the batch's tokens were sampled, on average over
@@ -220,7 +225,7 @@ class GroupGenerator:
         else:
             self.engine.generate(batch.completions(), self.generator, self.num_generations,
                                  between_tokens)  # fmt: skip
-        texts, lengths = self.decode(batch)
+        texts, lengths, ended = self.decode(batch)
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]
         columns = {k: [row.get(k) for row in rows for _ in range(G)] for k in self.columns}
@@ -228,6 +233,7 @@ class GroupGenerator:
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)
+        batch.stats = batch_stats(rewards, self.rewards.per_function, lengths, ended, G)
 
     def _swap(self, token_versions: list[int], t: int) -> bool:
         """Between decode steps: takes newer weights if published; tokens t.. get their version."""
@@ -254,17 +260,19 @@ class GroupGenerator:
         self.syncs_per_decode_step = report.unintended_count / engine.sampling.max_new_tokens
         self.sync_sites = [f"{s.location} {s.kind}" for s in report.unintended]
 
-    def decode(self, batch: LMBatch) -> tuple[list[str], list[int]]:
-        """Each completion up to its first <eos>, without special tokens; and its length in
-        tokens (<eos> included)."""
+    def decode(self, batch: LMBatch) -> tuple[list[str], list[int], list[bool]]:
+        """Each completion up to its first <eos>, without special tokens; its length in
+        tokens (<eos> included); and whether it ended with <eos> (else max_new_tokens cut it)."""
         # Reward functions read text: a host read (on the CPU a plain one).
         lengths = batch.completion_mask.sum(1).tolist()  # sync: rewards need the lengths
         ids = batch.completion_ids.tolist()  # sync: and the token ids
-        cut = [row[: n - 1] if n and row[n - 1] == self.eos_token_id else row[:n]
-               for row, n in zip(ids, lengths, strict=True)]  # fmt: skip
+        ended = [bool(n) and row[n - 1] == self.eos_token_id
+                 for row, n in zip(ids, lengths, strict=True)]  # fmt: skip
+        cut = [row[: n - 1] if end else row[:n]
+               for row, n, end in zip(ids, lengths, ended, strict=True)]  # fmt: skip
         backend = self.encoder.backend
         if backend is not None:
             texts = [backend.decode(row, skip_special_tokens=True) for row in cut]
         else:
             texts = self.encoder.tokenizer.batch_decode(cut, skip_special_tokens=True)
-        return texts, lengths
+        return texts, lengths, ended

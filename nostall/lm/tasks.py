@@ -237,14 +237,17 @@ class Rewards:
         if len(weights) != len(functions):
             raise ValueError(f"{len(weights)} reward weights for {len(functions)} reward functions")
         self.functions, self.weights = list(functions), weights
+        self.names = _unique([getattr(fn, "__name__", type(fn).__name__) for fn in functions])
+        # The last call's values of each function (NaN where it returned None), by name.
+        self.per_function: dict[str, list[float]] = {}
 
     def __call__(self, prompts: list[str], completions: list[str], columns: dict) -> list[float]:
         """The weighted sum over the functions of each completion's rewards. As in TRL, None
         (or NaN) from a function means "not applicable": it adds nothing (TRL's nansum), and
         a completion no function applies to gets 0."""
         total = [0.0] * len(completions)
-        for fn, weight in zip(self.functions, self.weights, strict=True):
-            name = getattr(fn, "__name__", repr(fn))
+        self.per_function = {}
+        for fn, weight, name in zip(self.functions, self.weights, self.names, strict=True):
             values = fn(prompts=prompts, completions=completions, **columns)
             if hasattr(values, "tolist"):  # a NumPy array or a tensor
                 values = values.tolist()  # sync: the reward's own output, read once a batch
@@ -254,6 +257,7 @@ class Rewards:
                     f"reward function {name} returned {got} values for {len(completions)} "
                     "completions (it must return one float per completion)"
                 )
+            raw = self.per_function[name] = [math.nan] * len(completions)
             for i, v in enumerate(values):
                 if v is None:
                     continue
@@ -266,5 +270,16 @@ class Rewards:
                     continue
                 if math.isinf(v):
                     raise ValueError(f"reward function {name} returned {v!r} for completion {i}")
-                total[i] += weight * float(v)
+                raw[i] = v
+                total[i] += weight * v
         return total
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Names with a suffix where two functions share one (`f`, `f_2`), as metrics keys."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return out

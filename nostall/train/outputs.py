@@ -110,8 +110,11 @@ def write_outputs(result: TrainResult, out_dir: Path, subject: str) -> str:
     title = f"{result.algorithm} on {subject}"
     plot_learning_curve(result, out_dir / "learning_curve.png", title)
     side = result.rollout_label
+    # At least four of the slower side's spans: a real model's step can outlast the default.
+    spans = [result.side_ms(s) or 0.0 for s in ("rollout", "train")]
+    window_s = max(result.timeline_window_s, 4e-3 * max(spans))
     plot_timeline(result, out_dir / "timeline.png", f"{title}: {side} and training over time",
-                  window_s=result.timeline_window_s, rollout_label=side)  # fmt: skip
+                  window_s=window_s, rollout_label=side)  # fmt: skip
     (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
     text = "\n".join(result.summary_lines(summary))
     (out_dir / "report.txt").write_text(text + "\n")

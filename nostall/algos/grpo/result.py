@@ -26,6 +26,8 @@ class GRPOResult(TrainResult):
     mean_lag: float | None = None  # versions between a batch's start and the trainer's
     mean_token_lag: float | None = None  # the same per token (differs with in-flight swaps)
     weight_swaps: int = 0  # in-flight weight swaps the generator made
+    reward_functions: list[str] = field(default_factory=list)
+    dataset: str = ""  # what the prompts came from
 
     @property
     def tokens_per_second(self) -> float:
@@ -57,6 +59,9 @@ class GRPOResult(TrainResult):
             **super().summary(),
             "model": args["model"],
             "task": args["dataset"] or args["task"],
+            "dataset": self.dataset,
+            "reward_functions": list(self.reward_functions),
+            "learning_rate": args["learning_rate"],
             "loss_type": args["loss_type"],
             "steps": len(self.rewards),
             "target_reward": args["target_reward"],
@@ -71,6 +76,8 @@ class GRPOResult(TrainResult):
             "mean_token_version_lag": rounded(self.mean_token_lag),
             "inflight_weights": args.get("inflight_weights", False),
             "weight_swaps": self.weight_swaps,
+            # TRL's figures too (reward_std, completions/...); NaN (no value) as null.
+            "last_logged": {k: None if v != v else v for k, v in self.metrics.items()},
         }
 
     def summary_lines(self, summary: dict) -> list[str]:
@@ -90,6 +97,8 @@ class GRPOResult(TrainResult):
             f"generation on a {summary['backend']})",
             f"  {summary['steps']} steps in {summary['seconds']} s: "
             f"{summary['tokens_per_second']} completion tokens/s",
+            f"  prompts from {summary['dataset']}; rewards {', '.join(summary['reward_functions'])}"
+            f"; learning rate {summary['learning_rate']}",
             f"  {reached}; final reward {summary['final_reward']}",
             f"  generation {summary['generation_ms_per_step']} ms/step, update "
             f"{summary['update_ms_per_step']} ms/step, mean version lag "

@@ -77,6 +77,8 @@ class Setup:
     vocab: SampledVocab | None  # the tokens the sampler may draw (None: all)
     group_index: torch.Tensor
     reference: Decoder | None
+    reward_names: list[str]  # the reward functions, as metrics and the report name them
+    dataset: str  # what the prompts come from, for the report
 
 
 def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int | None = None,
@@ -121,7 +123,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     args.check()
     inputs = inputs or Inputs()
     source = _source(args, inputs)
-    _rewards(args, inputs)  # bad reward specs are named here, before any process starts
+    rewards = _rewards(args, inputs)  # bad specs are named here, before any process starts
     lm = inputs.lm or load_model(args.model, seed=args.seed)
     device = torch.device(args.device)
     lm.model.to(device)
@@ -154,7 +156,12 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     group_index = torch.arange(args.num_prompts, device=device)
     group_index = group_index.repeat_interleave(args.num_generations)
     vocab = SampledVocab.build(lm.vocab_size, lm.banned_token_ids(), device)
-    return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference)
+    if inputs.rows is not None:
+        dataset = f"train_dataset ({len(source.rows)} rows)"
+    else:
+        dataset = args.dataset or f"task {args.task}"
+    return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference,
+                 rewards.names, dataset)  # fmt: skip
 
 
 def snapshot(setup: Setup, step: int, result: GRPOResult) -> dict:

@@ -19,6 +19,7 @@ rewards read. The `nostall train grpo` command builds the same trainer from its 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -73,6 +74,9 @@ class GRPOTrainer:
         self._lags: list[int] = []
         self._token_lags: list[float] = []
         self._new_tokens = 0
+        self._stats: dict[str, list[float]] = {}  # TRL's batch figures since the last log
+        self.result.reward_functions = list(self.setup.reward_names)
+        self.result.dataset = self.setup.dataset
         self.report: str | None = None  # the report's text, once written
 
     # What a run leaves in its output_dir.
@@ -131,6 +135,8 @@ class GRPOTrainer:
         self.result.rewards.append(batch.reward_mean)  # (host values: no sync)
         self.result.tokens += batch.tokens
         self._new_tokens += batch.tokens
+        for name, value in batch.stats.items():
+            self._stats.setdefault(name, []).append(value)
 
     def publishes(self, step: int) -> bool:
         return True
@@ -151,7 +157,11 @@ class GRPOTrainer:
         values.update(
             reward=sum(recent) / len(recent), version_lag=float(lag),
             tokens_per_second=self._new_tokens / (time.perf_counter() - clock.ready),
+            learning_rate=float(self.setup.optimizer.param_groups[0]["lr"]),
         )  # fmt: skip
+        # TRL's figures, each the mean over the batches since the last log.
+        values.update({name: _nanmean(v) for name, v in self._stats.items()})
+        self._stats.clear()
         return step, values
 
     def solved(self) -> bool:
@@ -179,6 +189,11 @@ class GRPOTrainer:
         result.generation_ms = result.side_ms("rollout")
         result.update_ms = result.side_ms("train")
         return result
+
+
+def _nanmean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
 
 
 def _inputs(args: GRPOConfig, model, reward_funcs, train_dataset, processing_class) -> Inputs:
