@@ -40,6 +40,7 @@ class ClippedAdam(torch.optim.Adam):
         max_grad_norm: float,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        weight_decay: float = 0.0,
     ):
         if not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
@@ -57,6 +58,11 @@ class ClippedAdam(torch.optim.Adam):
             )
         super().__init__(params, lr=lr, betas=betas, eps=eps, fused=True)
         self.max_grad_norm = max_grad_norm
+        # Decoupled (AdamW's): the parameters shrink by lr * weight_decay before each step.
+        # Kept out of the group's weight_decay, which is Adam's L2 term in torch's kernels.
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.weight_decay = weight_decay
         # Called on the flat gradient before clipping
         # (nostall.runtime.distributed.average_gradients).
         self.reduce_grad: Callable[[torch.Tensor], None] | None = None
@@ -167,6 +173,8 @@ class ClippedAdam(torch.optim.Adam):
             self.reduce_grad(self._flat_grad)
         group = self.param_groups[0]
         beta1, beta2 = group["betas"]
+        if self.weight_decay:
+            self._flat_param.mul_(1.0 - group["lr"] * self.weight_decay)
         if self._native_step_applies(group):
             torch.ops.nostall.clipped_adam_step(
                 self._flat_param, self._flat_grad, self._flat_exp_avg, self._flat_exp_avg_sq,

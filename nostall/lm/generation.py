@@ -11,6 +11,7 @@ off.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -86,11 +87,20 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    """keep tokens whose probability is at least min_p times the likeliest's (0: all)"""
+    repetition_penalty: float = 1.0
+    """transformers' repetition penalty on tokens already in the row (1: none)"""
     stop_check_every: int = 0
     """check every this many tokens whether every row has finished (a host read); 0: never"""
     cuda_graph: bool = False
     """on a CUDA device, capture the decode step once per batch shape and replay it per token
     (one launch instead of a few hundred); ignored on the CPU"""
+
+    @property
+    def processes_logits(self) -> bool:
+        """min_p or a repetition penalty: applied to the logits before sample_tokens."""
+        return self.min_p > 0 or self.repetition_penalty != 1.0
 
 
 class GenerationEngine:
@@ -187,7 +197,8 @@ class GenerationEngine:
         # where a full one would, and both paths below draw the same.
         V = self.allowed.shape[0]
         uniform = torch.rand((C, B, V), generator=generator, device=self.allowed.device)
-        if between_tokens is None and self.decoder._native_applies():
+        if (between_tokens is None and not cfg.processes_logits
+                and self.decoder._native_applies()):  # fmt: skip
             # The whole batch in one native op, the GIL released throughout.
             ids, mask, log_prob = torch.ops.nostall.generate_completions.default(
                 prompts, prompt_mask, group_size, uniform, self.allowed,
@@ -211,13 +222,26 @@ class GenerationEngine:
         batch.completion_ids.fill_(self.pad_token_id)
         batch.completion_mask.zero_()
         batch.log_probs.zero_()
+        seen = None
+        if cfg.repetition_penalty != 1.0:  # [B, V]: the tokens each row holds so far
+            # (A column past the vocabulary takes the padding and finished rows' tokens.)
+            seen = torch.zeros(B, V + 1, dtype=torch.bool, device=slot_mask.device)
+            seen.scatter_(1, batch.prompt_ids.masked_fill(~batch.prompt_mask, V), True)
         for t in range(C):
             torch.logical_not(finished, out=batch.completion_mask[:, t])
+            drawn_from = logits.float()
+            if cfg.processes_logits:
+                drawn_from = self._processed(drawn_from, seen)
             token, log_prob = sample_tokens(
-                logits.float(), finished, self.allowed, eos_token_id=self.eos_token_id,
+                drawn_from, finished, self.allowed, eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
                 top_p=cfg.top_p, uniform=uniform[t],
             )  # fmt: skip
+            if cfg.processes_logits:  # the policy's log-prob, as the trainer computes it
+                log_prob = self._policy_log_prob(logits.float(), token, batch.completion_mask[:, t])
+            if seen is not None:
+                held = token.masked_fill(~batch.completion_mask[:, t], V)
+                seen.scatter_(1, held[:, None], True)
             batch.completion_ids[:, t] = token
             batch.log_probs[:, t] = log_prob
             if t == C - 1:
@@ -230,3 +254,26 @@ class GenerationEngine:
                 self.decoder.freeze()  # the same buffers: a captured graph reads the new weights
             logits = decode(token, next_position + t, self._slots[P + t : P + t + 1])
         return batch
+
+    def _processed(self, logits: Tensor, seen: Tensor | None) -> Tensor:
+        """The logits the token is drawn from: transformers' repetition penalty (positive
+        logits of tokens a row holds divided by it, negative ones multiplied), then min_p (a
+        token below min_p times the likeliest allowed one's probability, at the temperature,
+        is never drawn)."""
+        cfg = self.sampling
+        if seen is not None:
+            seen, penalty = seen[:, :-1], cfg.repetition_penalty
+            logits = torch.where(seen, torch.where(logits > 0, logits / penalty,
+                                                   logits * penalty), logits)  # fmt: skip
+        if cfg.min_p > 0:
+            scaled = (logits / cfg.temperature).masked_fill(~self.allowed, float("-inf"))
+            floor = scaled.amax(-1, keepdim=True) + math.log(cfg.min_p)
+            logits = logits.masked_fill(scaled < floor, float("-inf"))
+        return logits
+
+    def _policy_log_prob(self, logits: Tensor, token: Tensor, sampled: Tensor) -> Tensor:
+        """Each row's token log-prob under the policy (temperature, allowed tokens, no
+        processing); 0 for rows already finished."""
+        x = (logits / self.sampling.temperature).masked_fill(~self.allowed, float("-inf"))
+        log_prob = x.log_softmax(-1).gather(1, token[:, None])[:, 0]
+        return torch.where(sampled, log_prob, 0.0)

@@ -41,6 +41,8 @@ class LMBatch:
     # TRL's per-batch figures (reward_std, rewards/<function>/mean, completions/mean_length,
     # ...), computed on the host with the rewards (batch_stats).
     stats: dict[str, float] = field(default_factory=dict)
+    # With log_completions: each row's prompt, completion and reward (texts, on the host).
+    samples: list[dict] = field(default_factory=list)
 
     @classmethod
     def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
@@ -70,13 +72,15 @@ class LMBatch:
     def host_state(self) -> dict:
         """What the batch holds on the host (a process transport sends it with the slot)."""
         return {"reward_mean": self.reward_mean, "tokens": self.tokens,
-                "token_versions": list(self.token_versions), "stats": dict(self.stats)}  # fmt: skip
+                "token_versions": list(self.token_versions), "stats": dict(self.stats),
+                "samples": list(self.samples)}  # fmt: skip
 
     def load_host_state(self, state: dict) -> None:
         self.reward_mean = float(state["reward_mean"])
         self.tokens = int(state["tokens"])
         self.token_versions = [int(v) for v in state["token_versions"]]
         self.stats = {str(k): float(v) for k, v in state.get("stats", {}).items()}
+        self.samples = [{str(k): v for k, v in row.items()} for row in state.get("samples", [])]
 
     def mean_token_lag(self, version: int) -> float:
         """How many versions behind `version` the batch's tokens were sampled, on average over
@@ -182,6 +186,7 @@ class GroupGenerator:
         source.seed(seed)
         self.eos_token_id = engine.eos_token_id
         self.watch_syncs = True
+        self.keep_texts = False  # log_completions: the batch keeps its texts (batch.samples)
         # In-flight weight swaps: called between decode steps, loads newer published weights if
         # any and returns the version held (RolloutLoop.refresh); None: one version a batch.
         self.refresh: Callable[[], int] | None = None
@@ -234,6 +239,10 @@ class GroupGenerator:
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)
         batch.stats = batch_stats(rewards, self.rewards.per_function, lengths, ended, G)
+        batch.samples = []
+        if self.keep_texts:
+            batch.samples = [{"prompt": p, "completion": c, "reward": r}
+                             for p, c, r in zip(repeated, texts, rewards, strict=True)]  # fmt: skip
 
     def _swap(self, token_versions: list[int], t: int) -> bool:
         """Between decode steps: takes newer weights if published; tokens t.. get their version."""

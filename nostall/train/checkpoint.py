@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -35,6 +36,23 @@ def check_path_template(path: str | None, flag: str, placeholder: str) -> None:
     except (KeyError, IndexError, ValueError) as e:
         raise ValueError(f"{flag} {path!r}: the only placeholder is {{{placeholder}}} "
                          f"({type(e).__name__}: {e})") from None  # fmt: skip
+
+
+def prune(template: str, keep: int, placeholder: str = "step") -> list[Path]:
+    """Deletes all but the `keep` newest checkpoints (by the number in `{placeholder}`) that
+    the path template names, a resumed run's earlier ones included; returns what it deleted."""
+    path = Path(template)
+    parts = re.split(r"\{" + placeholder + r"(?::[^}]*)?\}", path.name)  # ({step:06d} too)
+    if len(parts) != 2:
+        raise ValueError(f"{template!r}: pruning needs {{{placeholder}}} once in the file name")
+    before, after = (part.replace("{{", "{").replace("}}", "}") for part in parts)
+    pattern = re.compile(re.escape(before) + r"(\d+)" + re.escape(after) + "$")
+    found = sorted((int(m.group(1)), p) for p in path.parent.glob("*")
+                   if (m := pattern.match(p.name)) and p.is_file())  # fmt: skip
+    old = [p for _, p in found[: max(0, len(found) - keep)]]
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old
 
 
 def save(path: str | Path, algorithm: str, args: dict, state: dict) -> None:

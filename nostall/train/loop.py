@@ -134,6 +134,8 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
                 if saving:
                     checkpoint.save(hooks.checkpoint_path(step), hooks.algorithm,
                                     asdict(config), hooks.snapshot(step))  # fmt: skip
+                    if getattr(config, "save_total_limit", None):  # (once the new one is whole)
+                        checkpoint.prune(config.checkpoint, config.save_total_limit)
         if watch is not None:
             report = watch.report()
             syncs.append(report.unintended_count)

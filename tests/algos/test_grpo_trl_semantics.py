@@ -3,6 +3,8 @@ order, conversational prompts through the chat template, TRL's option names and 
 TRL's logged metrics, and log-probs of the distribution the sampler drew from. Each test failed
 on the code before it."""
 
+import copy
+import dataclasses
 import json
 
 import pytest
@@ -116,3 +118,163 @@ def test_batch_stats_are_trls():
     assert stats["completions/clipped_ratio"] == 0.5
     assert stats["completions/mean_terminated_length"] == 2.5
     assert (stats["completions/min_length"], stats["completions/max_length"]) == (2, 5)
+
+
+def test_trls_names_set_the_settings_they_name():
+    args = grpo.GRPOConfig(epsilon=0.3, epsilon_high=0.28, num_iterations=2,
+                           max_completion_length=7)  # fmt: skip
+    assert (args.clip_low, args.clip_high, args.updates_per_batch, args.max_new_tokens) == (
+        0.3, 0.28, 2, 7)  # fmt: skip
+    with pytest.raises(ValueError, match=r"--epsilon 0\.3 and --clip-low 0\.1 name the same"):
+        grpo.GRPOConfig(epsilon=0.3, clip_low=0.1)
+    from nostall.cli import _parser
+
+    parsed = _parser().parse_args(["train", "grpo", "--epsilon", "0.25",
+                                        "--max-completion-length", "6"])  # fmt: skip
+    from nostall.config_flags import config_from
+
+    args = config_from(parsed, grpo.GRPOConfig)
+    assert (args.clip_low, args.max_new_tokens) == (0.25, 6)
+
+
+def _updated(args, batch_seed=0):
+    setup = grpo.build(args)
+    batch = setup.loop.slots[0]
+    torch.manual_seed(batch_seed)
+    setup.generator(batch)
+    grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
+                     setup.group_index, eos_token_id=setup.lm.eos_token_id)  # fmt: skip
+    return setup, batch
+
+
+def test_accumulated_micro_batches_give_the_full_batch_step():
+    """Under the grpo loss (a mean over sequences) two accumulated micro-batches of whole
+    groups give the full batch's gradient, for one optimizer step. (Compared as gradients:
+    Adam's first step is lr times the gradient's sign, which rounding can flip where a
+    component is near zero.)"""
+    base = dict(num_prompts=4, num_generations=4, watch_syncs=False, loss_type="grpo",
+                entropy_coef=0.0, max_grad_norm=1e9)  # fmt: skip
+    full, _ = _updated(grpo.GRPOConfig(**base))
+    split, _ = _updated(grpo.GRPOConfig(**base, steps_per_generation=2,
+                                        gradient_accumulation_steps=2))  # fmt: skip
+    want = full.optimizer.flat_gradient
+    assert want.abs().max() > 0
+    torch.testing.assert_close(split.optimizer.flat_gradient, want, rtol=1e-4, atol=1e-6)
+    assert int(split.optimizer.state_dict()["state"][0]["step"]) == 1  # one step
+    twice, _ = _updated(grpo.GRPOConfig(**base, steps_per_generation=2))  # two steps
+    assert int(twice.optimizer.state_dict()["state"][0]["step"]) == 2
+
+
+def test_bad_micro_batch_settings_are_refused():
+    with pytest.raises(ValueError, match="must split into 3 micro-batches"):
+        grpo.GRPOConfig(num_prompts=4, steps_per_generation=3).check()
+    with pytest.raises(ValueError, match="must be a multiple of --gradient-accumulation-steps"):
+        grpo.GRPOConfig(steps_per_generation=2, gradient_accumulation_steps=4).check()
+
+
+def test_truncated_completions_can_be_left_out_of_the_loss():
+    """With every completion cut off by max_new_tokens, mask_truncated_completions leaves
+    nothing to learn from: the update moves no parameter (it does without the option)."""
+    base = dict(num_prompts=2, num_generations=4, watch_syncs=False, learning_rate=1e-2)
+    for masked in (True, False):
+        args = grpo.GRPOConfig(**base, mask_truncated_completions=masked)
+        setup = grpo.build(args)
+        batch = setup.loop.slots[0]
+        setup.generator(batch)
+        batch.completion_mask.fill_(True)
+        batch.completion_ids[:, -1] = 3  # a letter: no row ends with <eos>
+        batch.rewards.copy_(torch.arange(8, dtype=torch.float32))
+        before = copy.deepcopy(setup.lm.model.state_dict())
+        grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
+                         setup.group_index, eos_token_id=setup.lm.eos_token_id)  # fmt: skip
+        moved = [k for k, v in setup.lm.model.state_dict().items() if not torch.equal(v, before[k])]
+        assert (not moved) if masked else moved
+
+
+@pytest.mark.parametrize(("kind", "want"), [
+    ("constant", [0.0, 0.5, 1.0, 1.0, 1.0]),
+    ("linear", [0.0, 0.5, 1.0, 2 / 3, 1 / 3]),
+    ("cosine", [0.0, 0.5, 1.0, 0.75, 0.25]),
+])  # fmt: skip
+def test_the_learning_rate_schedule_is_transformers(kind, want):
+    args = grpo.GRPOConfig(steps=5, learning_rate=1.0, lr_scheduler_type=kind, warmup_steps=2)
+    assert [args.learning_rate_at(s) for s in range(1, 6)] == pytest.approx(want)
+    ratio = grpo.GRPOConfig(steps=10, warmup_ratio=0.25)  # ceil(2.5) = 3 steps of warm-up
+    assert ratio.learning_rate_at(3) < ratio.learning_rate == ratio.learning_rate_at(4)
+
+
+def test_a_scheduled_run_logs_its_learning_rate():
+    seen = []
+    args = grpo.GRPOConfig(steps=4, num_prompts=2, num_generations=2, watch_syncs=False,
+                           log_interval=1, lr_scheduler_type="linear", staleness=0)  # fmt: skip
+    grpo.GRPOTrainer(args=args).train(lambda step, values: seen.append(values["learning_rate"]))
+    assert seen == pytest.approx([args.learning_rate_at(s) for s in range(1, 5)])
+
+
+def test_weight_decay_is_adamws():
+    from nostall.optim import ClippedAdam
+
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(5, 3))
+    b = torch.nn.Parameter(a.detach().clone())
+    mine = ClippedAdam([a], lr=0.1, max_grad_norm=1e9, weight_decay=0.3)
+    theirs = torch.optim.AdamW([b], lr=0.1, weight_decay=0.3)
+    for _ in range(3):
+        grad = torch.randn(5, 3)
+        a.grad.copy_(grad)
+        b.grad = grad.clone()
+        mine.step()
+        theirs.step()
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_repetition_penalty_and_min_p_are_transformers():
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+    )
+
+    args = grpo.GRPOConfig(repetition_penalty=1.3, min_p=0.2, temperature=0.7,
+                           num_prompts=2, num_generations=2)  # fmt: skip
+    engine = grpo.build(args).generator.engine
+    torch.manual_seed(0)
+    logits = torch.randn(2, 22) * 3
+    ids = torch.tensor([[4, 5, 5], [7, 8, 9]])
+    seen = torch.zeros(2, 23, dtype=torch.bool)
+    seen.scatter_(1, ids, True)
+    engine.allowed[:] = True
+    mine = engine._processed(logits, seen)
+    penalised = RepetitionPenaltyLogitsProcessor(1.3)(ids, logits.clone())
+    assert torch.equal(mine.isinf(), MinPLogitsWarper(0.2)(ids, penalised / 0.7).isinf())
+    kept = ~mine.isinf()
+    torch.testing.assert_close(mine[kept], penalised[kept])
+
+
+def test_a_run_with_min_p_and_repetition_penalty_records_the_policys_log_probs():
+    args = grpo.GRPOConfig(repetition_penalty=1.5, min_p=0.1, num_prompts=4, num_generations=4,
+                           watch_syncs=False, max_new_tokens=6)  # fmt: skip
+    setup = grpo.build(args)
+    batch = setup.loop.slots[0]
+    setup.generator(batch)
+    with torch.no_grad():
+        trainer = grpo.policy_log_probs(setup.decoder, batch, args.temperature, setup.vocab,
+                                        args.num_generations)  # fmt: skip
+    mask = batch.completion_mask
+    torch.testing.assert_close(trainer[mask], batch.log_probs[mask], rtol=0, atol=1e-5)
+
+
+def test_completions_are_logged_and_old_checkpoints_pruned(tmp_path):
+    args = grpo.GRPOConfig(steps=5, num_prompts=2, num_generations=2, watch_syncs=False,
+                           log_interval=2, staleness=0, output_dir=str(tmp_path),
+                           log_completions=True, checkpoint=str(tmp_path / "c-{step:03d}.pt"),
+                           checkpoint_every=1, save_total_limit=2)  # fmt: skip
+    grpo.GRPOTrainer(args=args).train()
+    rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [2, 4, 5] and len(rows) == 3 * 4
+    assert {"prompt", "completion", "reward"} <= set(rows[0])
+    assert sorted(p.name for p in tmp_path.glob("c-*.pt")) == ["c-004.pt", "c-005.pt"]
+    resumed = dataclasses.replace(args, steps=7, resume=str(tmp_path / "c-005.pt"))
+    grpo.GRPOTrainer(args=resumed).train()
+    assert sorted(p.name for p in tmp_path.glob("c-*.pt")) == ["c-006.pt", "c-007.pt"]
+    with pytest.raises(ValueError, match="--save-total-limit needs --checkpoint with"):
+        grpo.GRPOConfig(save_total_limit=2, checkpoint="c.pt").check()

@@ -11,6 +11,8 @@ import torch
 from nostall.ops.losses import GROUP_SCALES
 from nostall.train.checkpoint import check_path_template
 
+SCHEDULES = ("constant", "linear", "cosine")
+
 # TRL's loss_type -> clipped_policy_loss's aggregation.
 AGGREGATIONS = {
     "grpo": "seq_mean_token_mean",
@@ -22,8 +24,15 @@ AGGREGATIONS = {
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "target_reward", "watch_syncs", "backend",
-             "output_dir", "torch_threads"}  # fmt: skip
+             "output_dir", "torch_threads", "save_total_limit", "log_completions",
+             "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
+
 # (Not the device: the sampling generator's state is the device's kind of generator.)
+
+# TRL's names -> the settings they name here.
+ALIASES = {"epsilon": "clip_low", "epsilon_high": "clip_high",
+           "num_iterations": "updates_per_batch",
+           "max_completion_length": "max_new_tokens"}  # fmt: skip
 
 
 @dataclass
@@ -58,10 +67,26 @@ class GRPOConfig:
     """sample from the k most likely tokens (0: all)"""
     top_p: float = 1.0
     """sample from the smallest set of tokens whose probability reaches top_p (1: all)"""
+    min_p: float = 0.0
+    """sample only tokens whose probability is at least min_p times the likeliest one's (0:
+    all; applied before top-k and top-p)"""
+    repetition_penalty: float = 1.0
+    """divide the logits (multiply the negative ones) of tokens already in the prompt or the
+    completion by this when sampling, as transformers' generate (1: none). Like top-k, top-p
+    and min_p it shapes which token is drawn, not the log-probs the loss uses"""
     learning_rate: float = 1.1e-3
-    """Adam's learning rate (constant). The default is tuned for --staleness 1 (see
-    benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses 2e-3 and no entropy
-    bonus (--entropy-coef 0)"""
+    """Adam's learning rate (after warm-up, before decay). The default is tuned for
+    --staleness 1 (see benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses
+    2e-3 and no entropy bonus (--entropy-coef 0)"""
+    lr_scheduler_type: str = "constant"
+    """the learning rate over the run: "constant", "linear" (to 0 at the last step) or
+    "cosine" (to 0), after any warm-up; it moves once a generation batch"""
+    warmup_ratio: float = 0.0
+    """the share of the steps over which the learning rate rises linearly from 0"""
+    warmup_steps: int = 0
+    """steps of linear warm-up (overrides warmup_ratio when above 0)"""
+    weight_decay: float = 0.0
+    """decoupled weight decay (AdamW's), applied with every optimizer step"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
     loss_type: str = "dapo"
@@ -75,7 +100,15 @@ class GRPOConfig:
     beta: float = 0.0
     """weight of the KL penalty to the initial model (k3 estimator); 0: no reference model"""
     updates_per_batch: int = 1
-    """optimizer steps per generation batch (TRL's num_iterations)"""
+    """passes over each generation batch (TRL's num_iterations)"""
+    steps_per_generation: int | None = None
+    """micro-batches a generation batch is split into, each of whole prompt groups (default:
+    gradient_accumulation_steps); an optimizer step every gradient_accumulation_steps of them"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches whose gradients are summed into one optimizer step (each weighted by
+    1 / gradient_accumulation_steps, as transformers' Trainer does)"""
+    mask_truncated_completions: bool = False
+    """leave completions that max_new_tokens cut off (no <eos>) out of the loss (TRL's option)"""
     staleness: int = 1
     """how many policy versions generation may run ahead of training (0: synchronous GRPO, the
     same run as a generate-then-train loop; the default 1 overlaps generation with the update)"""
@@ -128,6 +161,43 @@ class GRPOConfig:
     output_dir: str | None = None
     """where the run leaves its report, plots, TensorBoard logs and model (the command's
     default: runs/grpo-MODEL-TASK-SEED; the Python API writes none without it)"""
+    save_total_limit: int | None = None
+    """with "{step}" in --checkpoint: keep only this many of the newest checkpoints"""
+    log_completions: bool = False
+    """append each logged step's prompts, completions and rewards to completions.jsonl in
+    output_dir"""
+    # TRL's names for settings named otherwise here: given, they set the setting they name.
+    epsilon: float | None = None
+    """TRL's name for clip_low"""
+    epsilon_high: float | None = None
+    """TRL's name for clip_high"""
+    num_iterations: int | None = None
+    """TRL's name for updates_per_batch"""
+    max_completion_length: int | None = None
+    """TRL's name for max_new_tokens"""
+
+    def __post_init__(self) -> None:
+        self.take_aliases()
+
+    def take_aliases(self) -> None:
+        """Moves each of TRL's names given into the setting it names (ValueError when both are
+        given, differently)."""
+        for alias, name in ALIASES.items():
+            value = getattr(self, alias)
+            if value is None:
+                continue
+            default = GRPOConfig.__dataclass_fields__[name].default
+            current = getattr(self, name)
+            if current != default and current != value:
+                raise ValueError(f"--{_flag(alias)} {value} and --{_flag(name)} {current} name "
+                                 f"the same setting: give one")  # fmt: skip
+            setattr(self, name, value)
+            setattr(self, alias, None)
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches a generation batch is split into."""
+        return self.steps_per_generation or self.gradient_accumulation_steps
 
     @property
     def batch_size(self) -> int:
@@ -142,8 +212,10 @@ class GRPOConfig:
     rounding_note = None  # (a GRPO run trains the steps it is given)
 
     def check(self) -> None:
+        self.take_aliases()
         for name in ("steps", "num_prompts", "max_new_tokens", "updates_per_batch",
-                     "log_interval", "checkpoint_every", "torch_threads"):  # fmt: skip
+                     "log_interval", "checkpoint_every", "torch_threads",
+                     "gradient_accumulation_steps"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.num_generations < 2:
@@ -207,6 +279,58 @@ class GRPOConfig:
                              f"{self.scale_rewards!r}")  # fmt: skip
         check_path_template(self.checkpoint, "--checkpoint", "step")
         self.weights()
+        self._check_trl_options()
+
+    def _check_trl_options(self) -> None:
+        micro = self.micro_batches
+        if micro < 1:
+            raise ValueError(f"--steps-per-generation must be at least 1, got {micro}")
+        if micro % self.gradient_accumulation_steps:
+            raise ValueError(f"--steps-per-generation {micro} must be a multiple of "
+                             "--gradient-accumulation-steps "
+                             f"{self.gradient_accumulation_steps}")  # fmt: skip
+        if self.num_prompts % micro:
+            raise ValueError(f"--num-prompts {self.num_prompts} must split into {micro} "
+                             "micro-batches of whole prompt groups (a multiple of "
+                             "--steps-per-generation)")  # fmt: skip
+        if self.lr_scheduler_type not in SCHEDULES:
+            raise ValueError(f"--lr-scheduler-type must be one of {', '.join(SCHEDULES)}, got "
+                             f"{self.lr_scheduler_type!r}")  # fmt: skip
+        if not 0 <= self.warmup_ratio <= 1:
+            raise ValueError(f"--warmup-ratio must lie in [0, 1], got {self.warmup_ratio}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if not 0 <= self.weight_decay < float("inf"):
+            raise ValueError(f"--weight-decay must be a finite number >= 0, got "
+                             f"{self.weight_decay}")  # fmt: skip
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"--min-p must lie in [0, 1), got {self.min_p}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"--repetition-penalty must be a positive finite number, got "
+                             f"{self.repetition_penalty}")  # fmt: skip
+        if self.save_total_limit is not None:
+            if self.save_total_limit < 1:
+                raise ValueError(f"--save-total-limit must be at least 1, got "
+                                 f"{self.save_total_limit}")  # fmt: skip
+            if not self.checkpoint or "{step" not in Path(self.checkpoint).name:
+                raise ValueError("--save-total-limit needs --checkpoint with {step} in its "
+                                 "file name (one file a save)")  # fmt: skip
+        if self.log_completions and not self.output_dir:
+            raise ValueError("--log-completions writes into --output-dir: give one")
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate of generation batch `step` (1-based), as transformers' schedulers
+        with warm-up give it."""
+        warmup = self.warmup_steps or math.ceil(self.warmup_ratio * self.steps)
+        done = step - 1
+        if done < warmup:
+            return self.learning_rate * done / warmup
+        if self.lr_scheduler_type == "constant":
+            return self.learning_rate
+        progress = (done - warmup) / max(1, self.steps - warmup)
+        if self.lr_scheduler_type == "linear":
+            return self.learning_rate * max(0.0, 1.0 - progress)
+        return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     def weights(self) -> list[float] | None:
         """reward_weights as numbers (a list, or the command's "1,0.5"); ValueError for a

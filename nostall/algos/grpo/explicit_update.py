@@ -83,11 +83,14 @@ class ExplicitUpdate:
         ]
 
     @torch.no_grad()
-    def step(self, batch, advantage: Tensor, args, vocab: SampledVocab | None, decoupled: bool,
-             old_log_prob: Tensor | None) -> tuple[Tensor, ...]:  # fmt: skip
-        """One optimizer step on `batch`: (log_prob, loss, clip_fraction, approx_kl, entropy),
-        the log-probs before the step, the entropy's mean over the completion tokens (None
-        without an entropy bonus). `old_log_prob` None: this step's own (the proximal policy)."""
+    def gradients(self, batch, advantage: Tensor, loss_mask: Tensor, args,
+                  vocab: SampledVocab | None, decoupled: bool, old_log_prob: Tensor | None,
+                  scale: float = 1.0, accumulate: bool = False) -> tuple[Tensor, ...]:  # fmt: skip
+        """The gradient of the loss on `batch` (its tokens in `loss_mask`), times `scale`, into
+        the optimizer's flat gradient (added to it with `accumulate`, else replacing it):
+        (log_prob, loss, clip_fraction, approx_kl, entropy), the log-probs before the step, the
+        entropy's mean over the loss's tokens (None without an entropy bonus). `old_log_prob`
+        None: this pass's own (the proximal policy)."""
         d = self.decoder
         G = args.num_generations
         B, C = batch.completion_ids.shape
@@ -112,12 +115,12 @@ class ExplicitUpdate:
         aggregation = AGGREGATIONS[args.loss_type]
         clip_high = args.clip_low if args.clip_high is None else args.clip_high
         loss, clip_fraction, approx_kl, token_grad = torch.ops.nostall.clipped_policy_loss.default(
-            log_prob, old_log_prob, advantage, batch.completion_mask, float(args.clip_low),
+            log_prob, old_log_prob, advantage, loss_mask, float(args.clip_low),
             float(clip_high), aggregation, C, None, batch.log_probs if decoupled else None,
             float(args.is_cap),
         )  # fmt: skip
         grad_log_prob = torch.ops.nostall.clipped_policy_loss_backward.default(
-            torch.ones_like(loss), token_grad, batch.completion_mask, aggregation, C
+            torch.full_like(loss, scale), token_grad, loss_mask, aggregation, C
         )
         grad_scaled, grad_weight = torch.ops.nostall.token_log_prob_linear_backward.default(
             grad_log_prob, scaled, weight, tokens, logsumexp, chunk
@@ -127,14 +130,14 @@ class ExplicitUpdate:
             entropy, entropy_lse = torch.ops.nostall.token_entropy_linear.default(
                 scaled, weight, chunk
             )
-            mask = batch.completion_mask.to(entropy.dtype)
-            grad_entropy = mask * (-args.entropy_coef / mask.sum().clamp(min=1))
+            mask = loss_mask.to(entropy.dtype)
+            grad_entropy = mask * (-args.entropy_coef * scale / mask.sum().clamp(min=1))
             grad_h, grad_w = torch.ops.nostall.token_entropy_linear_backward.default(
                 grad_entropy, scaled, weight, entropy, entropy_lse, chunk
             )
             grad_scaled += grad_h
             grad_weight += grad_w
-            entropy = token_mean(entropy, batch.completion_mask)
+            entropy = token_mean(entropy, loss_mask)
             loss = loss - args.entropy_coef * entropy
         grads = torch.ops.nostall.decoder_train_backward.default(
             (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1),
@@ -143,15 +146,17 @@ class ExplicitUpdate:
         )  # fmt: skip
         g_embed, *g_lists, g_final = grads
         flat = [g_embed.view(-1)] + [g.view(-1) for gs in g_lists for g in gs]
-        torch.cat([*flat, g_final], out=self.decoder_grad)
+        if accumulate:
+            self.decoder_grad.add_(torch.cat([*flat, g_final]))
+        else:
+            torch.cat([*flat, g_final], out=self.decoder_grad)
         output_grad = self.output_grad  # (tied: the embedding's, which has its token rows)
-        if not self.tied:
+        if not self.tied and not accumulate:
             output_grad.zero_()
         if vocab is not None:
             output_grad.index_add_(0, vocab.ids, grad_weight)
         else:
             output_grad.add_(grad_weight)
-        self.optimizer.apply_gradients()
         return log_prob, loss, clip_fraction, approx_kl, entropy
 
 

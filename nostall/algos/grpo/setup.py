@@ -97,8 +97,11 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
         rollout_model = copy.deepcopy(lm.model)
     encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
                             args.max_new_tokens)  # fmt: skip
-    sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                              args.stop_check_every, args.cuda_graph)  # fmt: skip
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        stop_check_every=args.stop_check_every, cuda_graph=args.cuda_graph,
+    )  # fmt: skip
     decoder = Decoder(rollout_model)
     pack_parameters(decoder)  # each layer's fused weights become views: no copy per batch
     engine = GenerationEngine(
@@ -109,6 +112,7 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
                                num_generations=args.num_generations,
                                seed=args.seed if seed is None else seed)  # fmt: skip
     generator.watch_syncs = args.watch_syncs
+    generator.keep_texts = args.log_completions
     return generator
 
 
@@ -149,7 +153,8 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     decoder = Decoder(model)
     # In decoder_train's order where it covers the model: the update then needs no cats.
     order = training_order(decoder) or list(model.parameters())
-    optimizer = ClippedAdam(order, lr=args.learning_rate, max_grad_norm=args.max_grad_norm)
+    optimizer = ClippedAdam(order, lr=args.learning_rate_at(1), max_grad_norm=args.max_grad_norm,
+                            weight_decay=args.weight_decay)  # fmt: skip
     reference = None
     if args.beta > 0:
         reference = Decoder(copy.deepcopy(model).requires_grad_(False))

@@ -19,6 +19,7 @@ rewards read. The `nostall train grpo` command builds the same trainer from its 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections.abc import Callable
@@ -61,6 +62,8 @@ class GRPOTrainer:
         if args.resume:
             saved_args, state = checkpoint.load(args.resume, self.algorithm)
             saved_args.setdefault("entropy_coef", 0.0)  # saved before the bonus existed: none
+            for name, default in asdict(GRPOConfig()).items():  # saved before a setting existed:
+                saved_args.setdefault(name, default)  # it trained as the default
             checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
             saved_step = restore(self.setup, state, self.result)
             if args.steps <= saved_step:
@@ -114,7 +117,8 @@ class GRPOTrainer:
         return stack
 
     def begin_step(self, step: int) -> None:
-        pass
+        # The schedule's rate for this batch (host arithmetic: nothing waits).
+        self.setup.optimizer.param_groups[0]["lr"] = self.config.learning_rate_at(step)
 
     def device_tensors(self, batch):
         setup = self.setup
@@ -126,8 +130,8 @@ class GRPOTrainer:
     def update(self, batch, step: int) -> dict[str, torch.Tensor]:
         setup = self.setup
         return grpo_update(setup.decoder, setup.optimizer, batch, self.config, setup.vocab,
-                           setup.reference, self.config.staleness > 0,
-                           setup.group_index)  # fmt: skip
+                           setup.reference, self.config.staleness > 0, setup.group_index,
+                           eos_token_id=setup.lm.eos_token_id)  # fmt: skip
 
     def record(self, batch, lag: int, logging: bool) -> None:
         self._lags.append(lag)
@@ -137,6 +141,10 @@ class GRPOTrainer:
         self._new_tokens += batch.tokens
         for name, value in batch.stats.items():
             self._stats.setdefault(name, []).append(value)
+        if logging and batch.samples:  # log_completions: the logged step's texts
+            with open(Path(self.config.output_dir) / "completions.jsonl", "a") as f:
+                for row in batch.samples:
+                    f.write(json.dumps({"step": len(self.result.rewards), **row}) + "\n")
 
     def publishes(self, step: int) -> bool:
         return True

@@ -1,8 +1,12 @@
 """GRPO's update on one generation batch: group-relative advantages, then updates_per_batch
-optimizer steps, by explicit adjoints (explicit_update.py) where they apply, else through
-autograd. Metrics stay tensors: the loop reads them only every log_interval steps."""
+passes over it in micro-batches of whole prompt groups, an optimizer step every
+gradient_accumulation_steps of them; by explicit adjoints (explicit_update.py) where they
+apply, else through autograd. Metrics stay tensors: the loop reads them only every
+log_interval steps."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -18,48 +22,102 @@ from nostall.optim import ClippedAdam
 METRICS = ("loss", "clip_fraction", "approx_kl", "kl", "entropy")  # entropy: with a bonus only
 
 
+def ended_rows(batch: LMBatch, eos_token_id: int) -> torch.Tensor:
+    """[B] bool: the completions that ended with <eos> (not cut off by max_new_tokens); on the
+    batch's device, no host read."""
+    lengths = batch.completion_mask.sum(1)
+    last = batch.completion_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+    return (lengths > 0) & (last == eos_token_id)
+
+
+def micro_batches(batch: LMBatch, count: int) -> list[LMBatch]:
+    """The batch's rows in `count` equal runs of whole prompt groups (views, no copies)."""
+    if count == 1:
+        return [batch]
+    rows = batch.completion_ids.shape[0] // count
+    return [dataclasses.replace(batch, **{name: t[i * rows : (i + 1) * rows]
+                                          for name, t in batch.tensors().items()})
+            for i in range(count)]  # fmt: skip
+
+
 def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: GRPOConfig,
                 vocab: SampledVocab | None, reference: Decoder | None, decoupled: bool,
-                group_index: torch.Tensor,
-                autograd: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
-    """updates_per_batch optimizer steps on one batch; metrics as tensors (not read here).
-    By explicit adjoints (nostall/lm/explicit_update.py) where they apply, else through
-    autograd (`autograd=True` asks for it: the tests compare the two)."""
+                group_index: torch.Tensor, autograd: bool = False,
+                eos_token_id: int | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """updates_per_batch passes over one batch; metrics as tensors (not read here), means over
+    the micro-batches. By explicit adjoints where they apply, else through autograd
+    (`autograd=True` asks for it: the tests compare the two). `eos_token_id` is needed with
+    args.mask_truncated_completions."""
     advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
                                          args.scale_rewards)  # fmt: skip
+    loss_mask = batch.completion_mask
+    if args.mask_truncated_completions:
+        if eos_token_id is None:
+            raise ValueError("mask_truncated_completions needs the model's eos_token_id")
+        loss_mask = loss_mask & ended_rows(batch, eos_token_id)[:, None]
     explicit = None if autograd else explicit_update(decoder, optimizer, reference)
-    G = args.num_generations
-    ref_log_prob = None
+    G, count = args.num_generations, args.micro_batches
+    accumulate = args.gradient_accumulation_steps
+    parts = micro_batches(batch, count)
+    rows = batch.completion_ids.shape[0] // count
+    advantages, masks = advantage.split(rows), loss_mask.split(rows)
+    ref_log_probs = [None] * count
     if reference is not None:
         with torch.no_grad():
-            ref_log_prob = policy_log_probs(reference, batch, args.temperature, vocab, G)
+            ref_log_probs = [policy_log_probs(reference, p, args.temperature, vocab, G)
+                             for p in parts]  # fmt: skip
+    # The proximal policy: the weights before this batch's first optimizer step. With one
+    # step a pass, each micro-batch's first pass gives its log-probs; with more, a
+    # micro-batch after the first step needs them taken beforehand (TRL's old_per_token_logps).
+    old_log_probs: list[torch.Tensor | None] = [None] * count
+    if count > accumulate:
+        with torch.no_grad():
+            old_log_probs = [policy_log_probs(decoder, p, args.temperature, vocab, G)
+                             for p in parts]  # fmt: skip
     names = METRICS if args.entropy_coef else METRICS[:-1]  # (entropy: computed with a bonus)
     totals = torch.zeros(len(names), device=batch.rewards.device)
-    old_log_prob = None
+    scale = 1.0 / accumulate
     for _ in range(args.updates_per_batch):
-        if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
-            log_prob, loss, clip_fraction, approx_kl, entropy = explicit.step(
-                batch, advantage, args, vocab, decoupled, old_log_prob
-            )
-            kl = torch.zeros_like(loss)  # (no reference: it applies without one)
-        else:
-            hidden, weight, tokens = policy_head(decoder, batch, args.temperature, vocab, G)
-            log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)
-            loss, clip_fraction, approx_kl, kl = grpo_loss(
-                log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
-                advantage, batch.completion_mask, args,
-                batch.log_probs if decoupled else None, ref_log_prob,
-            )  # fmt: skip
-            entropy = None
-            if args.entropy_coef:
-                entropy = token_mean(nostall.token_entropy_linear(hidden, weight),
-                                     batch.completion_mask)  # fmt: skip
-                loss = loss - args.entropy_coef * entropy
+        for i, part in enumerate(parts):
+            first_of_step = i % accumulate == 0
+            values = _micro_batch(decoder, optimizer, explicit, part, advantages[i], masks[i],
+                                  args, vocab, decoupled, old_log_probs, i, ref_log_probs[i],
+                                  scale, first_of_step)  # fmt: skip
+            if (i + 1) % accumulate == 0:
+                optimizer.apply_gradients()
+            totals += torch.stack(values)
+    totals /= args.updates_per_batch * count
+    return dict(zip(names, totals.unbind(), strict=True))
+
+
+def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args, vocab,
+                 decoupled, old_log_probs, i, ref_log_prob, scale,
+                 first_of_step) -> list[torch.Tensor]:  # fmt: skip
+    """One micro-batch's gradients, times `scale`, added to the optimizer's (set, on the first
+    of an optimizer step); returns its metrics. Fills old_log_probs[i] on its first pass."""
+    old_log_prob = old_log_probs[i]
+    if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
+        log_prob, loss, clip_fraction, approx_kl, entropy = explicit.gradients(
+            part, advantage, loss_mask, args, vocab, decoupled, old_log_prob, scale,
+            accumulate=not first_of_step,
+        )  # fmt: skip
+        kl = torch.zeros_like(loss)  # (no reference: it applies without one)
+    else:
+        G = args.num_generations
+        hidden, weight, tokens = policy_head(decoder, part, args.temperature, vocab, G)
+        log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)
+        loss, clip_fraction, approx_kl, kl = grpo_loss(
+            log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
+            advantage, loss_mask, args, part.log_probs if decoupled else None, ref_log_prob,
+        )  # fmt: skip
+        entropy = None
+        if args.entropy_coef:
+            entropy = token_mean(nostall.token_entropy_linear(hidden, weight), loss_mask)
+            loss = loss - args.entropy_coef * entropy
+        if first_of_step:
             optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        if old_log_prob is None:  # the proximal policy: the weights before this update
-            old_log_prob = log_prob.detach()
-        values = [loss.detach(), clip_fraction, approx_kl, kl.detach()]
-        totals += torch.stack(values if entropy is None else [*values, entropy.detach()])
-    return dict(zip(names, (totals / args.updates_per_batch).unbind(), strict=True))
+        (loss * scale).backward()
+    if old_log_prob is None:  # the proximal policy: the weights before this update
+        old_log_probs[i] = log_prob.detach()
+    values = [loss.detach(), clip_fraction, approx_kl, kl.detach()]
+    return values if entropy is None else [*values, entropy.detach()]
