@@ -90,7 +90,7 @@ class LMBatch:
         return version - sum(self.token_versions) / len(self.token_versions)
 
 
-def _backend(tokenizer, prompts: list[str], encoded: list[list[int]]):
+def _backend(tokenizer, prompts: list[str], encoded: list[list[int]], add_special: bool = True):
     """The `tokenizers` object behind a fast tokenizer, where calling it directly gives what the
     `transformers` wrapper gives: no clean-up of spaces after decoding, no padding or truncation
     set on it, and the same ids for every prompt of the source (checked here). Its calls skip the
@@ -101,7 +101,8 @@ def _backend(tokenizer, prompts: list[str], encoded: list[list[int]]):
         return None
     if getattr(backend, "padding", None) or getattr(backend, "truncation", None):
         return None
-    same = all(backend.encode(p).ids == ids for p, ids in zip(prompts, encoded, strict=True))
+    same = all(backend.encode(p, add_special_tokens=add_special).ids == ids
+               for p, ids in zip(prompts, encoded, strict=True))  # fmt: skip
     return backend if same else None
 
 
@@ -127,18 +128,38 @@ def _check_known(tokenizer, prompts: list[str], encoded: list[list[int]]) -> Non
                              "=)")  # fmt: skip
 
 
-class PromptEncoder:
-    """Prompts to left-padded ids of one fixed length (the longest prompt of the source), so
-    every batch has the same shape."""
+def render(tokenizer, prompt) -> str:
+    """A prompt's text: itself, or a conversation through the tokenizer's chat template with the
+    generation prompt (the assistant's turn continued where the conversation ends with it), as
+    TRL renders it."""
+    if isinstance(prompt, str):
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("conversational prompts need a tokenizer with a chat template; this "
+                         "one has none (give text prompts, or set "
+                         "tokenizer.chat_template)")  # fmt: skip
+    ends_with_assistant = prompt[-1]["role"] == "assistant"
+    return tokenizer.apply_chat_template(
+        list(prompt), tokenize=False, add_generation_prompt=not ends_with_assistant,
+        continue_final_message=ends_with_assistant,
+    )  # fmt: skip
 
-    def __init__(self, tokenizer, prompts: list[str], max_positions: int, max_new_tokens: int):
+
+class PromptEncoder:
+    """Prompts (text, or conversations through the chat template) to left-padded ids of one
+    fixed length (the longest prompt of the source), so every batch has the same shape."""
+
+    def __init__(self, tokenizer, prompts: list, max_positions: int, max_new_tokens: int):
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = tokenizer.eos_token_id
-        encoded = tokenizer(prompts).input_ids
+        # A rendered conversation holds its special tokens already (TRL adds none either).
+        self.chat = bool(prompts) and not isinstance(prompts[0], str)
+        prompts = [render(tokenizer, p) for p in prompts]
+        encoded = tokenizer(prompts, add_special_tokens=not self.chat).input_ids
         _check_known(tokenizer, prompts, encoded)
-        self.backend = _backend(tokenizer, prompts, encoded)
+        self.backend = _backend(tokenizer, prompts, encoded, not self.chat)
         lengths = [len(ids) for ids in encoded]
         self.length = max(lengths)
         if self.length + max_new_tokens > max_positions:
@@ -147,13 +168,14 @@ class PromptEncoder:
                 f"exceed the model's context of {max_positions} positions"
             )
 
-    def encode_into(self, prompts: list[str], ids: Tensor, mask: Tensor, repeat: int) -> None:
+    def encode_into(self, prompts: list, ids: Tensor, mask: Tensor, repeat: int) -> None:
         """Left-padded ids and mask of each prompt, `repeat` rows each, built on the host and
         copied to the batch's device in one copy each."""
+        prompts = [render(self.tokenizer, p) for p in prompts]
         if self.backend is not None:
-            rows = [self.backend.encode(prompt).ids for prompt in prompts]
+            rows = [self.backend.encode(p, add_special_tokens=not self.chat).ids for p in prompts]
         else:
-            rows = self.tokenizer(prompts).input_ids
+            rows = self.tokenizer(prompts, add_special_tokens=not self.chat).input_ids
         for prompt, row in zip(prompts, rows, strict=True):
             if len(row) > self.length:
                 raise ValueError(
@@ -234,7 +256,10 @@ class GroupGenerator:
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]
         columns = {k: [row.get(k) for row in rows for _ in range(G)] for k in self.columns}
-        rewards = self.rewards(repeated, texts, columns)
+        completions = texts
+        if self.encoder.chat:  # TRL's conversational completions
+            completions = [[{"role": "assistant", "content": text}] for text in texts]
+        rewards = self.rewards(repeated, completions, columns)
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)

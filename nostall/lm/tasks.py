@@ -3,7 +3,10 @@
 Reward functions have TRL's signature, `fn(prompts, completions, **kwargs) -> list[float]`, so
 a TRL user's reward function works unchanged: `prompts` and `completions` are lists of strings
 (completions decoded up to the first `<eos>`, without special tokens), and every extra column
-of the prompt source arrives as a keyword argument, one value per completion.
+of the prompt source arrives as a keyword argument, one value per completion. With
+conversational prompts (lists of {"role", "content"} messages, rendered with the tokenizer's
+chat template), `prompts` are those lists and each completion is
+`[{"role": "assistant", "content": text}]`, as TRL passes them.
 
 Built-in verifiable tasks, each a prompt generator and a partial-credit reward (the share of
 positions that match the answer, over the longer of completion and answer):
@@ -40,8 +43,9 @@ def partial_credit(completion: str, answer: str) -> float:
 def answer_reward(
     prompts: list[str], completions: list[str], answer: list[str], **_
 ) -> list[float]:
-    """Partial credit against each row's `answer` column (the built-in tasks' reward)."""
-    return [partial_credit(c, a) for c, a in zip(completions, answer, strict=True)]
+    """Partial credit against each row's `answer` column (the built-in tasks' reward); text or
+    conversational completions."""
+    return [partial_credit(completion_text(c), a) for c, a in zip(completions, answer, strict=True)]
 
 
 def _letters(rng: random.Random, n: int = 5) -> str:
@@ -147,13 +151,36 @@ def rows_source(rows, where: str) -> PromptSource:
     return _checked(rows, where)
 
 
+def is_conversation(prompt) -> bool:
+    """A conversational prompt (TRL's format): a list of {"role", "content"} messages."""
+    return isinstance(prompt, list | tuple) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in prompt
+    ) and len(prompt) > 0  # fmt: skip
+
+
 def _checked(rows: list[dict], where: str) -> PromptSource:
     if not rows:
         raise ValueError(f"dataset {where!r} holds no rows")
+    kinds = set()
     for number, row in enumerate(rows, 1):
-        if not isinstance(row.get("prompt"), str):
-            raise ValueError(f"dataset {where}, row {number}: no string `prompt` column")
+        prompt = row.get("prompt")
+        if isinstance(prompt, str):
+            kinds.add("text")
+        elif is_conversation(prompt):
+            kinds.add("conversation")
+        else:
+            raise ValueError(f"dataset {where}, row {number}: the `prompt` column must be a "
+                             "string or a conversation (a list of {\"role\", \"content\"} "
+                             f"messages), got {type(prompt).__name__}")  # fmt: skip
+    if len(kinds) > 1:
+        raise ValueError(f"dataset {where} mixes text and conversational prompts")
     return PromptSource(rows=rows)
+
+
+def completion_text(completion) -> str:
+    """A completion's text: itself, or a conversational completion's last message's content."""
+    return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
 def dataset_source(path: str) -> PromptSource:

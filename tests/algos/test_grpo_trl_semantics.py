@@ -278,3 +278,50 @@ def test_completions_are_logged_and_old_checkpoints_pruned(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("c-*.pt")) == ["c-006.pt", "c-007.pt"]
     with pytest.raises(ValueError, match="--save-total-limit needs --checkpoint with"):
         grpo.GRPOConfig(save_total_limit=2, checkpoint="c.pt").check()
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}={% endif %}")  # fmt: skip
+
+
+def test_conversational_prompts_go_through_the_chat_template(tmp_path):
+    """TRL's conversational format: the prompt is rendered with the tokenizer's chat template
+    and the generation prompt; the rewards get the messages and assistant-message
+    completions; the saved model keeps the template."""
+    from nostall.lm.models import load_model
+
+    lm = load_model("tiny", seed=0)
+    lm.tokenizer.chat_template = CHAT_TEMPLATE
+    rows = [{"prompt": [{"role": "user", "content": s}], "answer": s}
+            for s in ("abcde", "hgfed", "cabbe", "dghaa")]  # fmt: skip
+    seen = {}
+
+    def reward(prompts, completions, answer, **kwargs):
+        seen.update(prompt=prompts[0], completion=completions[0])
+        return [float(c[0]["content"] == a) for c, a in zip(completions, answer, strict=True)]
+
+    args = grpo.GRPOConfig(steps=3, num_prompts=2, num_generations=2, watch_syncs=False,
+                           staleness=0, output_dir=str(tmp_path))  # fmt: skip
+    trainer = grpo.GRPOTrainer(model=lm.model, processing_class=lm.tokenizer, reward_funcs=reward,
+                               train_dataset=rows, args=args)  # fmt: skip
+    encoder = trainer.setup.generator.encoder
+    assert encoder.length == len("abcde=")  # the template's generation prompt, "="
+    trainer.train()
+    assert seen["prompt"][0]["role"] == "user"
+    assert seen["completion"][0]["role"] == "assistant"
+    assert isinstance(seen["completion"][0]["content"], str)
+    saved = (tmp_path / "model" / "tokenizer_config.json").read_text()
+    assert "add_generation_prompt" in saved or (tmp_path / "model" / "chat_template.jinja").exists()
+
+
+def test_conversational_prompts_without_a_chat_template_are_refused():
+    rows = [{"prompt": [{"role": "user", "content": "abcde"}]}]
+    with pytest.raises(ValueError, match="need a tokenizer with a chat template"):
+        grpo.GRPOTrainer(model="tiny", reward_funcs=lambda prompts, completions, **k: [0.0],
+                         train_dataset=rows, args=grpo.GRPOConfig(watch_syncs=False))  # fmt: skip
+    with pytest.raises(ValueError, match="mixes text and conversational prompts"):
+        grpo.GRPOTrainer(model="tiny", train_dataset=[*rows, {"prompt": "abcde="}],
+                         args=grpo.GRPOConfig(watch_syncs=False))  # fmt: skip
+    with pytest.raises(ValueError, match="must be a string or a conversation"):
+        grpo.GRPOTrainer(model="tiny", train_dataset=[{"prompt": 5}],
+                         args=grpo.GRPOConfig(watch_syncs=False))  # fmt: skip
