@@ -138,15 +138,14 @@ class RolloutLoop:
     def state_dict(self, clone_slot: Callable[[Any], dict]) -> dict:
         """The loop's resumable state (LoopState's keys): versions, counts, the rollout side's
         weights, and the filled chunks not yet trained on (`clone_slot(chunk)` copies one), in
-        order."""
+        order. The weights are the live tensors, not copies: valid for the boundary block
+        (the rollout side waits, and only the trainer publishes)."""
         return LoopState(
             version=self.version,
             rollout_version=self.rollout_version,
             chunks_collected=self.chunks_collected,
-            rollout_weights={
-                k: v.detach().clone() for k, v in self.rollout_model.state_dict().items()
-            },
-            published_weights=self.weights.newest(),
+            rollout_weights={k: v.detach() for k, v in self.rollout_model.state_dict().items()},
+            published_weights=self.weights.newest(copy=False),
             weights_version=self.weights.version,
             queued=[clone_slot(self.slots[i]) for i in self._filled.peek()],
         ).as_dict()

@@ -359,7 +359,8 @@ class RayLoop:
             queued.append({**clone_slot(scratch), "worker": result["worker"],
                            "seq": result["seq"]})  # fmt: skip
         if self._published is not None:
-            published = {k: v.cpu().clone() for k, v in self._published.items()}  # sync: saving
+            # (The trainer's own copy of its last publish: no other copy needed to save it.)
+            published = {k: v.cpu() for k, v in self._published.items()}  # sync: saving
         else:
             published = {k: torch.from_numpy(np.array(v))
                          for k, v in self.ray.get(self._weights_ref).items()}  # fmt: skip

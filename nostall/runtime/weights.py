@@ -70,10 +70,12 @@ class WeightBuffer:
             self._progress = max(self._progress, version)
             self._published.notify_all()
 
-    def newest(self) -> dict[str, torch.Tensor]:
-        """A copy of the newest published weights."""
+    def newest(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The newest published weights: a copy, or (copy=False) the buffer itself, valid until
+        the next publish."""
         with self._lock:
-            return {k: v.clone() for k, v in self._buffers[self._newest].ready().items()}
+            ready = self._buffers[self._newest].ready()
+            return {k: v.clone() for k, v in ready.items()} if copy else dict(ready)
 
     def advance(self, version: int) -> None:
         """Records that the trainer reached `version` without publishing its weights."""

@@ -1,11 +1,18 @@
 """One checkpoint format for every trainer and backend.
 
-A checkpoint file holds a header (format name and version, the algorithm, the run's
-arguments) and the trainer's state serialised separately with a SHA-256 checksum over it, so a
-damaged file (truncated, bit-flipped, random bytes) is refused with a clear message instead of
-resuming from garbage. Both layers load with `torch.load(weights_only=True)`: a checkpoint
-from elsewhere cannot run code. A resume whose arguments conflict with the saved ones is
-refused, naming the fields.
+A checkpoint file is the record {format, version, algorithm, the run's arguments, the
+trainer's state} written by `torch.save` straight into the file, followed by an 80-byte trailer
+holding the SHA-256 of everything before it, so a damaged file (truncated, bit-flipped, random
+bytes) is refused with a clear message instead of resuming from garbage. It loads with
+`torch.load(weights_only=True)`: a checkpoint from elsewhere cannot run code.
+
+Memory: saving streams each tensor from where it lies into the file and hashes the bytes as
+they pass (no in-memory copy of the state); loading checks the hash reading the file in chunks,
+then maps the tensors from the file (`mmap`). Each weight is stored once: tensors with the same
+contents (the trainer's weights, the published copy, the rollout side's and each Ray worker's
+when they hold the same version; tied embeddings) are written once and shared on load.
+
+A resume whose arguments conflict with the saved ones is refused, naming the fields.
 """
 
 from __future__ import annotations
@@ -19,7 +26,11 @@ from pathlib import Path
 import torch
 
 FORMAT = "nostall-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_MAGIC = b"NOSTALL-SHA256:"
+_TRAILER = len(_MAGIC) + 64 + 1  # the magic, the hex digest, a newline
+_READ_CHUNK = 1 << 24
+_DEDUP_MIN_BYTES = 1024  # smaller tensors are not worth hashing
 
 
 class CheckpointError(ValueError):
@@ -55,61 +66,143 @@ def prune(template: str, keep: int, placeholder: str = "step") -> list[Path]:
     return old
 
 
+class _HashingWriter:
+    """A file that hashes what passes through it; keeps the OSError of a failed write (torch
+    reports it as its own error)."""
+
+    def __init__(self, f):
+        self.f, self.sha256, self.error = f, hashlib.sha256(), None
+
+    def write(self, data) -> int:
+        try:
+            written = self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+        self.sha256.update(data)
+        return written
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _digest(t: torch.Tensor) -> str:
+    """A tensor's contents' hash (one tensor copied at most: off a GPU, or a strided view)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()  # sync: a checkpoint reads the weights
+    t = t.contiguous()
+    return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy(), digest_size=32).hexdigest()
+
+
+def _deduplicated(state, seen: dict | None = None):
+    """`state` with every tensor whose dtype, shape and contents an earlier one has replaced by
+    that earlier tensor, so `torch.save` writes it once (it writes a storage once however many
+    tensors refer to it)."""
+    seen = {} if seen is None else seen
+    if isinstance(state, torch.Tensor):
+        if state.numel() * state.element_size() < _DEDUP_MIN_BYTES or state.is_sparse:
+            return state
+        key = (state.dtype, tuple(state.shape), state.device.type, _digest(state))
+        return seen.setdefault(key, state)
+    if isinstance(state, dict):
+        return {k: _deduplicated(v, seen) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_deduplicated(v, seen) for v in state)
+    return state
+
+
 def save(path: str | Path, algorithm: str, args: dict, state: dict) -> None:
-    """Writes atomically: a crash mid-write leaves the previous file intact."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    payload = buffer.getvalue()
+    """Writes atomically (beside, then renamed): a crash mid-write leaves the previous file
+    intact. The state's tensors are read where they lie, not copied."""
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "algorithm": algorithm,
         "args": dict(args),
-        "sha256": hashlib.sha256(payload).hexdigest(),
-        "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
+        "state": _deduplicated(state),
     }
-    outer = io.BytesIO()
-    torch.save(record, outer)  # in memory: a write error below is a plain OSError
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    writer = None
     try:
         with open(tmp, "wb") as f:
-            f.write(outer.getbuffer())
+            writer = _HashingWriter(f)
+            torch.save(record, writer)
+            f.write(_MAGIC + writer.sha256.hexdigest().encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
-    except OSError as e:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, f"cannot write checkpoint {path} ({e.strerror}); the previous "
-                      "checkpoint there, if any, is intact") from e  # fmt: skip
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        failed = e if isinstance(e, OSError) else getattr(writer, "error", None)
+        if failed is None:
+            raise
+        raise OSError(failed.errno, f"cannot write checkpoint {path} ({failed.strerror}); the "
+                      "previous checkpoint there, if any, is intact") from e  # fmt: skip
+
+
+def _file_digest(path: Path, length: int) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while length > 0:
+            block = f.read(min(_READ_CHUNK, length))
+            if not block:
+                break
+            sha.update(block)
+            length -= len(block)
+    return sha.hexdigest()
 
 
 def load(path: str | Path, algorithm: str) -> tuple[dict, dict]:
     """(args, state) of a checkpoint written by `save` for `algorithm`; CheckpointError if it
-    is missing, damaged, of another format or of another algorithm."""
+    is missing, damaged, of another format or of another algorithm. The state's tensors are
+    mapped from the file, not read into memory."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(max(0, size - _TRAILER))
+        trailer = f.read()
+    if not (len(trailer) == _TRAILER and trailer.startswith(_MAGIC)):
+        return _load_version_1(path, algorithm)
+    if _file_digest(path, size - _TRAILER) != trailer[len(_MAGIC) : -1].decode("ascii", "replace"):
+        raise CheckpointError(f"checkpoint {path} is damaged: its checksum does not match")
     try:
-        record = torch.load(path, weights_only=True, map_location="cpu")
+        record = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
     except Exception as e:  # torch.load fails in many ways on a damaged file
         raise CheckpointError(f"checkpoint {path} is unreadable (damaged or not a "
                               f"checkpoint): {type(e).__name__}: {e}") from None  # fmt: skip
+    _check_record(record, path, algorithm)
+    if not isinstance(record.get("args"), dict) or not isinstance(record.get("state"), dict):
+        raise CheckpointError(f"checkpoint {path} is malformed")
+    return record["args"], record["state"]
+
+
+def _check_record(record, path: Path, algorithm: str) -> None:
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a nostall checkpoint")
-    if record.get("format_version") != FORMAT_VERSION:
+    if record.get("format_version") not in (1, FORMAT_VERSION):
         raise CheckpointError(
             f"checkpoint {path} has format version {record.get('format_version')}; this "
-            f"nostall reads version {FORMAT_VERSION}"
+            f"nostall reads versions 1 and {FORMAT_VERSION}"
         )
     if record.get("algorithm") != algorithm:
         raise CheckpointError(
             f"checkpoint {path} is from `{record.get('algorithm')}`, not `{algorithm}`"
         )
+
+
+def _load_version_1(path: Path, algorithm: str) -> tuple[dict, dict]:
+    """Version 1 (before streaming): the state serialised inside the record, hashed there."""
+    try:
+        record = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch.load fails in many ways on a damaged file
+        raise CheckpointError(f"checkpoint {path} is unreadable (damaged or not a "
+                              f"checkpoint): {type(e).__name__}: {e}") from None  # fmt: skip
+    _check_record(record, path, algorithm)
     payload = record.get("payload")
     if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
         raise CheckpointError(f"checkpoint {path} has no state")

@@ -147,5 +147,6 @@ def test_a_full_disk_keeps_the_last_good_checkpoint(tmp_path):
         _, state = checkpoint.load(path, "ppo")
         assert torch.equal(state["w"], small["w"])
         assert [p.name for p in disk.iterdir()] == ["c.pt"]  # no half-written file left
+        del state  # (its tensors map the file: the unmount below needs them gone)
     finally:
         subprocess.run(["umount", str(disk)], check=False)

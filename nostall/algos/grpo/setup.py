@@ -170,9 +170,10 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
 
 
 def snapshot(setup: Setup, step: int, result: GRPOResult) -> dict:
-    """Taken inside the loop's boundary, after the step's publish."""
+    """Taken inside the loop's boundary, after the step's publish, and saved there: the
+    tensors are the live ones (no copy), still for the block."""
     state = {
-        "model": {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()},
+        "model": {k: v.detach() for k, v in setup.lm.model.state_dict().items()},
         "optimizer": setup.optimizer.state_dict(),
         "optimizer_parameters": _optimizer_names(setup),
         "loop": setup.loop.state_dict(LMBatch.state_dict),
