@@ -8,7 +8,7 @@ the channel axis so the CNN takes the stack as channels.
 
 A reset fills the stack with copies of the first frame (Gymnasium's FrameStackObservation with
 padding_type="reset"). The wrapper is per environment, so with same-step autoreset the final
-observation of an episode is its own full stack, and a checkpoint pickles the stack."""
+observation of an episode is its own full stack, and a checkpoint holds the stack (an array)."""
 
 from __future__ import annotations
 

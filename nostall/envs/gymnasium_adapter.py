@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from nostall.envs.env_state import EnvStateError, env_state, load_env_state
 from nostall.envs.frame_stack import StackFrames
 from nostall.envs.layout import slot_layout
 from nostall.envs.registry import ENVS
@@ -136,19 +136,21 @@ class GymnasiumVectorEnv:
         self.closed = False
 
     def state_dict(self) -> dict[str, Any]:
-        """The whole vector env pickled (states, generators, step counts): exact resume for
-        every environment that pickles, a clear error for one that does not."""
+        """Every environment's state as data (nostall.envs.env_state: arrays, numbers, the
+        generators' states; no pickle), and which are due an autoreset: exact resume, or a
+        ValueError naming what an environment holds that a checkpoint cannot."""
         try:
-            pickled = pickle.dumps((self.envs.envs, self.envs._autoreset_envs))
-        except Exception as e:  # what an unpicklable env raises varies (TypeError, PicklingError)
-            raise ValueError(
-                f"{self.info.id}: the environment cannot be saved for a checkpoint ({e}); "
-                "run without --checkpoint"
-            ) from e
+            envs = [env_state(env, self.info.id) for env in self.envs.envs]
+        except EnvStateError as e:
+            raise ValueError(f"the environment cannot be saved for a checkpoint: {e} (not "
+                             "data a checkpoint holds; give the environment state_dict() / "
+                             "load_state_dict() of arrays and numbers, or run without "
+                             "--checkpoint)") from None  # fmt: skip
         return {
             "env_id": self.info.id,
             "num_envs": self.num_envs,
-            "envs": pickled,  # bytes: a checkpoint loads with weights_only, with no NumPy
+            "envs": envs,
+            "autoreset": torch.from_numpy(np.asarray(self.envs._autoreset_envs, dtype=bool).copy()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -157,10 +159,13 @@ class GymnasiumVectorEnv:
                 f"checkpoint is for {state.get('env_id')} x {state.get('num_envs')}, "
                 f"not {self.info.id} x {self.num_envs}"
             )
-        for env in self.envs.envs:
-            env.close()
-        # Our own checkpoint's bytes, checksummed when it was read.
-        self.envs.envs, self.envs._autoreset_envs = pickle.loads(state["envs"])
+        if not isinstance(state.get("envs"), list):  # (pickled bytes, before: never unpickled)
+            raise ValueError(f"the checkpoint holds {self.info.id}'s environments as a pickle, "
+                             "which this nostall does not load (it could run code): resume "
+                             "from a checkpoint this version wrote")  # fmt: skip
+        for env, saved in zip(self.envs.envs, state["envs"], strict=True):
+            load_env_state(env, saved, self.info.id)
+        self.envs._autoreset_envs = state["autoreset"].numpy().astype(bool, copy=True)
 
     def close(self) -> None:
         if not self.closed:

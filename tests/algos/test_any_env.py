@@ -2,7 +2,9 @@
 adapter, saving the policy, loading it back and evaluating it, and the errors on the way."""
 
 import json
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,7 +44,7 @@ def test_a_custom_env_class_trains():
 
 
 def test_the_adapter_runs_on_the_process_backend_and_resumes_exactly(tmp_path):
-    """The rollout process builds the adapter itself; checkpoints pickle the Gymnasium envs,
+    """The rollout process builds the adapter itself; checkpoints hold the Gymnasium envs as data,
     so resuming from the 2nd and the 4th checkpoint ends where the uninterrupted run ends."""
     common = dict(env_id="CartPole-v1", env_backend="gymnasium", total_timesteps=6 * 1024,
                   checkpoint_every=2, **FAST)  # fmt: skip
@@ -122,11 +124,53 @@ def test_native_backend_refuses_an_id_it_does_not_have():
         make_env("CartPole-v1", 1, backend="envpol")
 
 
-def test_an_env_that_cannot_be_pickled_is_refused_before_a_checkpointed_run(tmp_path):
+def test_an_env_holding_more_than_data_is_refused_naming_what(tmp_path):
     env = GymnasiumVectorEnv("CartPole-v1", 1)
-    env.envs.envs[0].unwrapped.unpicklable = lambda: None  # as a simulator handle would be
-    with pytest.raises(ValueError, match="cannot be saved for a checkpoint"):
+    env.envs.envs[0].unwrapped.handle = threading.Lock()  # as a simulator handle would be
+    with pytest.raises(ValueError, match=r"cannot be saved for a checkpoint: CartPole-v1: "
+                                         r"CartPoleEnv\.handle is a _thread\.lock"):  # fmt: skip
         env.state_dict()
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", ["Acrobot-v1", "CartPole-v1", "tests.algos.custom_envs:SignEnv"])
+def test_an_envs_state_round_trips_as_data_and_steps_on_identically(env_id, tmp_path):
+    """No pickle: the checkpoint of a Gymnasium environment loads with weights_only and the
+    restored environments step exactly as the saved ones, mid-episode."""
+    from nostall.train import checkpoint
+
+    env = GymnasiumVectorEnv(env_id, 3, seed=5)
+    env.envs.reset(seed=5)
+    actions = np.zeros(3, dtype=np.int64)
+    for _ in range(7):
+        env.envs.step(actions + 1)
+    checkpoint.save(tmp_path / "e.pt", "ppo", {}, {"env": env.state_dict()})
+    _, state = checkpoint.load(tmp_path / "e.pt", "ppo")  # weights_only inside
+    twin = GymnasiumVectorEnv(env_id, 3, seed=99)
+    twin.load_state_dict(state["env"])
+    for t in range(40):
+        a = np.full(3, t % 2)
+        mine, theirs = env.envs.step(a), twin.envs.step(a)
+        for x, y in zip(mine[:4], theirs[:4], strict=True):
+            np.testing.assert_array_equal(x, y)
+    env.close()
+    twin.close()
+
+
+def test_a_checkpoint_with_pickled_envs_is_not_unpickled(tmp_path):
+    """A crafted checkpoint (its checksum recomputed) with pickled environments: refused, and
+    the pickle never runs."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    env = GymnasiumVectorEnv("CartPole-v1", 1)
+    state = {**env.state_dict(), "envs": pickle.dumps(Payload())}
+    with pytest.raises(ValueError, match="as a pickle, which this nostall does not load"):
+        env.load_state_dict(state)
+    assert not (tmp_path / "ran").exists()
     env.close()
 
 
