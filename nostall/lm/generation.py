@@ -177,13 +177,15 @@ class GenerationEngine:
 
     @torch.no_grad()
     def generate(self, batch: Completions, generator: torch.Generator, group_size: int = 1,
-                 between_tokens: Callable[[int], bool] | None = None) -> Completions:  # fmt: skip
+                 between_tokens: Callable[[int], bool] | None = None,
+                 on_step: Callable[[int], None] | None = None) -> Completions:  # fmt: skip
         """Fills `batch`'s completion fields from its prompt fields (in place), and returns it.
         With `group_size` G, rows come in groups of G copies of one prompt: each prompt is
         prefilled once. `between_tokens(t)`, when given, runs before the decode step whose
         logits sample token t (t >= 1) and returns whether it changed the model's weights (an
         in-flight weight swap): the fused weights are then refreshed in place, and the keys and
-        values already cached stay as the older weights computed them."""
+        values already cached stay as the older weights computed them. `on_step(t)`, when
+        given, is called before each token's step on the per-token path (a liveness beat)."""
         B, P = batch.prompt_ids.shape
         C = self.sampling.max_new_tokens
         if batch.completion_ids.shape != (B, C):
@@ -228,6 +230,8 @@ class GenerationEngine:
             seen = torch.zeros(B, V + 1, dtype=torch.bool, device=slot_mask.device)
             seen.scatter_(1, batch.prompt_ids.masked_fill(~batch.prompt_mask, V), True)
         for t in range(C):
+            if on_step is not None:
+                on_step(t)
             torch.logical_not(finished, out=batch.completion_mask[:, t])
             drawn_from = logits.float()
             if cfg.processes_logits:

@@ -18,6 +18,7 @@ import torch
 from nostall.lm.generation import Completions, GenerationEngine
 from nostall.lm.stats import batch_stats
 from nostall.lm.tasks import PromptSource, Rewards
+from nostall.runtime.watchdog import Watchdog
 
 Tensor = torch.Tensor
 
@@ -209,6 +210,11 @@ class GroupGenerator:
         self.eos_token_id = engine.eos_token_id
         self.watch_syncs = True
         self.keep_texts = False  # log_completions: the batch keeps its texts (batch.samples)
+        # Where each step is marked with its limit (a reward call, generation), so a hang is
+        # named: set by the transport (nostall.runtime.watchdog); None: unwatched.
+        self.watchdog: Watchdog | None = None
+        self.generation_timeout_s: float | None = None
+        self.reward_timeout_s: float | None = None
         # In-flight weight swaps: called between decode steps, loads newer published weights if
         # any and returns the version held (RolloutLoop.refresh); None: one version a batch.
         self.refresh: Callable[[], int] | None = None
@@ -247,11 +253,21 @@ class GroupGenerator:
             held = self.refresh()
             batch.token_versions = [held] * self.engine.sampling.max_new_tokens
             between_tokens = functools.partial(self._swap, batch.token_versions)
+        watchdog = self.watchdog
+        on_step = None
+        if watchdog is not None:
+            limit = self.generation_timeout_s
+            watchdog.doing("generation of a batch", limit, "generation_timeout")  # (the fused
+            # op has no steps between)
+
+            def on_step(t: int) -> None:  # the per-token path beats every decode step
+                watchdog.doing(f"generation, decode step {t}", limit, "generation_timeout")
+
         if self.watch_syncs and self._filled == WATCHED_BATCH:
-            self._generate_watched(batch, between_tokens)
+            self._generate_watched(batch, between_tokens, on_step)
         else:
             self.engine.generate(batch.completions(), self.generator, self.num_generations,
-                                 between_tokens)  # fmt: skip
+                                 between_tokens, on_step)  # fmt: skip
         texts, lengths, ended = self.decode(batch)
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]
@@ -259,7 +275,10 @@ class GroupGenerator:
         completions = texts
         if self.encoder.chat:  # TRL's conversational completions
             completions = [[{"role": "assistant", "content": text}] for text in texts]
-        rewards = self.rewards(repeated, completions, columns)
+        rewards = self.rewards(repeated, completions, columns, self.watchdog,
+                               self.reward_timeout_s)  # fmt: skip
+        if watchdog is not None:
+            watchdog.idle()
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)
@@ -278,7 +297,7 @@ class GroupGenerator:
         self.swaps += 1
         return True
 
-    def _generate_watched(self, batch: LMBatch, between_tokens=None) -> None:
+    def _generate_watched(self, batch: LMBatch, between_tokens=None, on_step=None) -> None:
         """One generation under SyncWatch, with the model, the KV cache and the batch marked as
         device tensors: the unintended syncs it finds, per decode step."""
         from nostall.profiler import SyncWatch
@@ -289,7 +308,7 @@ class GroupGenerator:
             if engine._cache is not None:
                 watch.mark(engine._cache.keys, engine._cache.values)
             engine.generate(batch.completions(), self.generator, self.num_generations,
-                            between_tokens)  # fmt: skip
+                            between_tokens, on_step)  # fmt: skip
         report = watch.report()
         self.syncs_per_decode_step = report.unintended_count / engine.sampling.max_new_tokens
         self.sync_sites = [f"{s.location} {s.kind}" for s in report.unintended]

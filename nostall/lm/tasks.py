@@ -268,13 +268,17 @@ class Rewards:
         # The last call's values of each function (NaN where it returned None), by name.
         self.per_function: dict[str, list[float]] = {}
 
-    def __call__(self, prompts: list[str], completions: list[str], columns: dict) -> list[float]:
+    def __call__(self, prompts: list, completions: list, columns: dict, watchdog=None,
+                 timeout_s: float | None = None) -> list[float]:  # fmt: skip
         """The weighted sum over the functions of each completion's rewards. As in TRL, None
         (or NaN) from a function means "not applicable": it adds nothing (TRL's nansum), and
-        a completion no function applies to gets 0."""
+        a completion no function applies to gets 0. With a `watchdog`, each call is marked
+        with `timeout_s` as its limit (a hung function is then named)."""
         total = [0.0] * len(completions)
         self.per_function = {}
         for fn, weight, name in zip(self.functions, self.weights, self.names, strict=True):
+            if watchdog is not None:
+                watchdog.doing(f"reward function {name}", timeout_s, "reward_timeout")
             values = fn(prompts=prompts, completions=completions, **columns)
             if hasattr(values, "tolist"):  # a NumPy array or a tensor
                 values = values.tolist()  # sync: the reward's own output, read once a batch

@@ -5,7 +5,8 @@ Failure, both ways, within about a second:
 - the child's exception reaches the trainer with the child's traceback (a death without one is
   reported with the exit code, after the error queue is drained);
 - a child that stops making progress (stopped, deadlocked) is reported after
-  `liveness_timeout_s` without a heartbeat;
+  `liveness_timeout_s` without a heartbeat, or, inside a step its side marked on the shared
+  watchdog (a reward call, a decode step), after that step's own limit, naming it;
 - the child exits within a poll interval of its parent's death (it checks its parent at every
   heartbeat), and leaving the trainer's `with` block stops and joins it, or terminates it.
 """
@@ -19,6 +20,7 @@ import traceback
 from collections.abc import Callable
 
 from nostall.runtime.queue import RuntimeStopped
+from nostall.runtime.watchdog import HangError, Watchdog
 
 POLL_S = 0.05
 # Spawning a child and importing torch (and transformers) take seconds: a child that has not
@@ -31,10 +33,11 @@ class ParentGone(Exception):
 
 
 class Heartbeat:
-    """The child's side: each call marks it alive and checks that its parent still is."""
+    """The child's side: each call marks it alive and checks that its parent still is. Its
+    `watchdog` is the one the child's side marks its steps on (shared with the trainer)."""
 
-    def __init__(self, value, parent_pid: int):
-        self._value, self._parent_pid = value, parent_pid
+    def __init__(self, value, parent_pid: int, watchdog: Watchdog):
+        self._value, self._parent_pid, self.watchdog = value, parent_pid, watchdog
 
     def __call__(self) -> None:
         self._value.value = time.monotonic()
@@ -66,6 +69,7 @@ class ChildProcess:
     def __init__(self, ctx, *, join_timeout_s: float, liveness_timeout_s: float):
         self._ctx = ctx
         self.heartbeat_value = ctx.Value("d", 0.0)  # the child's last sign of life (monotonic s)
+        self.watchdog = Watchdog(ctx)  # the step the child is in, and its limit
         self.errors = ctx.Queue()
         self.stop = ctx.Event()
         self.parent_pid = os.getpid()
@@ -75,7 +79,7 @@ class ChildProcess:
         self._started_at = 0.0
 
     def heartbeat(self) -> Heartbeat:
-        return Heartbeat(self.heartbeat_value, self.parent_pid)
+        return Heartbeat(self.heartbeat_value, self.parent_pid, self.watchdog)
 
     def start(self, target: Callable, args: tuple) -> None:
         self.heartbeat_value.value = 0.0  # the child's first beat marks it started
@@ -114,7 +118,13 @@ class ChildProcess:
                     f"{limit:.0f} s"
                 )
             return
-        silent = time.monotonic() - beat
+        if self.watchdog.busy:  # inside a step it marked: that step's own limit applies
+            try:
+                self.watchdog.check()
+            except HangError as e:
+                raise HangError(f"the rollout process (pid {self.process.pid}): {e}") from None
+            return
+        silent = time.monotonic() - max(beat, self.watchdog.last_beat)
         if silent > self.liveness_timeout_s:
             raise RuntimeStopped(
                 f"the rollout process (pid {self.process.pid}) made no progress for "

@@ -31,6 +31,7 @@ import torch
 from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
 from nostall.runtime.rollout import Timeline
+from nostall.runtime.watchdog import HangError, Watchdog
 from nostall.runtime.weights import WeightBuffer
 
 
@@ -52,7 +53,10 @@ class RolloutLoop:
         *,
         staleness: int = 0,
         join_timeout_s: float = 10.0,
+        watchdog: Watchdog | None = None,
     ):
+        """`watchdog`: the one `fill` marks its steps on (nostall.runtime.watchdog); the
+        trainer checks it while it waits for a chunk, so a hung fill is named, not waited on."""
         check_slots(staleness, len(slots))
         self.slots = slots
         self.staleness = staleness
@@ -64,6 +68,9 @@ class RolloutLoop:
         self.chunks_collected = 0
         self.timeline = Timeline()
         self.channel = SideChannel()
+        self.watchdog = watchdog
+        if watchdog is not None:
+            self.channel.watch = watchdog.check
         self._free = BoundedQueue(len(slots), self.channel)
         self._filled = BoundedQueue(len(slots), self.channel)
         for i in range(len(slots)):
@@ -74,6 +81,7 @@ class RolloutLoop:
         self._thread: threading.Thread | None = None
         self._join_timeout_s = join_timeout_s
         self.limit: int | None = None  # chunks the trainer will take in all (expect)
+        self._hung = False
 
     # -- the rollout side ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -104,8 +112,13 @@ class RolloutLoop:
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Any]:
-        """Blocks for the next filled slot; raises (with the cause) if the rollout side died."""
-        index = self._filled.get()
+        """Blocks for the next filled slot; raises (with the cause) if the rollout side died,
+        or HangError if it is hung (its watchdog)."""
+        try:
+            index = self._filled.get()
+        except HangError:
+            self._hung = True
+            raise
         return index, self.slots[index]
 
     def release(self, index: int) -> None:
@@ -204,7 +217,9 @@ class RolloutLoop:
         nothing more, and the trainer's results are not lost to it."""
         self.channel.stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self._join_timeout_s)
+            # A fill the watchdog found hung will not end: no wait for it.
+            hung = isinstance(self.channel.error, HangError) or self._hung
+            self._thread.join(timeout=0.0 if hung else self._join_timeout_s)
             if self._thread.is_alive():
                 warnings.warn(f"the rollout thread is still inside a chunk after "
                               f"{self._join_timeout_s:g} s; it ends when that chunk does",

@@ -87,6 +87,8 @@ def _fill_chunks(make_side: Callable, slots: list, weights: _SharedWeights, free
     """The child's body (run_child reports its failure)."""
     torch.set_num_threads(torch_threads)
     side = make_side()
+    if hasattr(side, "watchdog"):  # the steps it marks reach the trainer (ChildProcess.check)
+        side.watchdog = alive.watchdog
     model = side.model
     alive()  # the first beat: the side is built (imports and model loading take seconds)
     have, collected = -1, 0  # -1: load the published weights before the first chunk

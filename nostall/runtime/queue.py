@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -19,6 +20,8 @@ class SideChannel:
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self.error: BaseException | None = None
+        # Called with every check: raises when the rollout side is hung (Watchdog.check).
+        self.watch: Callable[[], None] | None = None
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
@@ -31,6 +34,8 @@ class SideChannel:
             raise RuntimeStopped(f"the other side failed: {self.error!r}") from self.error
         if self.stop.is_set():
             raise RuntimeStopped("the runtime is shutting down")
+        if self.watch is not None:
+            self.watch()
 
 
 class BoundedQueue:

@@ -45,6 +45,7 @@ from nostall.runtime.protocol import LoopState
 from nostall.runtime.ray_worker import Worker, copy_numpy, ray_module
 from nostall.runtime.reaper import Reaper, descendants
 from nostall.runtime.rollout import Timeline
+from nostall.runtime.watchdog import HangError
 
 # How long workers may take to be placed, start, or save and load their state.
 PLACE_TIMEOUT_S = 60.0
@@ -87,8 +88,12 @@ class RayLoop:
         max_restarts: int = 3,
         torch_threads: int = 1,
         weights: str = "store",
+        chunk_timeout_s: float = 3600.0,
     ):
         """`slots`: the trainer's (at least 2; received slots are copied into them).
+        `chunk_timeout_s`: the longest the trainer waits with no chunk arriving from any worker
+        before it stops the run (a worker that hangs whole; a hang a worker's own watchdog
+        names reaches the trainer as that worker's error).
         `address`: None starts a local cluster, "auto" joins a running one. `weights`:
         "store" (each version `ray.put` once) or "collective" (broadcast by gloo or NCCL,
         collective_weights.py; a worker lost then ends the run, as it cannot rejoin)."""
@@ -103,6 +108,9 @@ class RayLoop:
         self.slots, self.staleness, self.num_workers = slots, staleness, num_workers
         self._make_side, self._trainer_model = make_side, trainer_model
         self._address, self._threads = address, torch_threads
+        if not chunk_timeout_s > 0:
+            raise ValueError(f"chunk_timeout_s must be positive, got {chunk_timeout_s}")
+        self._chunk_timeout_s = chunk_timeout_s
         self._collective = weights == "collective"
         self._max_restarts = 0 if self._collective else max_restarts
         self._sender = None  # with weights="collective": collective_weights.Sender
@@ -256,13 +264,24 @@ class RayLoop:
         """Waits for any request in flight: its result is kept for its turn, or its loss
         counted."""
         ray = self.ray
-        (ref,), _ = ray.wait(list(self._pending), num_returns=1)
+        waited, began = [], time.monotonic()
+        while not waited:  # in short waits: no wait without an end
+            waited, _ = ray.wait(list(self._pending), num_returns=1, timeout=1.0)
+            if not waited and time.monotonic() - began > self._chunk_timeout_s:
+                workers = sorted({worker for worker, _, _ in self._pending.values()})
+                raise HangError(f"no chunk arrived from Ray workers {workers} in "
+                                f"{self._chunk_timeout_s:g} s: hung or too slow for the "
+                                "limit")  # fmt: skip
+        (ref,) = waited
         worker, seq, index = self._pending.pop(ref)
         try:
             self._ready[index] = ray.get(ref)
         except ray.exceptions.RayActorError as e:
             self._drop(worker, seq, index, e)
         except ray.exceptions.RayTaskError as e:  # the side's own code raised
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, HangError):  # its watchdog named a hung step
+                raise HangError(f"Ray rollout worker {worker}: {cause}") from None
             raise RuntimeError(f"Ray rollout worker {worker} failed:\n{e}") from e
 
     def _drop(self, worker: int, seq: int, index: int, error: Exception) -> None:

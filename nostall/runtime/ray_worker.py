@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from nostall.runtime.protocol import fill_chunk
+from nostall.runtime.watchdog import Watchdog, run_watched
 
 
 def ray_module():
@@ -47,6 +48,8 @@ class Worker:
         torch.set_num_threads(torch_threads)
         self.worker = worker
         self.side = make_side(worker)
+        if hasattr(self.side, "watchdog"):  # its steps' limits, checked around each fill
+            self.side.watchdog = Watchdog()
         self.slot = _empty_like(slot)
         self.version = -1  # the side's own initial weights, not yet any published version
         self.receiver = None  # with weights="collective": collective_weights.Receiver
@@ -81,7 +84,12 @@ class Worker:
             return version
 
         # Wall-clock times: the driver compares them across processes.
-        _, start, end = fill_chunk(self.side, self.slot, pull, clock=time.time)
+        # In a thread of its own while this one watches its steps: a hung reward function
+        # comes back as this call's error, naming it.
+        _, start, end = run_watched(
+            lambda: fill_chunk(self.side, self.slot, pull, clock=time.time),
+            getattr(self.side, "watchdog", None),
+        )
         stats = self.side.stats() if hasattr(self.side, "stats") else {}
         return {
             "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,

@@ -25,6 +25,7 @@ AGGREGATIONS = {
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "target_reward", "watch_syncs", "backend",
              "output_dir", "torch_threads", "save_total_limit", "log_completions",
+             "reward_timeout", "generation_timeout",
              "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
@@ -158,6 +159,11 @@ class GRPOConfig:
     """steps between checkpoints"""
     resume: str | None = None
     """resume from this checkpoint"""
+    reward_timeout: float = 600.0
+    """seconds one reward function may take on one batch before the run stops, naming it"""
+    generation_timeout: float = 600.0
+    """seconds generation may go without progress before the run stops: a decode step on the
+    per-token path, a whole batch in the fused CPU op (which has no steps between)"""
     output_dir: str | None = None
     """where the run leaves its report, plots, TensorBoard logs and model (the command's
     default: runs/grpo-MODEL-TASK-SEED; the Python API writes none without it)"""
@@ -236,7 +242,14 @@ class GRPOConfig:
         for name in ("staleness", "top_k", "stop_check_every", "seed"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        for name in ("learning_rate", "max_grad_norm", "temperature", "is_cap"):
+        for name in (
+            "learning_rate",
+            "max_grad_norm",
+            "temperature",
+            "is_cap",
+            "reward_timeout",
+            "generation_timeout",
+        ):
             value = getattr(self, name)
             if not (value > 0 and value < float("inf")):
                 raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")

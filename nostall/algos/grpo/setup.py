@@ -35,6 +35,7 @@ from nostall.optim import ClippedAdam
 from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.process_loop import ProcessLoop
 from nostall.runtime.ray_loop import RayLoop
+from nostall.runtime.watchdog import Watchdog
 
 
 @dataclass
@@ -113,6 +114,8 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
                                seed=args.seed if seed is None else seed)  # fmt: skip
     generator.watch_syncs = args.watch_syncs
     generator.keep_texts = args.log_completions
+    generator.reward_timeout_s = args.reward_timeout
+    generator.generation_timeout_s = args.generation_timeout
     return generator
 
 
@@ -138,16 +141,21 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
              for _ in range(args.staleness + 2)]  # fmt: skip
     generator = None
     if args.backend == "ray":
+        # A worker's own watchdog names a hang; this bounds a worker hung whole.
+        chunk_timeout = args.generation_timeout + len(rewards.functions) * args.reward_timeout
         loop = RayLoop(slots, functools.partial(ray_generator, args, inputs), model,
                        staleness=args.staleness, num_workers=args.num_workers,
-                       address=args.ray_address, torch_threads=args.torch_threads)  # fmt: skip
+                       address=args.ray_address, torch_threads=args.torch_threads,
+                       chunk_timeout_s=chunk_timeout + 60.0)  # fmt: skip
     elif args.backend == "process":
         loop = ProcessLoop(slots, functools.partial(build_generator, args, inputs=inputs), model,
                            staleness=args.staleness, inflight=args.inflight_weights,
                            torch_threads=args.torch_threads)  # fmt: skip
     else:
         generator = build_generator(args, lm, inputs=inputs)
-        loop = RolloutLoop(slots, generator, generator.model, model, staleness=args.staleness)
+        generator.watchdog = Watchdog()
+        loop = RolloutLoop(slots, generator, generator.model, model, staleness=args.staleness,
+                           watchdog=generator.watchdog)  # fmt: skip
         if args.inflight_weights:
             generator.refresh = loop.refresh
     decoder = Decoder(model)
