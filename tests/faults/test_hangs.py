@@ -82,8 +82,10 @@ def test_a_hung_reward_stops_the_run_naming_it(backend, tmp_path):
     assert "reward_timeout = 2 s" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
     hang = float(hung_at.read_text())
-    print(f"\n{backend}: a hung reward to the command's exit {ended - hang:.1f} s "
-          f"(the limit 2 s; the command ran {ended - began:.1f} s in all)")
+    print(
+        f"\n{backend}: a hung reward to the command's exit {ended - hang:.1f} s "
+        f"(the limit 2 s; the command ran {ended - began:.1f} s in all)"
+    )
 
 
 def test_the_generator_marks_every_decode_step_and_reward_call():
