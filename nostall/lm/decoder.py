@@ -111,6 +111,8 @@ def _copy_rows(out: Tensor, parts: list[Tensor]) -> None:
 class Decoder:
     """The forward of a supported `transformers` causal LM (see `supports`)."""
 
+    graphable = True  # a static cache: the decode step can be captured as a CUDA graph
+
     def __init__(self, model: torch.nn.Module, native: bool = True):
         if not supports(model):
             raise ValueError(

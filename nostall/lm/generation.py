@@ -81,6 +81,10 @@ def positions_of(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(1) - 1).clamp(min=0)
 
 
+# The largest noise tensor drawn for a whole batch at once (64 MiB); past it, a step at a time.
+NOISE_UPFRONT_BYTES = 64 << 20
+
+
 @dataclass
 class SamplingConfig:
     max_new_tokens: int = 16
@@ -195,11 +199,15 @@ class GenerationEngine:
         self.decoder.freeze()  # the fused weights, from the model's current ones
         cfg = self.sampling
         prompts, prompt_mask = batch.prompt_ids[::group_size], batch.prompt_mask[::group_size]
-        # Every token's noise drawn up front, so a batch that stops early leaves the generator
-        # where a full one would, and both paths below draw the same.
+        # Every token's noise drawn up front where it is small, so a batch that stops early
+        # leaves the generator where a full one would and both paths below draw the same; a
+        # large [C, B, V] (a real vocabulary, long completions) is drawn a step at a time.
         V = self.allowed.shape[0]
-        uniform = torch.rand((C, B, V), generator=generator, device=self.allowed.device)
-        if (between_tokens is None and not cfg.processes_logits
+        device = self.allowed.device
+        uniform = None
+        if C * B * V * 4 <= NOISE_UPFRONT_BYTES:
+            uniform = torch.rand((C, B, V), generator=generator, device=device)
+        if (uniform is not None and between_tokens is None and not cfg.processes_logits
                 and self.decoder._native_applies()):  # fmt: skip
             # The whole batch in one native op, the GIL released throughout.
             ids, mask, log_prob = torch.ops.nostall.generate_completions.default(
@@ -216,7 +224,7 @@ class GenerationEngine:
         next_position = batch.prompt_mask.sum(1)  # (B,): each row's first completion position
         slot_mask, finished = self._slot_mask, self._finished
         decode = functools.partial(self.decoder.decode, slot_mask=slot_mask, cache=cache)
-        if cfg.cuda_graph and slot_mask.device.type == "cuda":
+        if cfg.cuda_graph and slot_mask.device.type == "cuda" and self.decoder.graphable:
             decode = self._captured_decode(cache)
         slot_mask.zero_()
         slot_mask[:, :P] = batch.prompt_mask
@@ -239,7 +247,9 @@ class GenerationEngine:
             token, log_prob = sample_tokens(
                 drawn_from, finished, self.allowed, eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
-                top_p=cfg.top_p, uniform=uniform[t],
+                top_p=cfg.top_p,
+                uniform=uniform[t] if uniform is not None else
+                torch.rand((B, V), generator=generator, device=device),
             )  # fmt: skip
             if cfg.processes_logits:  # the policy's log-prob, as the trainer computes it
                 log_prob = self._policy_log_prob(logits.float(), token, batch.completion_mask[:, t])

@@ -18,7 +18,10 @@ from nostall.optim import pack
 
 def training_order(decoder: Decoder) -> list[torch.nn.Parameter] | None:
     """The model's parameters in decoder_train_backward's output order, or None when the model
-    has parameters that order does not cover (the update then goes through autograd)."""
+    has parameters that order does not cover, or runs through its own forward (the update then
+    goes through autograd)."""
+    if not isinstance(decoder, Decoder):
+        return None
     layers = decoder.layers
     attn = [layer.self_attn for layer in layers]
     mlp = [layer.mlp for layer in layers]

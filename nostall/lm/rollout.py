@@ -305,7 +305,7 @@ class GroupGenerator:
         engine = self.engine
         with SyncWatch(engine.decoder.model) as watch:
             watch.mark(*batch.tensors().values(), engine.allowed)
-            if engine._cache is not None:
+            if engine._cache is not None and hasattr(engine._cache, "keys"):  # (a static cache)
                 watch.mark(engine._cache.keys, engine._cache.values)
             engine.generate(batch.completions(), self.generator, self.num_generations,
                             between_tokens, on_step)  # fmt: skip

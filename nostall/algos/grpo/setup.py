@@ -18,6 +18,7 @@ from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.result import GRPOResult
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
+from nostall.lm.hf_decoder import make_decoder
 from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.packing import pack_parameters, training_order
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
@@ -103,7 +104,7 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
         top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         stop_check_every=args.stop_check_every, cuda_graph=args.cuda_graph,
     )  # fmt: skip
-    decoder = Decoder(rollout_model)
+    decoder = make_decoder(rollout_model)
     pack_parameters(decoder)  # each layer's fused weights become views: no copy per batch
     engine = GenerationEngine(
         decoder, sampling, eos_token_id=lm.eos_token_id,
@@ -158,14 +159,14 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
                            watchdog=generator.watchdog)  # fmt: skip
         if args.inflight_weights:
             generator.refresh = loop.refresh
-    decoder = Decoder(model)
+    decoder = make_decoder(model)
     # In decoder_train's order where it covers the model: the update then needs no cats.
     order = training_order(decoder) or list(model.parameters())
     optimizer = ClippedAdam(order, lr=args.learning_rate_at(1), max_grad_norm=args.max_grad_norm,
                             weight_decay=args.weight_decay)  # fmt: skip
     reference = None
     if args.beta > 0:
-        reference = Decoder(copy.deepcopy(model).requires_grad_(False))
+        reference = make_decoder(copy.deepcopy(model).requires_grad_(False))
     group_index = torch.arange(args.num_prompts, device=device)
     group_index = group_index.repeat_interleave(args.num_generations)
     vocab = SampledVocab.build(lm.vocab_size, lm.banned_token_ids(), device)

@@ -1,0 +1,140 @@
+"""Any `transformers` causal LM, through its own forward: the path for every architecture the
+lean Llama-family forward (decoder.py) does not reproduce (Qwen3, Gemma, Phi3, GPT-2, OLMo2,
+Mistral with a sliding window, ...), with the same interface, so generation, the update and
+checkpoints do not care which one runs.
+
+- Training: the model's base module gives the final hidden states of prompt + completion (its
+  own masks, positions and attention), and the loss takes the log-probs from them and the output
+  weight in chunks (`token_log_prob_linear`): [B, T, V] logits are never built.
+- Generation: the model's own KV cache (a `DynamicCache`), prompts run once per group and the
+  cache repeated to the group, one forward a token with explicit positions and the attention
+  mask the engine keeps; sampled with `sample_tokens` as on the lean path, no host read a token.
+
+`make_decoder` picks the lean forward where it applies and this one everywhere else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nostall.lm.decoder import Decoder, supports
+
+Tensor = torch.Tensor
+
+
+class HFCache:
+    """The model's own cache for one batch, and how many positions it holds (a host count,
+    so a step's attention mask is sliced without reading the device)."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.cache = None
+        self.length = 0
+
+
+def plain_head(model: torch.nn.Module) -> str | None:
+    """Why the model's logits are not `hidden @ output_weight.T` (then the chunked log-prob ops
+    would compute other probabilities than its own), or None when they are."""
+    config = model.config
+    text = getattr(config, "get_text_config", lambda: config)()
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        return f"its output layer is a {type(head).__name__}, not a linear layer"
+    if head.bias is not None:
+        return "its output layer has a bias"
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        value = getattr(text, name, None)
+        if value not in (None, 1, 1.0, 0, 0.0):
+            return f"its logits are transformed ({name} = {value})"
+    return None
+
+
+class HFDecoder:
+    """The `Decoder` interface over the model's own forward (see the module's docstring)."""
+
+    native = False
+    graphable = False  # its cache grows per step: no CUDA graph of the decode step
+
+    def __init__(self, model: torch.nn.Module):
+        reason = plain_head(model)
+        if reason is not None:
+            raise ValueError(f"model type {getattr(model.config, 'model_type', '?')!r}: {reason}; "
+                             "nostall computes log-probs from the final hidden states and the "
+                             "output weight, which would not be this model's")  # fmt: skip
+        self.model = model
+        self.base = model.base_model  # the final hidden states, normalised
+
+    @property
+    def output_weight(self) -> Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def embed(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    # The lean forward's hooks: nothing to fuse, no native op.
+    def freeze(self) -> None:
+        pass
+
+    def thaw(self) -> None:
+        pass
+
+    def _native_applies(self) -> bool:
+        return False
+
+    def _native_training_applies(self) -> bool:
+        return False
+
+    # -- training ------------------------------------------------------------------------------
+    def grouped_hidden(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                       completion_mask: Tensor) -> Tensor:  # fmt: skip
+        """[B, C, H]: the hidden states that predict each completion token, differentiable
+        (each row's prompt and completion in one forward of the model)."""
+        Bp, P = prompt_ids.shape
+        G = completion_ids.shape[0] // Bp
+        ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
+        mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+        hidden = self.base(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
+                           use_cache=False).last_hidden_state  # fmt: skip
+        C = completion_ids.shape[1]
+        return hidden[:, P - 1 : P + C - 1]
+
+    # -- generation ----------------------------------------------------------------------------
+    def new_cache(self, batch: int, slots: int) -> HFCache:
+        return HFCache(slots)
+
+    def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, cache: HFCache,
+                group_size: int = 1) -> Tensor:  # fmt: skip
+        """Each group's prompt [Bp, P] run once, its cache repeated to the group's G rows; the
+        next-token logits [Bp * G, V]."""
+        from transformers import DynamicCache
+
+        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
+        fresh = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask.long(),
+                         position_ids=positions, past_key_values=fresh, use_cache=True,
+                         logits_to_keep=1)  # fmt: skip
+        cache.cache = out.past_key_values
+        if group_size > 1:
+            cache.cache.batch_repeat_interleave(group_size)
+        cache.length = prompt_ids.shape[1]
+        return out.logits[:, -1].repeat_interleave(group_size, 0)
+
+    def decode(self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor,
+               cache: HFCache) -> Tensor:  # fmt: skip
+        """One step: token and position [B]; slot_mask [B, S] the keys this step may attend to
+        (its own slot included; `slot` is the host count's twin, not read). The logits [B, V]."""
+        mask = slot_mask[:, : cache.length + 1]
+        out = self.model(input_ids=token[:, None], attention_mask=mask.long(),
+                         position_ids=position[:, None], past_key_values=cache.cache,
+                         use_cache=True)  # fmt: skip
+        cache.cache = out.past_key_values
+        cache.length += 1
+        return out.logits[:, -1]
+
+
+def make_decoder(model: torch.nn.Module) -> Decoder | HFDecoder:
+    """The lean Llama-family forward where it reproduces the model (decoder.supports), its own
+    forward everywhere else."""
+    return Decoder(model) if supports(model) else HFDecoder(model)
