@@ -112,5 +112,5 @@ def test_a_model_whose_logits_are_transformed_is_named():
     model = Gemma2ForCausalLM(Gemma2Config(vocab_size=22, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=4,
                                            num_key_value_heads=2, head_dim=8))  # fmt: skip
-    with pytest.raises(ValueError, match="final_logit_softcapping = 30.0"):
+    with pytest.raises(ValueError, match=r"final_logit_softcapping = 30\.0"):
         make_decoder(model)
