@@ -32,7 +32,7 @@ def _configs() -> dict:
         "mistral_sliding": MistralConfig(**llama_like, sliding_window=4),
         "gemma3": Gemma3TextConfig(
             **llama_like, head_dim=8, sliding_window=4, final_logit_softcapping=None
-        ),  # fmt: skip
+        ),
         "phi3": Phi3Config(**llama_like),
         "olmo2": Olmo2Config(**llama_like),
         "gpt2": GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **COMMON),
