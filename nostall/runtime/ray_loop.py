@@ -91,9 +91,8 @@ class RayLoop:
         chunk_timeout_s: float = 3600.0,
     ):
         """`slots`: the trainer's (at least 2; received slots are copied into them).
-        `chunk_timeout_s`: the longest the trainer waits with no chunk arriving from any worker
-        before it stops the run (a worker that hangs whole; a hang a worker's own watchdog
-        names reaches the trainer as that worker's error).
+        `chunk_timeout_s`: the longest the trainer waits for a chunk from any worker (one hung
+        whole; a step a worker's own watchdog finds hung comes back as its error).
         `address`: None starts a local cluster, "auto" joins a running one. `weights`:
         "store" (each version `ray.put` once) or "collective" (broadcast by gloo or NCCL,
         collective_weights.py; a worker lost then ends the run, as it cannot rejoin)."""
@@ -108,8 +107,6 @@ class RayLoop:
         self.slots, self.staleness, self.num_workers = slots, staleness, num_workers
         self._make_side, self._trainer_model = make_side, trainer_model
         self._address, self._threads = address, torch_threads
-        if not chunk_timeout_s > 0:
-            raise ValueError(f"chunk_timeout_s must be positive, got {chunk_timeout_s}")
         self._chunk_timeout_s = chunk_timeout_s
         self._collective = weights == "collective"
         self._max_restarts = 0 if self._collective else max_restarts
@@ -270,8 +267,7 @@ class RayLoop:
             if not waited and time.monotonic() - began > self._chunk_timeout_s:
                 workers = sorted({worker for worker, _, _ in self._pending.values()})
                 raise HangError(f"no chunk arrived from Ray workers {workers} in "
-                                f"{self._chunk_timeout_s:g} s: hung or too slow for the "
-                                "limit")  # fmt: skip
+                                f"{self._chunk_timeout_s:g} s: hung, or too slow")  # fmt: skip
         (ref,) = waited
         worker, seq, index = self._pending.pop(ref)
         try:

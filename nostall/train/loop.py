@@ -75,6 +75,18 @@ class Hooks(Protocol):
     def interrupted(self) -> None: ...  # saves the last completed step's model
 
 
+def peak_memory_mib(model: torch.nn.Module) -> dict[str, float]:
+    """The run's peak memory: this process's resident set (the trainer, and the rollout side
+    on the thread backend), and on a GPU the device memory torch allocated."""
+    import resource
+
+    peak = {"host": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        peak["device"] = round(torch.cuda.max_memory_allocated(device) / (1 << 20), 1)
+    return peak
+
+
 def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = None) -> TrainResult:
     """Trains from `hooks.first_step` to `hooks.last_step`, calling log(progress, values) every
     log_interval steps; stops at the first log once solved (with stop_when_solved) or past
@@ -99,6 +111,7 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
         if loss is not None:
             result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
         result = hooks.finish(clock, end)
+        result.peak_memory_mib = peak_memory_mib(hooks.model)
         # Saved before the rollout side is closed: a close that fails (a worker's late error)
         # costs the run nothing.
         hooks.completed(result)

@@ -37,6 +37,8 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)  # the last logged values
     dropped_chunks: int = 0  # chunks lost with a rollout worker (Ray), never trained on
     dropped_causes: list[str] = field(default_factory=list)
+    # Peak memory in MiB: "host" (this process's resident set), "device" (on a GPU).
+    peak_memory_mib: dict[str, float] = field(default_factory=dict)
 
     def side_ms(self, side: str) -> float | None:
         """The mean span of one side's work ("rollout" or "train") in milliseconds."""
@@ -55,11 +57,15 @@ class TrainResult:
             "sync_sites": self.sync_sites,
             "dropped_chunks": self.dropped_chunks,
             "dropped_causes": self.dropped_causes,
+            "peak_memory_mib": dict(self.peak_memory_mib),
         }
 
     def summary_lines(self, summary: dict) -> list[str]:
         """report.txt's lines after the algorithm's own."""
         lines = []
+        peak = summary.get("peak_memory_mib") or {}
+        if peak:
+            lines.append("  peak memory: " + ", ".join(f"{k} {v} MiB" for k, v in peak.items()))
         if summary.get("dropped_chunks"):
             lines.append(f"  chunks dropped with a lost worker: {summary['dropped_chunks']} "
                          f"({'; '.join(summary['dropped_causes'])})")  # fmt: skip

@@ -105,6 +105,8 @@ def test_trls_figures_reach_tensorboard_and_the_report(tmp_path):
     assert report["reward_functions"] == ["answer_reward", "length_bonus"]
     assert report["dataset"] == "task copy"
     assert report["last_logged"]["reward_std"] == pytest.approx(logged["reward_std"])
+    assert report["peak_memory_mib"]["host"] > 100  # (torch and the model, at the least)
+    assert "peak memory: host" in (tmp_path / "report.txt").read_text()
 
 
 def test_batch_stats_are_trls():
