@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from nostall.lm.decoder import Decoder, supports
+from nostall.lm.lora import is_peft
 
 Tensor = torch.Tensor
 
@@ -56,21 +57,24 @@ class HFDecoder:
     graphable = False  # its cache grows per step: no CUDA graph of the decode step
 
     def __init__(self, model: torch.nn.Module):
-        reason = plain_head(model)
+        """`model`: a causal LM, or a `peft` model around one (its adapters in its layers)."""
+        inner = model.get_base_model() if is_peft(model) else model
+        reason = plain_head(inner)
         if reason is not None:
-            raise ValueError(f"model type {getattr(model.config, 'model_type', '?')!r}: {reason}; "
+            raise ValueError(f"model type {getattr(inner.config, 'model_type', '?')!r}: {reason}; "
                              "nostall computes log-probs from the final hidden states and the "
                              "output weight, which would not be this model's")  # fmt: skip
-        self.model = model
-        self.base = model.base_model  # the final hidden states, normalised
+        self.model = model  # (whose state the weights published and checkpointed are)
+        self.inner = inner
+        self.base = inner.base_model  # the final hidden states, normalised
 
     @property
     def output_weight(self) -> Tensor:
-        return self.model.get_output_embeddings().weight
+        return self.inner.get_output_embeddings().weight
 
     @property
     def embed(self) -> torch.nn.Module:
-        return self.model.get_input_embeddings()
+        return self.inner.get_input_embeddings()
 
     # The lean forward's hooks: nothing to fuse, no native op.
     def freeze(self) -> None:
@@ -111,8 +115,8 @@ class HFDecoder:
         from transformers import DynamicCache
 
         positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
-        fresh = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask.long(),
+        fresh = DynamicCache(config=self.inner.config)
+        out = self.inner(input_ids=prompt_ids, attention_mask=prompt_mask.long(),
                          position_ids=positions, past_key_values=fresh, use_cache=True,
                          logits_to_keep=1)  # fmt: skip
         cache.cache = out.past_key_values
@@ -126,7 +130,7 @@ class HFDecoder:
         """One step: token and position [B]; slot_mask [B, S] the keys this step may attend to
         (its own slot included; `slot` is the host count's twin, not read). The logits [B, V]."""
         mask = slot_mask[:, : cache.length + 1]
-        out = self.model(input_ids=token[:, None], attention_mask=mask.long(),
+        out = self.inner(input_ids=token[:, None], attention_mask=mask.long(),
                          position_ids=position[:, None], past_key_values=cache.cache,
                          use_cache=True)  # fmt: skip
         cache.cache = out.past_key_values
@@ -135,6 +139,6 @@ class HFDecoder:
 
 
 def make_decoder(model: torch.nn.Module) -> Decoder | HFDecoder:
-    """The lean Llama-family forward where it reproduces the model (decoder.supports), its own
-    forward everywhere else."""
-    return Decoder(model) if supports(model) else HFDecoder(model)
+    """The lean Llama-family forward where it reproduces the model (decoder.supports; not with
+    LoRA adapters, which it would not see), its own forward everywhere else."""
+    return Decoder(model) if not is_peft(model) and supports(model) else HFDecoder(model)

@@ -98,6 +98,14 @@ class GRPOConfig:
     """the ratio is clipped below at 1 - clip_low"""
     clip_high: float | None = None
     """the ratio is clipped above at 1 + clip_high (default: clip_low)"""
+    lora_r: int = 0
+    """train LoRA adapters of this rank instead of every weight (0: every weight; needs
+    `peft`); the run saves the adapter"""
+    lora_alpha: float = 32.0
+    """LoRA's scale numerator (the adapters' output is scaled by lora_alpha / lora_r)"""
+    lora_target_modules: str = "all-linear"
+    """the layers LoRA adapts: "all-linear" (every linear layer but the output), or names
+    comma-separated ("q_proj,v_proj")"""
     beta: float = 0.0
     """weight of the KL penalty to the initial model (k3 estimator); 0: no reference model"""
     updates_per_batch: int = 1
@@ -239,7 +247,7 @@ class GRPOConfig:
                 )
         if self.batch_size > 1 << 20:
             raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
-        for name in ("staleness", "top_k", "stop_check_every", "seed"):
+        for name in ("staleness", "top_k", "stop_check_every", "seed", "lora_r"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         for name in (
@@ -316,6 +324,9 @@ class GRPOConfig:
         if not 0 <= self.weight_decay < float("inf"):
             raise ValueError(f"--weight-decay must be a finite number >= 0, got "
                              f"{self.weight_decay}")  # fmt: skip
+        if self.lora_r and not 0 < self.lora_alpha < float("inf"):
+            raise ValueError(f"--lora-alpha must be a positive finite number, got "
+                             f"{self.lora_alpha}")  # fmt: skip
         if not 0 <= self.min_p < 1:
             raise ValueError(f"--min-p must lie in [0, 1), got {self.min_p}")
         if not 0 < self.repetition_penalty < float("inf"):

@@ -19,6 +19,7 @@ from nostall.algos.grpo.result import GRPOResult
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
 from nostall.lm.hf_decoder import make_decoder
+from nostall.lm.lora import apply_lora, is_peft
 from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.packing import pack_parameters, training_order
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
@@ -61,6 +62,14 @@ def _rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
     return Rewards([load_reward(spec.strip()) for spec in args.reward.split(",")], weights)
 
 
+def _with_lora(lm: LanguageModel, args: GRPOConfig) -> LanguageModel:
+    """The model with LoRA adapters (args.lora_r > 0; none added to a model that has some)."""
+    if not args.lora_r or is_peft(lm.model):
+        return lm
+    model = apply_lora(lm.model, args.lora_r, args.lora_alpha, args.lora_target_modules)
+    return LanguageModel(model, lm.tokenizer, lm.name)
+
+
 def _source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
     if inputs.rows is not None:
         return rows_source(inputs.rows, "train_dataset")
@@ -93,7 +102,7 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
     rewards = _rewards(args, inputs)
     lm = lm or inputs.lm
     if lm is None:
-        lm = load_model(args.model, seed=args.seed)
+        lm = _with_lora(load_model(args.model, seed=args.seed), args)
         rollout_model = lm.model.to(torch.device(args.device))
     else:
         rollout_model = copy.deepcopy(lm.model)
@@ -132,7 +141,9 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     inputs = inputs or Inputs()
     source = _source(args, inputs)
     rewards = _rewards(args, inputs)  # bad specs are named here, before any process starts
-    lm = inputs.lm or load_model(args.model, seed=args.seed)
+    lm = _with_lora(inputs.lm or load_model(args.model, seed=args.seed), args)
+    if inputs.lm is not None:
+        inputs.lm = lm  # (a rollout process or worker builds its side from the same)
     device = torch.device(args.device)
     lm.model.to(device)
     model = lm.model
@@ -161,7 +172,8 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
             generator.refresh = loop.refresh
     decoder = make_decoder(model)
     # In decoder_train's order where it covers the model: the update then needs no cats.
-    order = training_order(decoder) or list(model.parameters())
+    # (With LoRA only the adapters train: the frozen weights are not the optimizer's.)
+    order = training_order(decoder) or [p for p in model.parameters() if p.requires_grad]
     optimizer = ClippedAdam(order, lr=args.learning_rate_at(1), max_grad_norm=args.max_grad_norm,
                             weight_decay=args.weight_decay)  # fmt: skip
     reference = None
