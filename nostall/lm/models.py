@@ -66,12 +66,13 @@ class LanguageModel:
         return sorted(special | set(range(known, vocab)))
 
 
-def char_tokenizer():
-    """The built-ins' tokenizer: WordLevel, one token per character, `<bos>` prepended."""
+def char_tokenizer(characters: list[str] | None = None):
+    """The built-ins' tokenizer: WordLevel, one token per character (of `characters`, default
+    CHARACTERS), `<bos>` prepended."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + (characters or CHARACTERS))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -83,15 +84,17 @@ def char_tokenizer():
     )
 
 
-def builtin_model(name: str, seed: int = 0) -> LanguageModel:
-    """`tiny` or `small`: a randomly initialised Qwen2 over the character tokenizer."""
+def builtin_model(name: str, seed: int = 0, characters: list[str] | None = None) -> LanguageModel:
+    """`tiny` or `small`: a randomly initialised Qwen2 over the character tokenizer (of
+    `characters`: a task's alphabet, default CHARACTERS)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = char_tokenizer()
+    tokenizer = char_tokenizer(characters)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         num_key_value_heads=BUILTIN_SIZES[name]["num_attention_heads"],
-        max_position_embeddings=64,
+        # (No learned positions: this sizes the rotary tables only, not the weights.)
+        max_position_embeddings=64 if characters is None else 128,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -104,11 +107,13 @@ def builtin_model(name: str, seed: int = 0) -> LanguageModel:
     return LanguageModel(model.float(), tokenizer, name)
 
 
-def load_model(name_or_path: str, seed: int = 0) -> LanguageModel:
-    """A built-in (`tiny`, `small`) or a local model directory; ValueError with the reason when
-    the path is missing or holds no causal LM or tokenizer, or the tokenizer has no `<eos>`."""
+def load_model(name_or_path: str, seed: int = 0,
+               characters: list[str] | None = None) -> LanguageModel:  # fmt: skip
+    """A built-in (`tiny`, `small`; its tokenizer of `characters`, a task's alphabet) or a local
+    model directory; ValueError with the reason when the path is missing or holds no causal LM
+    or tokenizer, or the tokenizer has no `<eos>`."""
     if name_or_path in BUILTIN_SIZES:
-        lm = builtin_model(name_or_path, seed)
+        lm = builtin_model(name_or_path, seed, characters)
     else:
         path = Path(name_or_path)
         if not path.is_dir():

@@ -13,7 +13,10 @@ positions that match the answer, over the longer of completion and answer):
 - `copy`: 5 letters from a-h then `=` (`efffb=`); the answer is the same letters (`efffb`);
 - `reverse`: the letters reversed;
 - `sort`: the letters sorted;
-- `sum`: 4 digits then `=` (`3746=`); the answer is their sum in decimal (`20`).
+- `sum`: 4 digits then `=` (`3746=`); the answer is their sum in decimal (`20`);
+- `arithmetic`: a two-step word problem (`7 apples, buy 5, eat 3. left=` -> `9`), rewarded for
+  the right number (1) and for answering with a number alone (0.2); the built-in models read it
+  with a tokenizer of its own alphabet (a-z, 0-9, space and `,.=`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import math
 import numbers
 import random
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,11 +60,42 @@ def _digits(rng: random.Random, n: int = 4) -> str:
     return "".join(rng.choice("0123456789") for _ in range(n))
 
 
+def word_problem(rng: random.Random) -> tuple[str, str]:
+    """A two-step arithmetic word problem and its answer: `7 apples, buy 5, eat 3. left=` ->
+    `9` (never below zero)."""
+    item = rng.choice(["apples", "pears", "cakes", "coins", "books"])
+    have, gain = rng.randint(1, 9), rng.randint(1, 9)
+    lose = rng.randint(0, min(9, have + gain))
+    verbs = {"apples": ("buy", "eat"), "pears": ("pick", "eat"), "cakes": ("bake", "sell"),
+             "coins": ("find", "spend"), "books": ("get", "lend")}[item]  # fmt: skip
+    return f"{have} {item}, {verbs[0]} {gain}, {verbs[1]} {lose}. left=", str(have + gain - lose)
+
+
+def number_reward(prompts: list, completions: list, answer: list[str], **_) -> list[float]:
+    """1 where the completion is the answer (surrounding spaces aside), else 0."""
+    return [float(completion_text(c).strip() == a)
+            for c, a in zip(completions, answer, strict=True)]  # fmt: skip
+
+
+def digits_format_reward(prompts: list, completions: list, **_) -> list[float]:
+    """1 where the completion is a number alone (the format an answer is read in), else 0."""
+    return [float(completion_text(c).strip().isdigit()) for c in completions]
+
+
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "copy": lambda rng: (lambda s: (s + "=", s))(_letters(rng)),
     "reverse": lambda rng: (lambda s: (s + "=", s[::-1]))(_letters(rng)),
     "sort": lambda rng: (lambda s: (s + "=", "".join(sorted(s))))(_letters(rng)),
     "sum": lambda rng: (lambda s: (s + "=", str(sum(map(int, s)))))(_digits(rng)),
+    "arithmetic": word_problem,
+}
+# A task's own rewards and weights (the others: partial credit against the answer).
+TASK_REWARDS: dict[str, tuple[list[RewardFn], list[float]]] = {
+    "arithmetic": ([number_reward, digits_format_reward], [1.0, 0.2]),
+}
+# The alphabet a built-in model's tokenizer needs for a task (the others: a-h, 0-9, =).
+TASK_CHARACTERS: dict[str, list[str]] = {
+    "arithmetic": sorted(set(string.ascii_lowercase + string.digits + " ,.=")),
 }
 
 

@@ -45,7 +45,7 @@ class GRPOConfig:
     model: str = "tiny"
     """a built-in model ("tiny", "small") or a local causal LM directory"""
     task: str = "copy"
-    """a built-in task (copy, reverse, sort, sum), used when no --dataset is given"""
+    """a built-in task (copy, reverse, sort, sum, arithmetic), used when no --dataset is given"""
     dataset: str | None = None
     """prompts from a JSONL file or a saved `datasets` folder (a `prompt` column; other columns
     reach the reward functions as keyword arguments)"""

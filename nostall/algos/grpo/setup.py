@@ -24,6 +24,8 @@ from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.packing import pack_parameters, training_order
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
 from nostall.lm.tasks import (
+    TASK_CHARACTERS,
+    TASK_REWARDS,
     PromptSource,
     RewardFn,
     Rewards,
@@ -58,8 +60,18 @@ def _rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
     if inputs.reward_funcs is not None:
         return Rewards(inputs.reward_funcs, weights)
     if not args.reward:
+        if not args.dataset and inputs.rows is None and args.task in TASK_REWARDS:
+            functions, task_weights = TASK_REWARDS[args.task]
+            return Rewards(functions, weights or task_weights)
         return Rewards([answer_reward], weights)
     return Rewards([load_reward(spec.strip()) for spec in args.reward.split(",")], weights)
+
+
+def _characters(args: GRPOConfig, inputs: Inputs) -> list[str] | None:
+    """The alphabet a built-in model's tokenizer needs for the run's built-in task."""
+    if args.dataset or inputs.rows is not None:
+        return None
+    return TASK_CHARACTERS.get(args.task)
 
 
 def _with_lora(lm: LanguageModel, args: GRPOConfig) -> LanguageModel:
@@ -102,7 +114,7 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
     rewards = _rewards(args, inputs)
     lm = lm or inputs.lm
     if lm is None:
-        lm = _with_lora(load_model(args.model, seed=args.seed), args)
+        lm = _with_lora(load_model(args.model, args.seed, _characters(args, inputs)), args)
         rollout_model = lm.model.to(torch.device(args.device))
     else:
         rollout_model = copy.deepcopy(lm.model)
@@ -141,7 +153,8 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     inputs = inputs or Inputs()
     source = _source(args, inputs)
     rewards = _rewards(args, inputs)  # bad specs are named here, before any process starts
-    lm = _with_lora(inputs.lm or load_model(args.model, seed=args.seed), args)
+    lm = _with_lora(inputs.lm or load_model(args.model, args.seed, _characters(args, inputs)),
+                    args)  # fmt: skip
     if inputs.lm is not None:
         inputs.lm = lm  # (a rollout process or worker builds its side from the same)
     device = torch.device(args.device)
