@@ -138,6 +138,24 @@ class HFDecoder:
         return out.logits[:, -1]
 
 
+def checkpointed(model: torch.nn.Module) -> HFDecoder:
+    """The model's own forward with transformers' gradient checkpointing (which acts in
+    training mode: every dropout is set to 0 so the trainer's log-probs stay the generator's)."""
+    inner = model.get_base_model() if is_peft(model) else model
+    if not getattr(inner, "supports_gradient_checkpointing", False):
+        raise ValueError(f"--gradient-checkpointing: {type(inner).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(inner, "activation_checkpointing_enable"):  # (transformers >= 5.23's name)
+        inner.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return HFDecoder(model)
+
+
 def make_decoder(model: torch.nn.Module) -> Decoder | HFDecoder:
     """The lean Llama-family forward where it reproduces the model (decoder.supports; not with
     LoRA adapters, which it would not see), its own forward everywhere else."""

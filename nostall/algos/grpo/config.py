@@ -116,6 +116,13 @@ class GRPOConfig:
     gradient_accumulation_steps: int = 1
     """micro-batches whose gradients are summed into one optimizer step (each weighted by
     1 / gradient_accumulation_steps, as transformers' Trainer does)"""
+    micro_batch_size: int | None = None
+    """completions per micro-batch (TRL's per_device_train_batch_size), a multiple of
+    num_generations: sets steps_per_generation to the batch over it"""
+    gradient_checkpointing: bool = False
+    """keep only each layer's input in the update's forward and recompute the rest in the
+    backward (transformers' gradient checkpointing, through the model's own forward, dropout
+    off): less memory for more compute"""
     mask_truncated_completions: bool = False
     """leave completions that max_new_tokens cut off (no <eos>) out of the loss (TRL's option)"""
     staleness: int = 1
@@ -211,6 +218,8 @@ class GRPOConfig:
     @property
     def micro_batches(self) -> int:
         """Micro-batches a generation batch is split into."""
+        if self.micro_batch_size:
+            return max(1, self.batch_size // self.micro_batch_size)
         return self.steps_per_generation or self.gradient_accumulation_steps
 
     @property
@@ -303,6 +312,15 @@ class GRPOConfig:
         self._check_trl_options()
 
     def _check_trl_options(self) -> None:
+        size = self.micro_batch_size
+        if size is not None:
+            if size < 1 or size % self.num_generations or self.batch_size % size:
+                raise ValueError(f"--micro-batch-size {size} must be a multiple of "
+                                 f"--num-generations {self.num_generations} dividing the batch "
+                                 f"of {self.batch_size} completions")  # fmt: skip
+            if self.steps_per_generation not in (None, self.batch_size // size):
+                raise ValueError(f"--micro-batch-size {size} and --steps-per-generation "
+                                 f"{self.steps_per_generation} disagree: give one")  # fmt: skip
         micro = self.micro_batches
         if micro < 1:
             raise ValueError(f"--steps-per-generation must be at least 1, got {micro}")

@@ -18,7 +18,7 @@ from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.result import GRPOResult
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
-from nostall.lm.hf_decoder import make_decoder
+from nostall.lm.hf_decoder import checkpointed, make_decoder
 from nostall.lm.lora import apply_lora, is_peft
 from nostall.lm.models import LanguageModel, load_model
 from nostall.lm.packing import pack_parameters, training_order
@@ -183,7 +183,10 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
                            watchdog=generator.watchdog)  # fmt: skip
         if args.inflight_weights:
             generator.refresh = loop.refresh
-    decoder = make_decoder(model)
+    if args.gradient_checkpointing:
+        decoder = checkpointed(model)
+    else:
+        decoder = make_decoder(model)
     # In decoder_train's order where it covers the model: the update then needs no cats.
     # (With LoRA only the adapters train: the frozen weights are not the optimizer's.)
     order = training_order(decoder) or [p for p in model.parameters() if p.requires_grad]

@@ -1,0 +1,202 @@
+"""GRPO at the shape of a model users train: a SmolLM2-135M-shaped Llama (30 layers, hidden
+576, 9 heads / 3 key-value heads, intermediate 1536, vocabulary 49,152, tied embeddings; random
+init, saved with save_pretrained beside the built-ins' character tokenizer), the copy task,
+4 prompts x 4 completions of 8 tokens, against TRL's GRPOTrainer in its fastest CPU
+configuration (the model loaded in bfloat16) and in float32. Each side in a fresh process;
+per-step time (after the first step), peak memory, and the floor: the time of the step's
+matrix products at that shape and precision on this machine.
+
+    python -m benchmarks.lm.scale_grpo [--steps 6] [--threads 2] [--sides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+PROMPTS, GENERATIONS, NEW_TOKENS = 4, 4, 8
+SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+             num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+             max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
+SIDES = ("nostall_s0", "nostall_default", "trl_bf16", "trl_fp32")
+
+
+def build_model(folder: str) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from nostall.lm.models import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    config = LlamaConfig(**SHAPE, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_nostall(folder: str, steps: int, threads: int, staleness: int | None) -> dict:
+    from nostall.algos import grpo
+
+    extra = {} if staleness is None else {"staleness": 0, "learning_rate": 2e-3,
+                                          "entropy_coef": 0.0}  # fmt: skip
+    args = grpo.GRPOConfig(
+        model=folder,
+        steps=steps,
+        num_prompts=PROMPTS,
+        num_generations=GENERATIONS,
+        max_new_tokens=NEW_TOKENS,
+        torch_threads=threads,
+        watch_syncs=False,
+        log_interval=1,
+        **extra,
+    )
+    result = grpo.GRPOTrainer(args=args).train()
+    times = result.step_times
+    return {"step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(times)],
+            "peak_mib": _peak_mib()}  # fmt: skip
+
+
+def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype) -> dict:
+    import contextlib
+    import io
+    import random
+    import warnings
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from nostall.lm.tasks import TASKS, answer_reward
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rng = random.Random(0)
+    rows = [dict(zip(("prompt", "answer"), TASKS["copy"](rng), strict=True))
+            for _ in range(PROMPTS * (steps + 1))]  # fmt: skip
+    stamps: list[float] = []
+
+    class Recorder(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=PROMPTS * GENERATIONS,
+            num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, temperature=1.0,
+            learning_rate=2e-3, lr_scheduler_type="constant", max_grad_norm=1.0, epsilon=0.2,
+            beta=0.0, loss_type="dapo", num_iterations=1, max_steps=steps, seed=0,
+            logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+            disable_tqdm=True, dataloader_num_workers=0,
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = GRPOTrainer(model=model, reward_funcs=answer_reward, args=config,
+                                  train_dataset=Dataset.from_list(rows),
+                                  processing_class=tokenizer, callbacks=[Recorder()])  # fmt: skip
+            with contextlib.redirect_stdout(io.StringIO()):
+                trainer.train()
+    return {"step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
+            "peak_mib": _peak_mib()}  # fmt: skip
+
+
+def floor_ms(threads: int, dtype: torch.dtype) -> dict:
+    """The matrix products of one step at this shape: generation (each group's prompt once, then
+    a token at a time for the batch) and the update (forward and the backward's two products,
+    each group's prompt once); the output layer over the 22 rows sampled from is negligible."""
+    torch.set_num_threads(threads)
+    H, inter, L = SHAPE["hidden_size"], SHAPE["intermediate_size"], SHAPE["num_hidden_layers"]
+    kv = H * SHAPE["num_key_value_heads"] // SHAPE["num_attention_heads"]
+    weights = [torch.randn(n, H, dtype=dtype) for n in (H + 2 * kv, H, 2 * inter)]
+    down = torch.randn(H, inter, dtype=dtype)
+
+    def layer_ms(rows: int, repeat: int = 3) -> float:
+        x, y = torch.randn(rows, H, dtype=dtype), torch.randn(rows, inter, dtype=dtype)
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for _ in range(L):
+                for w in weights:
+                    x @ w.T
+                y @ down.T
+            best = min(best, time.perf_counter() - start)
+        return 1e3 * best
+
+    B, P = PROMPTS * GENERATIONS, 7
+    generation = layer_ms(PROMPTS * P) + NEW_TOKENS * layer_ms(B)
+    update = 3 * layer_ms(PROMPTS * P + B * NEW_TOKENS)
+    return {"generation_ms": generation, "update_ms": update, "step_ms": generation + update}
+
+
+def child(side: str, folder: str, steps: int, threads: int) -> dict:
+    if side == "floor_fp32":
+        return floor_ms(threads, torch.float32)
+    if side == "floor_bf16":
+        return floor_ms(threads, torch.bfloat16)
+    if side.startswith("nostall"):
+        return run_nostall(folder, steps, threads, 0 if side == "nostall_s0" else None)
+    return run_trl(folder, steps, threads, torch.bfloat16 if side == "trl_bf16" else torch.float32)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.folder, args.steps, args.threads)))
+        return
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        build_model(folder)
+        for side in [*args.sides.split(","), "floor_fp32", "floor_bf16"]:
+            run = subprocess.run([sys.executable, "-m", "benchmarks.lm.scale_grpo", "--child",
+                                  side, "--folder", folder, "--steps", str(args.steps),
+                                  "--threads", str(args.threads)], capture_output=True,
+                                 text=True)  # fmt: skip
+            if run.returncode != 0:
+                print(f"{side}: failed\n{run.stderr[-2000:]}")
+                continue
+            results[side] = json.loads(run.stdout.strip().splitlines()[-1])
+    print(
+        f"135M-shaped Llama, {PROMPTS} prompts x {GENERATIONS} completions x {NEW_TOKENS} "
+        f"tokens, {args.threads} threads; ms a step (median after the first), peak RSS"
+    )
+    medians = {s: statistics.median(r["step_ms"]) for s, r in results.items() if "step_ms" in r
+               and isinstance(r["step_ms"], list)}  # fmt: skip
+    for side, ms in medians.items():
+        print(f"  {side:16s} {ms:8.0f} ms   peak {results[side]['peak_mib']:6.0f} MiB")
+    for precision in ("fp32", "bf16"):
+        floor = results.get(f"floor_{precision}")
+        if floor:
+            print(
+                f"  floor {precision}: {floor['step_ms']:.0f} ms a step (generation "
+                f"{floor['generation_ms']:.0f}, update {floor['update_ms']:.0f})"
+            )
+    for mine in ("nostall_s0", "nostall_default"):
+        for theirs in ("trl_bf16", "trl_fp32"):
+            if mine in medians and theirs in medians:
+                print(f"  {theirs} / {mine}: {medians[theirs] / medians[mine]:.2f}x per step")
+
+
+if __name__ == "__main__":
+    main()
