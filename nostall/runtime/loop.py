@@ -32,7 +32,7 @@ from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
 from nostall.runtime.rollout import Timeline
 from nostall.runtime.watchdog import HangError, Watchdog
-from nostall.runtime.weights import WeightBuffer
+from nostall.runtime.weights import SharedWeights, WeightBuffer
 
 
 def check_slots(staleness: int, num_slots: int) -> None:
@@ -62,7 +62,14 @@ class RolloutLoop:
         self.staleness = staleness
         self._fill = fill
         self.rollout_model = rollout_model
-        self.weights = WeightBuffer(trainer_model)
+        if rollout_model is trainer_model:  # one model for both sides: no copies
+            if staleness != 0:
+                raise ValueError("the rollout side can share the trainer's model only at "
+                                 "staleness 0 (at 1 or more it generates during "
+                                 "updates)")  # fmt: skip
+            self.weights: WeightBuffer | SharedWeights = SharedWeights(trainer_model)
+        else:
+            self.weights = WeightBuffer(trainer_model)
         self.version = 0  # the trainer's: updates published
         self.rollout_version = 0  # the weights the rollout side holds
         self.chunks_collected = 0
@@ -176,9 +183,10 @@ class RolloutLoop:
         self.chunks_collected = int(state.chunks_collected)
         self.weights.publish_state(state.published_weights, int(state.weights_version))
         self.weights.advance(self.version)
-        with torch.no_grad():
-            for name, value in self.rollout_model.state_dict().items():
-                value.copy_(state.rollout_weights[name])
+        if self.rollout_model is not trainer_model:  # (shared: the trainer's, restored by it)
+            with torch.no_grad():
+                for name, value in self.rollout_model.state_dict().items():
+                    value.copy_(state.rollout_weights[name])
         queued = state.queued
         if len(queued) > len(self.slots) - 1:
             raise ValueError(f"{len(queued)} queued chunks do not fit {len(self.slots)} slots")

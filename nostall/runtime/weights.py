@@ -109,3 +109,53 @@ class WeightBuffer:
         with self._lock:
             while self._progress < version and not stop.is_set():
                 self._published.wait(timeout=poll_s)
+
+
+class SharedWeights:
+    """The WeightBuffer interface where the rollout side generates with the trainer's own model:
+    the thread transport at staleness 0, where no fill overlaps an update. Publishing is a
+    version number and pulling copies nothing: no second copy of the weights, and none of the
+    double buffer's two."""
+
+    def __init__(self, module: torch.nn.Module):
+        self._module = module
+        self._version = 0
+        self._progress = 0
+        self._lock = threading.Lock()
+        self._published = threading.Condition(self._lock)
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._version
+
+    def publish(self, module: torch.nn.Module, version: int) -> None:
+        if module is not self._module:
+            raise ValueError("SharedWeights publishes the model it shares, not another")
+        self.publish_state({}, version)
+
+    def publish_state(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """(A checkpoint's published weights are the trainer's own, restored with its model.)"""
+        with self._lock:
+            self._version = version
+            self._progress = max(self._progress, version)
+            self._published.notify_all()
+
+    def newest(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        with self._lock:
+            state = {k: v.detach() for k, v in state_tensors(self._module).items()}
+            return {k: v.clone() for k, v in state.items()} if copy else state
+
+    def advance(self, version: int) -> None:
+        with self._lock:
+            self._progress = max(self._progress, version)
+            self._published.notify_all()
+
+    def pull(self, module: torch.nn.Module, have: int) -> int:
+        with self._lock:
+            return max(have, self._version)
+
+    def wait_for(self, version: int, stop: threading.Event, poll_s: float = 0.05) -> None:
+        with self._lock:
+            while self._progress < version and not stop.is_set():
+                self._published.wait(timeout=poll_s)

@@ -31,8 +31,8 @@ def test_the_thread_loop_starts_no_chunk_past_the_last():
         fills.append(time.perf_counter())
         time.sleep(0.5)
 
-    loop = RolloutLoop([_Chunk() for _ in range(3)], slow_fill, model, model, staleness=1,
-                       join_timeout_s=0.1)  # fmt: skip
+    loop = RolloutLoop([_Chunk() for _ in range(3)], slow_fill, torch.nn.Linear(1, 1), model,
+                       staleness=1, join_timeout_s=0.1)  # fmt: skip
     loop.expect(3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a fill still running at the close would warn
@@ -46,8 +46,8 @@ def test_the_thread_loop_starts_no_chunk_past_the_last():
 
 def test_a_fill_still_running_at_the_close_does_not_fail_the_run():
     model = torch.nn.Linear(1, 1)
-    loop = RolloutLoop([_Chunk() for _ in range(3)], lambda chunk: time.sleep(0.5), model,
-                       model, staleness=1, join_timeout_s=0.1)  # fmt: skip
+    loop = RolloutLoop([_Chunk() for _ in range(3)], lambda chunk: time.sleep(0.5),
+                       torch.nn.Linear(1, 1), model, staleness=1, join_timeout_s=0.1)  # fmt: skip
     with pytest.warns(RuntimeWarning, match="still inside a chunk"), loop:
         index, _ = loop.next_chunk()
         loop.release(index)

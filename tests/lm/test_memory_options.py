@@ -41,3 +41,16 @@ def test_micro_batch_size_sets_the_micro_batches():
         grpo.GRPOConfig(num_prompts=4, num_generations=4, micro_batch_size=6).check()
     with pytest.raises(ValueError, match="disagree"):
         grpo.GRPOConfig(num_prompts=4, micro_batch_size=8, steps_per_generation=2).check()
+
+
+def test_at_staleness_0_generation_reads_the_trainers_own_weights(tmp_path):
+    """No batch is generated during an update at staleness 0: the thread backend's generation
+    side holds no copy of the weights and publishing copies nothing; at 1 it has its own."""
+    from nostall.runtime.weights import SharedWeights, WeightBuffer
+
+    synchronous = grpo.build(grpo.GRPOConfig(staleness=0, watch_syncs=False))
+    assert synchronous.generator.model is synchronous.lm.model
+    assert isinstance(synchronous.loop.weights, SharedWeights)
+    overlapped = grpo.build(grpo.GRPOConfig(staleness=1, watch_syncs=False))
+    assert overlapped.generator.model is not overlapped.lm.model
+    assert isinstance(overlapped.loop.weights, WeightBuffer)

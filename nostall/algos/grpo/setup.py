@@ -105,10 +105,11 @@ class Setup:
 
 
 def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int | None = None,
-                    inputs: Inputs | None = None) -> GroupGenerator:  # fmt: skip
+                    inputs: Inputs | None = None,
+                    share: bool = False) -> GroupGenerator:  # fmt: skip
     """The generation side: its own model copy (of `lm`'s, or loaded anew: in the rollout
-    process), engine, prompt source and reward functions; prompts and samples drawn from
-    `seed` (default args.seed)."""
+    process; `share`: `lm`'s model itself), engine, prompt source and reward functions;
+    prompts and samples drawn from `seed` (default args.seed)."""
     inputs = inputs or Inputs()
     source = _source(args, inputs)
     rewards = _rewards(args, inputs)
@@ -116,6 +117,8 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
     if lm is None:
         lm = _with_lora(load_model(args.model, args.seed, _characters(args, inputs)), args)
         rollout_model = lm.model.to(torch.device(args.device))
+    elif share:  # (the trainer's optimizer packs its parameters as pack_parameters would)
+        rollout_model = lm.model
     else:
         rollout_model = copy.deepcopy(lm.model)
     encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
@@ -126,7 +129,8 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
         stop_check_every=args.stop_check_every, cuda_graph=args.cuda_graph,
     )  # fmt: skip
     decoder = make_decoder(rollout_model)
-    pack_parameters(decoder)  # each layer's fused weights become views: no copy per batch
+    if not share:
+        pack_parameters(decoder)  # each layer's fused weights become views: no copy per batch
     engine = GenerationEngine(
         decoder, sampling, eos_token_id=lm.eos_token_id,
         pad_token_id=lm.pad_token_id, banned_token_ids=lm.banned_token_ids(),
@@ -177,7 +181,10 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
                            staleness=args.staleness, inflight=args.inflight_weights,
                            torch_threads=args.torch_threads)  # fmt: skip
     else:
-        generator = build_generator(args, lm, inputs=inputs)
+        # At staleness 0 no batch is generated during an update: generation reads the
+        # trainer's own weights (no copy of them, and no publishing buffers).
+        share = args.staleness == 0
+        generator = build_generator(args, lm, inputs=inputs, share=share)
         generator.watchdog = Watchdog()
         loop = RolloutLoop(slots, generator, generator.model, model, staleness=args.staleness,
                            watchdog=generator.watchdog)  # fmt: skip
