@@ -15,6 +15,8 @@ from nostall.algos.ppo import PPOConfig, PPOTrainer
 from nostall.lm.tasks import TASKS, partial_credit
 
 FAST_GRPO = dict(num_prompts=4, num_generations=4, watch_syncs=False, log_interval=5)
+# A model object gets a real model's defaults; the built-in's, given, make the same run.
+SAME = dict(FAST_GRPO, staleness=0, max_new_tokens=5, learning_rate=1.1e-3)
 
 
 def copy_rows(n: int, seed: int = 0) -> list[dict]:
@@ -99,12 +101,29 @@ def test_a_transformers_model_object_trains_with_its_tokenizer():
         processing_class=lm.tokenizer,
         reward_funcs=copy_reward,
         train_dataset=copy_rows(32),
-        args=GRPOConfig(steps=4, **FAST_GRPO),
+        args=GRPOConfig(steps=4, **SAME),
     ).train()
     assert len(result.rewards) == 4
     reference = GRPOTrainer(model="tiny", reward_funcs=copy_reward, train_dataset=copy_rows(32),
-                            args=GRPOConfig(steps=4, **FAST_GRPO)).train()  # fmt: skip
+                            args=GRPOConfig(steps=4, **SAME)).train()  # fmt: skip
     assert result.rewards == reference.rewards  # the same weights and seeds: the same run
+
+
+def test_a_model_object_or_directory_gets_a_real_models_defaults(tmp_path):
+    """A model object or directory: TRL's completion length (cut to the context the prompts
+    leave) and learning rate; a built-in: its toy tasks' defaults."""
+    from nostall.lm.models import builtin_model
+
+    lm = builtin_model("tiny", seed=0)
+    trainer = GRPOTrainer(model=lm.model, processing_class=lm.tokenizer, reward_funcs=copy_reward,
+                          train_dataset=copy_rows(8), args=GRPOConfig(**FAST_GRPO))  # fmt: skip
+    assert trainer.config.learning_rate == 1e-6
+    assert trainer.config.max_new_tokens == 64 - 7  # 256, cut to the 64-position context
+    assert GRPOConfig().max_new_tokens == 5 and GRPOConfig().learning_rate == 1.1e-3
+    explicit = GRPOTrainer(model=lm.model, processing_class=lm.tokenizer,
+                           reward_funcs=copy_reward, train_dataset=copy_rows(8),
+                           args=GRPOConfig(max_new_tokens=4, **FAST_GRPO))  # fmt: skip
+    assert explicit.config.max_new_tokens == 4
 
 
 @pytest.mark.parametrize(

@@ -114,3 +114,25 @@ def test_a_model_whose_logits_are_transformed_is_named():
                                            num_key_value_heads=2, head_dim=8))  # fmt: skip
     with pytest.raises(ValueError, match=r"final_logit_softcapping = 30\.0"):
         make_decoder(model)
+
+
+@pytest.mark.parametrize("stop_check_every", [32, 0])
+def test_long_completions_run_end_to_end(tmp_path, stop_check_every):
+    """1,024-token completions on a model whose context holds them: generation stops once
+    every completion ended (checked every 32 tokens), or runs all 1,024 (0: no check)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from nostall.lm.models import char_tokenizer
+    from tests.lm.architectures import COMMON
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1040, **COMMON)  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "long")
+    char_tokenizer().save_pretrained(tmp_path / "long")
+    args = grpo.GRPOConfig(model=str(tmp_path / "long"), steps=2, num_prompts=2,
+                           num_generations=2, max_new_tokens=1024, watch_syncs=False,
+                           stop_check_every=stop_check_every, learning_rate=1e-3)  # fmt: skip
+    result = grpo.GRPOTrainer(args=args).train()
+    assert len(result.rewards) == 2 and result.tokens > 0

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import torch
 
+from nostall.lm.models import BUILTIN_SIZES
 from nostall.ops.losses import GROUP_SCALES
 from nostall.train.checkpoint import check_path_template
 
 SCHEDULES = ("constant", "linear", "cosine")
+# Settings whose default depends on the model: (a built-in model's, a model directory's).
+MODEL_DEFAULTS = {"max_new_tokens": (5, 256), "learning_rate": (1.1e-3, 1e-6)}
 
 # TRL's loss_type -> clipped_policy_loss's aggregation.
 AGGREGATIONS = {
@@ -60,8 +63,9 @@ class GRPOConfig:
     """prompts per generation batch"""
     num_generations: int = 8
     """completions per prompt (the group), at least 2"""
-    max_new_tokens: int = 5
-    """completion length limit, in tokens"""
+    max_new_tokens: int | None = None
+    """completion length limit, in tokens (default: 5 with a built-in model, for its toy tasks;
+    256, TRL's, with a model directory)"""
     temperature: float = 1.0
     """sampling temperature (the trainer's log-probs use the same)"""
     top_k: int = 0
@@ -75,10 +79,11 @@ class GRPOConfig:
     """divide the logits (multiply the negative ones) of tokens already in the prompt or the
     completion by this when sampling, as transformers' generate (1: none). Like top-k, top-p
     and min_p it shapes which token is drawn, not the log-probs the loss uses"""
-    learning_rate: float = 1.1e-3
-    """Adam's learning rate (after warm-up, before decay). The default is tuned for
-    --staleness 1 (see benchmarks/RESULTS.md); TRL's synchronous loop (--staleness 0) uses
-    2e-3 and no entropy bonus (--entropy-coef 0)"""
+    learning_rate: float | None = None
+    """Adam's learning rate (after warm-up, before decay). Default: 1.1e-3 with a built-in
+    model, tuned for its tasks at --staleness 1 (benchmarks/RESULTS.md; TRL's synchronous loop,
+    --staleness 0, uses 2e-3 and no entropy bonus there); 1e-6, TRL's, with a model
+    directory"""
     lr_scheduler_type: str = "constant"
     """the learning rate over the run: "constant", "linear" (to 0 at the last step) or
     "cosine" (to 0), after any warm-up; it moves once a generation batch"""
@@ -199,6 +204,17 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         self.take_aliases()
+        self.resolve_defaults()
+
+    def resolve_defaults(self) -> None:
+        """The defaults that depend on the model: a built-in's toy tasks, or a real model's
+        (again when the model changes: the Python API names a model object after this)."""
+        builtin = self.model in BUILTIN_SIZES
+        defaulted = self.__dict__.setdefault("_defaulted", set())
+        for name, (toy, real) in MODEL_DEFAULTS.items():
+            if getattr(self, name) is None or name in defaulted:
+                setattr(self, name, toy if builtin else real)
+                defaulted.add(name)
 
     def take_aliases(self) -> None:
         """Moves each of TRL's names given into the setting it names (ValueError when both are
@@ -236,6 +252,7 @@ class GRPOConfig:
 
     def check(self) -> None:
         self.take_aliases()
+        self.resolve_defaults()
         for name in ("steps", "num_prompts", "max_new_tokens", "updates_per_batch",
                      "log_interval", "checkpoint_every", "torch_threads",
                      "gradient_accumulation_steps"):  # fmt: skip

@@ -74,6 +74,15 @@ def _characters(args: GRPOConfig, inputs: Inputs) -> list[str] | None:
     return TASK_CHARACTERS.get(args.task)
 
 
+def _fit_default_length(args: GRPOConfig, lm: LanguageModel, source: PromptSource) -> None:
+    """A default completion length (not the user's) cut to what the model's context leaves
+    after the longest prompt."""
+    if "max_new_tokens" not in args.__dict__.get("_defaulted", ()):
+        return
+    prompts = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions, 0).length
+    args.max_new_tokens = max(1, min(args.max_new_tokens, lm.max_positions - prompts))
+
+
 def _with_lora(lm: LanguageModel, args: GRPOConfig) -> LanguageModel:
     """The model with LoRA adapters (args.lora_r > 0; none added to a model that has some)."""
     if not args.lora_r or is_peft(lm.model):
@@ -164,6 +173,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     device = torch.device(args.device)
     lm.model.to(device)
     model = lm.model
+    _fit_default_length(args, lm, source)
     encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
                             args.max_new_tokens)  # fmt: skip
     slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)

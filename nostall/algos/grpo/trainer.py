@@ -213,6 +213,7 @@ def _inputs(args: GRPOConfig, model, reward_funcs, train_dataset, processing_cla
         tokenizer = processing_class or load_tokenizer_beside(model)
         inputs.lm = LanguageModel(model, tokenizer, getattr(model, "name_or_path", "") or "model")
         args.model = inputs.lm.name
+        args.resolve_defaults()  # (a real model's defaults where the user set none)
     if reward_funcs is not None:
         funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
         if all(isinstance(f, str) for f in funcs):
