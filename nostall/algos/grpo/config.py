@@ -230,6 +230,7 @@ class GRPOConfig:
                                  f"the same setting: give one")  # fmt: skip
             setattr(self, name, value)
             setattr(self, alias, None)
+            self.__dict__.setdefault("_from_alias", {})[name] = alias  # (for check's messages)
 
     @property
     def micro_batches(self) -> int:
@@ -251,6 +252,17 @@ class GRPOConfig:
     rounding_note = None  # (a GRPO run trains the steps it is given)
 
     def check(self) -> None:
+        """ValueError naming the flag (as the user gave it: TRL's name too) of a bad setting."""
+        try:
+            self._check()
+        except ValueError as e:
+            message = str(e)
+            for name, alias in self.__dict__.get("_from_alias", {}).items():
+                message = message.replace(f"--{_flag(name)} ", f"--{_flag(alias)} "
+                                          f"(--{_flag(name)}) ")  # fmt: skip
+            raise ValueError(message) from None
+
+    def _check(self) -> None:
         self.take_aliases()
         self.resolve_defaults()
         for name in ("steps", "num_prompts", "max_new_tokens", "updates_per_batch",
