@@ -95,20 +95,28 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy(), digest_size=32).hexdigest()
 
 
-def _deduplicated(state, seen: dict | None = None):
-    """`state` with every tensor whose dtype, shape and contents an earlier one has replaced by
-    that earlier tensor, so `torch.save` writes it once (it writes a storage once however many
-    tensors refer to it)."""
+# The subtrees whose tensors are weights that every loader copies out of (a model's state, the
+# published and rollout copies): only there are equal tensors merged into one, since a loader
+# that kept a merged tensor and updated it in place would update every place it stands for.
+WEIGHTS = frozenset({"model", "published_weights", "rollout_weights", "reference", "agent"})
+
+
+def _deduplicated(state, seen: dict | None = None, weights: bool = False):
+    """`state` with every tensor under a WEIGHTS key whose dtype, shape and contents an earlier
+    one has replaced by that earlier tensor, so `torch.save` writes it once (it writes a
+    storage once however many tensors refer to it)."""
     seen = {} if seen is None else seen
     if isinstance(state, torch.Tensor):
+        if not weights:
+            return state
         if state.numel() * state.element_size() < _DEDUP_MIN_BYTES or state.is_sparse:
             return state
         key = (state.dtype, tuple(state.shape), state.device.type, _digest(state))
         return seen.setdefault(key, state)
     if isinstance(state, dict):
-        return {k: _deduplicated(v, seen) for k, v in state.items()}
+        return {k: _deduplicated(v, seen, weights or k in WEIGHTS) for k, v in state.items()}
     if isinstance(state, list | tuple):
-        return type(state)(_deduplicated(v, seen) for v in state)
+        return type(state)(_deduplicated(v, seen, weights) for v in state)
     return state
 
 

@@ -36,18 +36,27 @@ def test_saving_and_loading_hold_the_state_at_most_once(tmp_path):
     assert loaded["load_peak_added_mib"] <= bound, (saved, loaded)
 
 
-def test_equal_tensors_are_stored_once_and_shared_on_load(tmp_path):
+def test_equal_weights_are_stored_once_and_shared_on_load(tmp_path):
+    """Equal weights (a model's, its published and rollout copies, ties) are one tensor; other
+    state (an optimizer's moments, which a loader might keep and update in place) is not
+    merged even when equal."""
     a = torch.randn(1000, 100)
-    state = {"model": {"w": a, "tied": a}, "copy": a.clone(), "other": torch.randn(1000, 100),
-             "small": torch.zeros(3), "list": [a.clone(), 7]}  # fmt: skip
+    zeros = torch.zeros(1000, 100)
+    state = {"model": {"w": a, "tied": a}, "loop": {"published_weights": {"w": a.clone()},
+             "rollout_weights": {"w": a.clone()}, "queued": [a.clone(), 7]},
+             "optimizer": {"exp_avg": zeros, "exp_avg_sq": zeros.clone()}}  # fmt: skip
     checkpoint.save(tmp_path / "c.pt", "x", {}, state)
     size = (tmp_path / "c.pt").stat().st_size
-    assert size < 2 * a.numel() * 4 + 64 * 1024  # a once, `other` once
+    assert size < 4 * a.numel() * 4 + 64 * 1024  # a once; the queued copy, both moments apart
     _, got = checkpoint.load(tmp_path / "c.pt", "x")
+    loop = got["loop"]
     pointers = {got["model"]["w"].data_ptr(), got["model"]["tied"].data_ptr(),
-                got["copy"].data_ptr(), got["list"][0].data_ptr()}  # fmt: skip
-    assert len(pointers) == 1 and torch.equal(got["copy"], a)
-    assert torch.equal(got["other"], state["other"]) and got["list"][1] == 7
+                loop["published_weights"]["w"].data_ptr(),
+                loop["rollout_weights"]["w"].data_ptr()}  # fmt: skip
+    assert len(pointers) == 1 and torch.equal(loop["published_weights"]["w"], a)
+    assert loop["queued"][0].data_ptr() not in pointers and loop["queued"][1] == 7
+    moments = got["optimizer"]
+    assert moments["exp_avg"].data_ptr() != moments["exp_avg_sq"].data_ptr()
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
