@@ -42,6 +42,7 @@ def _encode(value, where: str):
     if isinstance(value, np.generic):  # a NumPy scalar
         if value.dtype.name not in _ARRAY_DTYPES:
             raise EnvStateError(f"{where} is a NumPy {value.dtype} scalar")
+        # sync: none, a NumPy scalar on the host
         return {"__numpy_scalar__": value.dtype.name, "value": value.item()}
     if isinstance(value, np.ndarray):
         if value.dtype.name not in _ARRAY_DTYPES:
@@ -65,7 +66,7 @@ def _decode(value):
     if isinstance(value, dict):
         if "__ndarray__" in value:
             dtype = _dtype(value["__ndarray__"])
-            return value["data"].numpy().astype(dtype, copy=True)
+            return value["data"].numpy().astype(dtype, copy=True)  # sync: none, a host tensor
         if "__numpy_scalar__" in value:
             return _dtype(value["__numpy_scalar__"]).type(value["value"])
         if "__generator__" in value:

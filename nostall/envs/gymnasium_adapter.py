@@ -165,6 +165,7 @@ class GymnasiumVectorEnv:
                              "from a checkpoint this version wrote")  # fmt: skip
         for env, saved in zip(self.envs.envs, state["envs"], strict=True):
             load_env_state(env, saved, self.info.id)
+        # sync: none, the checkpoint's host tensor
         self.envs._autoreset_envs = state["autoreset"].numpy().astype(bool, copy=True)
 
     def close(self) -> None:

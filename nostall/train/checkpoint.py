@@ -92,7 +92,8 @@ def _digest(t: torch.Tensor) -> str:
     if t.device.type != "cpu":
         t = t.cpu()  # sync: a checkpoint reads the weights
     t = t.contiguous()
-    return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy(), digest_size=32).hexdigest()
+    data = t.reshape(-1).view(torch.uint8).numpy()  # sync: none, on the host by now
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
 
 
 # The subtrees whose tensors are weights that every loader copies out of (a model's state, the

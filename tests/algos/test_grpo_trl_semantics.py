@@ -12,6 +12,7 @@ import torch
 
 from nostall.algos import grpo
 from nostall.lm.tasks import PromptSource
+from tests.lm.log_probs import generated_and_trainer
 
 ROWS = [{"prompt": f"row{i}"} for i in range(10)]
 
@@ -54,16 +55,10 @@ def test_with_identical_weights_the_behaviour_weight_is_one_under_top_k_and_top_
     or top-p it was the kept probability mass, about 0.78 at these settings)."""
     args = grpo.GRPOConfig(num_prompts=4, num_generations=4, watch_syncs=False,
                            max_new_tokens=6, **truncation)  # fmt: skip
-    setup = grpo.build(args)
-    batch = setup.loop.slots[0]
-    setup.generator(batch)
-    with torch.no_grad():
-        trainer = grpo.policy_log_probs(setup.decoder, batch, args.temperature, setup.vocab,
-                                        args.num_generations)  # fmt: skip
-    mask = batch.completion_mask
-    weight = (trainer - batch.log_probs).exp()[mask]
+    behaviour, trainer = generated_and_trainer(grpo.build(args), args)
+    weight = (trainer - behaviour).exp()
     torch.testing.assert_close(weight, torch.ones_like(weight), rtol=0, atol=1e-5)
-    assert (batch.log_probs[mask] < 0).all()  # real log-probs, not zeros
+    assert (behaviour < 0).all()  # real log-probs, not zeros
 
 
 def test_trls_figures_reach_tensorboard_and_the_report(tmp_path):
@@ -255,14 +250,8 @@ def test_repetition_penalty_and_min_p_are_transformers():
 def test_a_run_with_min_p_and_repetition_penalty_records_the_policys_log_probs():
     args = grpo.GRPOConfig(repetition_penalty=1.5, min_p=0.1, num_prompts=4, num_generations=4,
                            watch_syncs=False, max_new_tokens=6)  # fmt: skip
-    setup = grpo.build(args)
-    batch = setup.loop.slots[0]
-    setup.generator(batch)
-    with torch.no_grad():
-        trainer = grpo.policy_log_probs(setup.decoder, batch, args.temperature, setup.vocab,
-                                        args.num_generations)  # fmt: skip
-    mask = batch.completion_mask
-    torch.testing.assert_close(trainer[mask], batch.log_probs[mask], rtol=0, atol=1e-5)
+    behaviour, trainer = generated_and_trainer(grpo.build(args), args)
+    torch.testing.assert_close(trainer, behaviour, rtol=0, atol=1e-5)
 
 
 def test_completions_are_logged_and_old_checkpoints_pruned(tmp_path):

@@ -16,6 +16,7 @@ from nostall.lm.decoder import Decoder
 from nostall.lm.hf_decoder import HFDecoder, make_decoder
 from nostall.lm.models import LanguageModel
 from tests.lm.architectures import ARCHITECTURES, build, save
+from tests.lm.log_probs import generated_and_trainer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # float32 throughout; the two computations differ in operation order only.
@@ -64,14 +65,9 @@ def test_generation_and_trainer_log_probs_agree(arch):
     setup = grpo.build(args, grpo.Inputs(lm=lm))
     expected = Decoder if arch in ("llama", "qwen2") else HFDecoder
     assert isinstance(setup.decoder, expected)
-    batch = setup.loop.slots[0]
-    setup.generator(batch)
-    with torch.no_grad():
-        trainer = grpo.policy_log_probs(setup.decoder, batch, args.temperature, setup.vocab,
-                                        args.num_generations)  # fmt: skip
-    mask = batch.completion_mask
-    assert mask[:, 0].all() and (batch.log_probs[mask] < 0).all()
-    torch.testing.assert_close(trainer[mask], batch.log_probs[mask], rtol=0, atol=ATOL)
+    behaviour, trainer = generated_and_trainer(setup, args)
+    assert setup.loop.slots[0].completion_mask[:, 0].all() and (behaviour < 0).all()
+    torch.testing.assert_close(trainer, behaviour, rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -8,6 +8,7 @@ import torch
 
 from nostall.algos import grpo
 from nostall.lm.hf_decoder import make_decoder
+from tests.lm.log_probs import generated_and_trainer, trainer_log_probs
 
 peft = pytest.importorskip("peft", reason="LoRA needs peft (pip install 'nostall[lora]')")
 
@@ -43,17 +44,13 @@ def test_generation_and_trainer_agree_with_adapters():
                 p.normal_(0, 0.5)
     setup.loop.publish(setup.lm.model)  # (the generation side's copy takes them)
     setup.loop.weights.pull(setup.generator.model, -1)
-    batch = setup.loop.slots[0]
-    setup.generator(batch)
-    with torch.no_grad():
-        trainer = grpo.policy_log_probs(setup.decoder, batch, args.temperature, setup.vocab,
-                                        args.num_generations)  # fmt: skip
-        plain = grpo.policy_log_probs(make_decoder(setup.lm.model.get_base_model()),
-                                      batch, args.temperature, setup.vocab,
-                                      args.num_generations)  # fmt: skip
-    mask = batch.completion_mask
-    torch.testing.assert_close(trainer[mask], batch.log_probs[mask], rtol=0, atol=2e-5)
-    assert not torch.allclose(trainer[mask], plain[mask])  # the adapters count
+    behaviour, trainer = generated_and_trainer(setup, args)
+    torch.testing.assert_close(trainer, behaviour, rtol=0, atol=2e-5)
+    # The same batch through the model without its adapters: other log-probs.
+    plain = trainer_log_probs(
+        setup, args, setup.loop.slots[0], make_decoder(setup.lm.model.get_base_model())
+    )
+    assert not torch.allclose(trainer, plain)  # the adapters count
 
 
 @pytest.mark.parametrize("k", [1, 2])
