@@ -27,8 +27,7 @@ class HFCache:
     """The model's own cache for one batch, and how many positions it holds (a host count,
     so a step's attention mask is sliced without reading the device)."""
 
-    def __init__(self, slots: int):
-        self.slots = slots
+    def __init__(self):
         self.cache = None
         self.length = 0
 
@@ -72,15 +71,8 @@ class HFDecoder:
     def output_weight(self) -> Tensor:
         return self.inner.get_output_embeddings().weight
 
-    @property
-    def embed(self) -> torch.nn.Module:
-        return self.inner.get_input_embeddings()
-
-    # The lean forward's hooks: nothing to fuse, no native op.
+    # The lean forward's hooks the engine calls: nothing to fuse, no native op.
     def freeze(self) -> None:
-        pass
-
-    def thaw(self) -> None:
         pass
 
     def _native_applies(self) -> bool:
@@ -106,7 +98,7 @@ class HFDecoder:
 
     # -- generation ----------------------------------------------------------------------------
     def new_cache(self, batch: int, slots: int) -> HFCache:
-        return HFCache(slots)
+        return HFCache()
 
     def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, cache: HFCache,
                 group_size: int = 1) -> Tensor:  # fmt: skip
