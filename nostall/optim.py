@@ -83,6 +83,11 @@ class ClippedAdam(torch.optim.Adam):
         return list(self._params)
 
     @property
+    def flat_parameters(self) -> torch.Tensor:
+        """Every parameter, end to end (the parameters are views of it)."""
+        return self._flat_param
+
+    @property
     def flat_gradient(self) -> torch.Tensor:
         """Every parameter's gradient, end to end; `step` reads it."""
         return self._flat_grad

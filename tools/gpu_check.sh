@@ -2,9 +2,10 @@
 # Every GPU check in one run, for a machine with a CUDA build of torch already installed and no
 # network: builds nostall in place against that torch (the CUDA kernels included), then runs the
 # tests marked `gpu` (kernels against the CPU ones with sync debug mode on, the trainers with
-# --device cuda) and a short GPU training run. Logs go to $OUT (default: gpu-check/).
+# --device cuda) and short GPU training runs (PPO; GRPO steps of a 135M-shaped model in bf16).
+# Logs go to $OUT (default: gpu-check/).
 #
-#   bash tools/gpu_check.sh            # about 5 minutes on one GPU
+#   bash tools/gpu_check.sh            # about 6 minutes on one GPU
 #
 # Python packages the machine lacks (gymnasium, say) must travel as wheels: put them in .whl/
 # (ignored by git) and they are installed to /tmp/site first.
@@ -24,7 +25,8 @@ $py - <<'EOF' || exit 1
 import importlib, torch
 assert torch.cuda.is_available(), "no CUDA device: nothing to check here"
 print("torch", torch.__version__, "on", torch.cuda.get_device_name())
-missing = [m for m in ("gymnasium", "hypothesis", "pytest", "tqdm", "matplotlib", "tensorboard")
+missing = [m for m in ("gymnasium", "hypothesis", "pytest", "tqdm", "matplotlib", "tensorboard",
+                      "transformers")
            if importlib.util.find_spec(m) is None]
 assert not missing, f"missing Python packages (carry them as wheels in .whl/): {missing}"
 EOF
@@ -40,4 +42,8 @@ status=${PIPESTATUS[0]}
 echo "== PPO on CartPole-v1, trainer on the GPU"
 $py -m nostall.cli train ppo --env CartPole-v1 --device cuda --no-progress \
   --out "$out/ppo-cuda" 2>&1 | tee "$out/train.log" | tail -8
+
+echo "== GRPO on the 135M-shaped model: bf16 steps, syncs per decode step and per update"
+$py -m benchmarks.lm.gpu_step 2>&1 | tee "$out/grpo_135m.log" | tail -8
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit "$status"

@@ -28,7 +28,9 @@ PROMPTS, GENERATIONS, NEW_TOKENS = 4, 4, 8
 SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
              num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
              max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
-SIDES = ("nostall_s0", "nostall_default", "trl_bf16", "trl_fp32")
+# nostall at --dtype auto (bf16 compute over float32 master weights where the CPU has bf16
+# arithmetic) and at float32; TRL with its weights in bf16 (its fastest here) and in float32.
+SIDES = ("nostall_s0", "nostall_default", "nostall_fp32_s0", "trl_bf16", "trl_fp32")
 
 
 def build_model(folder: str) -> None:
@@ -49,11 +51,14 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_nostall(folder: str, steps: int, threads: int, staleness: int | None) -> dict:
+def run_nostall(folder: str, steps: int, threads: int, side: str) -> dict:
+    """`side`: nostall_default (every default), else staleness 0 with TRL's settings."""
     from nostall.algos import grpo
 
-    extra = {} if staleness is None else {"staleness": 0, "learning_rate": 2e-3,
-                                          "entropy_coef": 0.0}  # fmt: skip
+    extra = {} if side == "nostall_default" else {"staleness": 0, "learning_rate": 2e-3,
+                                                  "entropy_coef": 0.0}  # fmt: skip
+    if "fp32" in side:
+        extra["dtype"] = "float32"
     args = grpo.GRPOConfig(
         model=folder,
         steps=steps,
@@ -65,10 +70,15 @@ def run_nostall(folder: str, steps: int, threads: int, staleness: int | None) ->
         log_interval=1,
         **extra,
     )
-    result = grpo.GRPOTrainer(args=args).train()
+    trainer = grpo.GRPOTrainer(args=args)
+    result = trainer.train()
     times = result.step_times
-    return {"step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(times)],
-            "peak_mib": _peak_mib()}  # fmt: skip
+    return {
+        "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(times)],
+        "peak_mib": _peak_mib(),
+        "dtype": str(trainer.setup.decoder.output_weight.dtype),
+        "logp_difference_max": result.metrics.get("sampling/sampling_logp_difference/max"),
+    }
 
 
 def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype) -> dict:
@@ -150,7 +160,7 @@ def child(side: str, folder: str, steps: int, threads: int) -> dict:
     if side == "floor_bf16":
         return floor_ms(threads, torch.bfloat16)
     if side.startswith("nostall"):
-        return run_nostall(folder, steps, threads, 0 if side == "nostall_s0" else None)
+        return run_nostall(folder, steps, threads, side)
     return run_trl(folder, steps, threads, torch.bfloat16 if side == "trl_bf16" else torch.float32)
 
 
@@ -184,7 +194,12 @@ def main() -> None:
     medians = {s: statistics.median(r["step_ms"]) for s, r in results.items() if "step_ms" in r
                and isinstance(r["step_ms"], list)}  # fmt: skip
     for side, ms in medians.items():
-        print(f"  {side:16s} {ms:8.0f} ms   peak {results[side]['peak_mib']:6.0f} MiB")
+        result = results[side]
+        extra = ""
+        if "dtype" in result:  # the compute dtype auto chose, and generation's log-prob error
+            extra = (f"   {result['dtype'].removeprefix('torch.')}, behaviour log-probs within "
+                     f"{result['logp_difference_max']:.2g} of the trainer's")  # fmt: skip
+        print(f"  {side:16s} {ms:8.0f} ms   peak {result['peak_mib']:6.0f} MiB{extra}")
     for precision in ("fp32", "bf16"):
         floor = results.get(f"floor_{precision}")
         if floor:
@@ -192,7 +207,7 @@ def main() -> None:
                 f"  floor {precision}: {floor['step_ms']:.0f} ms a step (generation "
                 f"{floor['generation_ms']:.0f}, update {floor['update_ms']:.0f})"
             )
-    for mine in ("nostall_s0", "nostall_default"):
+    for mine in ("nostall_s0", "nostall_default", "nostall_fp32_s0"):
         for theirs in ("trl_bf16", "trl_fp32"):
             if mine in medians and theirs in medians:
                 print(f"  {theirs} / {mine}: {medians[theirs] / medians[mine]:.2f}x per step")

@@ -37,12 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState
-from nostall.runtime.ray_worker import Worker, copy_numpy, ray_module
+from nostall.runtime.ray_worker import Worker, as_array, copy_numpy, from_array, ray_module
 from nostall.runtime.reaper import Reaper, descendants
 from nostall.runtime.rollout import Timeline
 from nostall.runtime.watchdog import HangError
@@ -121,7 +120,7 @@ class RayLoop:
         self.trained: list[tuple[int, int]] = []  # (worker, seq) of every slot handed over
         self._stats: dict = {}
         self._weights_ref = None  # the newest published version, put once
-        self._weights_version = 0
+        self._weights_version, self._dtypes = 0, {}
         self._worker_version: list[int] = [-1] * num_workers
         self._pending: dict = {}  # ObjectRef -> (worker, seq, request index)
         self._ready: dict[int, dict] = {}  # request index -> a result not yet handed over
@@ -232,12 +231,13 @@ class RayLoop:
     # -- requests ------------------------------------------------------------------------------
     def _put_weights(self, model: torch.nn.Module, version: int) -> None:
         self._weights_version = version
+        self._dtypes = {k: v.dtype for k, v in model.state_dict().items()}  # (for a checkpoint)
         if self._sender is not None:  # broadcast from the trainer's device, in order
             self._sender.publish(model.state_dict(), version)
             self._published = {k: v.detach().clone() for k, v in model.state_dict().items()}
             return
         # The weights to the host for the object store, once a version.
-        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}  # sync: once
+        state = {k: as_array(v.cpu()) for k, v in model.state_dict().items()}  # sync: once
         self._weights_ref = self.ray.put(state)
 
     def _issue(self) -> None:
@@ -377,7 +377,7 @@ class RayLoop:
             # (The trainer's own copy of its last publish: no other copy needed to save it.)
             published = {k: v.cpu() for k, v in self._published.items()}  # sync: saving
         else:
-            published = {k: torch.from_numpy(np.array(v))
+            published = {k: from_array(v, self._dtypes[k])
                          for k, v in self.ray.get(self._weights_ref).items()}  # fmt: skip
         return LoopState(
             version=self.version,
@@ -440,7 +440,8 @@ class RayLoop:
             self._sender.publish(published, self._weights_version)
             self._published = {k: v.clone() for k, v in published.items()}
         else:
-            arrays = {k: v.numpy() for k, v in published.items()}  # sync: none, a checkpoint's
+            arrays = {k: as_array(v) for k, v in published.items()}  # sync: none, a checkpoint's
+            self._dtypes = {k: v.dtype for k, v in published.items()}
             self._weights_ref = self.ray.put(arrays)
         self._worker_version = [int(w["rollout_version"]) for w in state["workers"]]
         self.requested = int(state["chunks_collected"])

@@ -24,11 +24,23 @@ def ray_module():
     return ray
 
 
+def as_array(tensor: torch.Tensor) -> np.ndarray:
+    """A host tensor's numpy view (bfloat16, which numpy lacks, as its raw 16-bit words)."""
+    tensor = tensor.detach()
+    return (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
+def from_array(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of `dtype` holding a copy of `as_array`'s array."""
+    tensor = torch.from_numpy(np.array(array))
+    return tensor.view(dtype) if dtype == torch.bfloat16 else tensor
+
+
 def copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
     """Copies arrays (read-only views of the object store) into host tensors of the same
     names and shapes."""
     for name, tensor in tensors.items():
-        np.copyto(tensor.numpy(), arrays[name])  # sync: none, host tensors
+        np.copyto(as_array(tensor), arrays[name])  # sync: none, host tensors
 
 
 def _empty_like(slot: Any) -> Any:

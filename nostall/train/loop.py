@@ -53,7 +53,8 @@ class Hooks(Protocol):
     algorithm: str
     config: Any
     runtime: Any
-    model: torch.nn.Module  # watched for syncs, and published to the rollout side
+    model: torch.nn.Module  # the model trained: watched for syncs
+    published_model: torch.nn.Module  # what the rollout side is sent (a compute copy, or model)
     result: TrainResult
     first_step: int
     last_step: int
@@ -141,7 +142,7 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
             runtime.release(slot)
             saving = config.checkpoint and (step % config.checkpoint_every == 0 or step == last)
             with runtime.boundary() if saving else contextlib.nullcontext():
-                runtime.publish(hooks.model, weights=hooks.publishes(step))
+                runtime.publish(hooks.published_model, weights=hooks.publishes(step))
                 watch_scope.close()
                 hooks.at_boundary(step, clock)
                 if saving:

@@ -19,8 +19,11 @@ from tests.lm.architectures import ARCHITECTURES, build, save
 from tests.lm.log_probs import generated_and_trainer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-# float32 throughout; the two computations differ in operation order only.
+# float32: the two computations differ in operation order only. bfloat16 (--dtype
+# bfloat16): each rounds its products and activations to 8 significant bits in its own order
+# (the cache's one token at a time against the trainer's whole sequence).
 ATOL = 2e-5
+BF16_ATOL = 0.02
 
 
 def _batch(G=3, P=5, C=4, seed=0):
@@ -54,20 +57,25 @@ def test_the_trainers_log_probs_are_the_models_own(arch):
                                rtol=0, atol=ATOL)  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_generation_and_trainer_log_probs_agree(arch):
+def test_generation_and_trainer_log_probs_agree(arch, dtype):
     """GRPO's generation side (the model's own cache, sample_tokens) records behaviour
-    log-probs the trainer reproduces from the same weights."""
+    log-probs the trainer reproduces from the same weights, in either compute dtype."""
     model, tokenizer = build(arch)
     lm = LanguageModel(model, tokenizer, arch)
     args = grpo.GRPOConfig(num_prompts=2, num_generations=3, max_new_tokens=6, top_k=5,
-                           watch_syncs=False)  # fmt: skip
+                           watch_syncs=False, dtype=dtype)  # fmt: skip
     setup = grpo.build(args, grpo.Inputs(lm=lm))
     expected = Decoder if arch in ("llama", "qwen2") else HFDecoder
     assert isinstance(setup.decoder, expected)
     behaviour, trainer = generated_and_trainer(setup, args)
     assert setup.loop.slots[0].completion_mask[:, 0].all() and (behaviour < 0).all()
-    torch.testing.assert_close(trainer, behaviour, rtol=0, atol=ATOL)
+    computes = torch.float32 if dtype == "float32" else torch.bfloat16
+    assert setup.decoder.output_weight.dtype == computes
+    assert all(p.dtype == torch.float32 for p in setup.lm.model.parameters())  # the master
+    atol = ATOL if dtype == "float32" else BF16_ATOL
+    torch.testing.assert_close(trainer, behaviour, rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

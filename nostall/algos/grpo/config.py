@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from nostall.lm.models import BUILTIN_SIZES
+from nostall.lm.precision import DTYPES
 from nostall.ops.losses import GROUP_SCALES
 from nostall.train.checkpoint import check_path_template
 
@@ -28,7 +29,7 @@ AGGREGATIONS = {
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "target_reward", "watch_syncs", "backend",
              "output_dir", "torch_threads", "save_total_limit", "log_completions",
-             "reward_timeout", "generation_timeout",
+             "reward_timeout", "generation_timeout", "dtype",
              "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
@@ -138,7 +139,12 @@ class GRPOConfig:
     between two decode steps (in flight, as PipelineRL does), each token's version recorded;
     the cached keys and values of earlier tokens are kept. Off: one version per batch"""
     is_cap: float = 2.0
-    """cap of the behaviour importance weight of stale tokens (decoupled objective)"""
+    """cap of the behaviour importance weight (decoupled objective, engine correction)"""
+    importance_sampling_correction: bool = True
+    """weight each token by min(trainer's / generation's probability, is_cap) wherever the two
+    can differ: always at staleness >= 1 (the decoupled objective), and at staleness 0 with
+    bfloat16 compute (TRL's vllm_importance_sampling_correction). float32 at staleness 0
+    generates with the trainer's own arithmetic; the difference is reported every step"""
     entropy_coef: float = 0.05
     """weight of an entropy bonus: the loss minus entropy_coef times the sampling
     distribution's entropy, a plain mean over the completion tokens whatever the loss type (as
@@ -150,6 +156,11 @@ class GRPOConfig:
     read); 0: always generate max_new_tokens"""
     device: str = "cpu"
     """where the model, generation and update run ("cpu", "cuda", "cuda:1")"""
+    dtype: str = "auto"
+    """compute precision: "bfloat16" generates and runs the update's forward and backward in
+    bf16 over float32 master weights and optimizer state (what is saved); "float32"; "auto":
+    bf16 where the hardware has it (CUDA, a CPU with AVX512-BF16 or AMX) for a model directory
+    or object, float32 for the built-in models and elsewhere"""
     backend: str = "thread"
     """where generation runs: "thread" (beside the trainer, in this process), "process" (its
     own process, CPU only: no GIL shared with the trainer) or "ray" (worker actors on a Ray
@@ -318,6 +329,8 @@ class GRPOConfig:
             raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.backend not in ("thread", "process", "ray"):
             raise ValueError(f"--backend must be thread, process or ray, got {self.backend!r}")
         if self.backend in ("process", "ray") and device.type != "cpu":

@@ -18,8 +18,8 @@ def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
     """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
     model's, at `temperature`, over the tokens the sampler may draw: `vocab`, None for all);
     each group's prompt is run once."""
-    return nostall.token_log_prob_linear(*policy_head(decoder, batch, temperature, vocab,
-                                                      group_size))  # fmt: skip
+    head = policy_head(decoder, batch, temperature, vocab, group_size)
+    return nostall.token_log_prob_linear(*head).float()  # (float32 whatever the compute dtype)
 
 
 def policy_head(decoder: Decoder, batch: LMBatch, temperature: float,

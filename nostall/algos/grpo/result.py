@@ -28,6 +28,7 @@ class GRPOResult(TrainResult):
     weight_swaps: int = 0  # in-flight weight swaps the generator made
     reward_functions: list[str] = field(default_factory=list)
     dataset: str = ""  # what the prompts came from
+    compute_dtype: str = "float32"  # the update's and generation's arithmetic (--dtype)
 
     @property
     def tokens_per_second(self) -> float:
@@ -63,6 +64,7 @@ class GRPOResult(TrainResult):
             "reward_functions": list(self.reward_functions),
             "learning_rate": args["learning_rate"],
             "loss_type": args["loss_type"],
+            "compute_dtype": self.compute_dtype,
             "steps": len(self.rewards),
             "target_reward": args["target_reward"],
             "steps_to_target": self.steps_to_target,
@@ -105,6 +107,8 @@ class GRPOResult(TrainResult):
             f"{summary['mean_version_lag']}{inflight}",
             f"  unintended host-device syncs: {summary['syncs_per_update']} per update, "
             f"{summary['syncs_per_decode_step']} per decode step",
+            f"  compute {summary['compute_dtype']} (master weights float32); behaviour "
+            f"log-probs within {_logp_gap(summary)} of the trainer's (last logged)",
             *super().summary_lines(summary),
         ]
 
@@ -112,3 +116,8 @@ class GRPOResult(TrainResult):
         steps = [float(i) for i in range(1, len(self.rewards) + 1)]
         return Curve(steps, list(self.rewards), "step (generation batch)", "reward",
                      "batch mean reward", target=self.args["target_reward"], smooth=10)  # fmt: skip
+
+
+def _logp_gap(summary: dict) -> str:
+    gap = summary["last_logged"].get("sampling/sampling_logp_difference/max")
+    return "?" if gap is None else f"{gap:.2g}"

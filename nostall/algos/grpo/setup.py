@@ -5,7 +5,6 @@ reference model."""
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import shutil
@@ -20,8 +19,9 @@ from nostall.lm.decoder import Decoder
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
 from nostall.lm.hf_decoder import checkpointed, make_decoder
 from nostall.lm.lora import apply_lora, is_peft
-from nostall.lm.models import LanguageModel, load_model
+from nostall.lm.models import BUILTIN_SIZES, LanguageModel, load_model
 from nostall.lm.packing import pack_parameters, training_order
+from nostall.lm.precision import MasterWeights, compute_copy, compute_dtype
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
 from nostall.lm.tasks import (
     TASK_CHARACTERS,
@@ -97,12 +97,31 @@ def _source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
     return dataset_source(args.dataset) if args.dataset else task_source(args.task)
 
 
+def run_dtype(args: GRPOConfig, inputs: Inputs) -> torch.dtype:
+    """The compute dtype of the run (`--dtype`, auto resolved for this machine and model)."""
+    builtin = inputs.lm is None and args.model in BUILTIN_SIZES
+    return compute_dtype(args.dtype, torch.device(args.device), builtin)
+
+
+def corrects_behaviour(args: GRPOConfig, dtype: torch.dtype) -> bool:
+    """Whether the loss weighs each token by min(trainer's / behaviour probability, is_cap): at
+    staleness >= 1 (the decoupled objective), and at staleness 0 where generation's arithmetic
+    is not the trainer's float32 (--importance-sampling-correction)."""
+    if args.staleness > 0:
+        return True
+    return args.importance_sampling_correction and dtype != torch.float32
+
+
+def _dtype_of(model: torch.nn.Module) -> torch.dtype:
+    return model.get_input_embeddings().weight.dtype
+
+
 @dataclass
 class Setup:
     """Everything a run builds before its first step."""
 
-    lm: LanguageModel
-    decoder: Decoder
+    lm: LanguageModel  # the model trained, saved and checkpointed (the master weights)
+    decoder: Decoder  # the update's forward, over `compute`
     generator: GroupGenerator | None  # the thread backend's (the process backend's is its own)
     loop: RolloutLoop | ProcessLoop | RayLoop
     optimizer: ClippedAdam
@@ -111,25 +130,51 @@ class Setup:
     reference: Decoder | None
     reward_names: list[str]  # the reward functions, as metrics and the report name them
     dataset: str  # what the prompts come from, for the report
+    compute: torch.nn.Module  # the model the update and generation run (lm.model in float32)
+    precision: MasterWeights | None  # bf16 compute over float32 master weights, or None
+
+    corrects: bool  # the loss weighs tokens by the behaviour ratio (decoupled objective)
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        """The run's standing tensors on its device besides the model's parameters and buffers
+        (what SyncWatch must know lives there): the group index, the sampler's vocabulary, the
+        compute copy's buffers and flat gradients, the lean forward's rotary tables."""
+        tensors = [self.group_index]
+        if self.vocab is not None:
+            tensors += [self.vocab.ids, self.vocab.index]
+        if self.precision is not None:
+            tensors += [*self.compute.buffers(), self.precision.flat_grad,
+                        self.optimizer.flat_gradient, self.optimizer.flat_parameters]  # fmt: skip
+        tensors += [t for t in (getattr(self.decoder, "cos", None),
+                                getattr(self.decoder, "sin", None)) if t is not None]  # fmt: skip
+        return tensors
+
+    @property
+    def stepper(self) -> ClippedAdam | MasterWeights:
+        """What the update steps: the optimizer, or the master weights around it."""
+        return self.precision or self.optimizer
 
 
 def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int | None = None,
                     inputs: Inputs | None = None,
                     share: bool = False) -> GroupGenerator:  # fmt: skip
-    """The generation side: its own model copy (of `lm`'s, or loaded anew: in the rollout
-    process; `share`: `lm`'s model itself), engine, prompt source and reward functions;
-    prompts and samples drawn from `seed` (default args.seed)."""
+    """The generation side: its own model copy in the run's compute dtype (of `lm`'s, or loaded
+    anew: in the rollout process; `share`: `lm`'s model itself), engine, prompt source and
+    reward functions; prompts and samples drawn from `seed` (default args.seed)."""
     inputs = inputs or Inputs()
     source = _source(args, inputs)
     rewards = _rewards(args, inputs)
+    dtype = run_dtype(args, inputs)
     lm = lm or inputs.lm
     if lm is None:
         lm = _with_lora(load_model(args.model, args.seed, _characters(args, inputs)), args)
         rollout_model = lm.model.to(torch.device(args.device))
+        if _dtype_of(rollout_model) != dtype:  # (cast as the trainer's: buffers kept)
+            rollout_model = compute_copy(rollout_model, dtype)
     elif share:  # (the trainer's optimizer packs its parameters as pack_parameters would)
         rollout_model = lm.model
-    else:
-        rollout_model = copy.deepcopy(lm.model)
+    else:  # a copy in the run's compute dtype (bf16: half a float32 copy's memory)
+        rollout_model = compute_copy(lm.model, dtype)
     encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
                             args.max_new_tokens)  # fmt: skip
     sampling = SamplingConfig(
@@ -173,6 +218,11 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     device = torch.device(args.device)
     lm.model.to(device)
     model = lm.model
+    dtype = run_dtype(args, inputs)
+    # bf16 compute: a bf16 copy for generation and the update's arithmetic; the optimizer's
+    # float32 weights are the model saved (MasterWeights).
+    compute = model if _dtype_of(model) == dtype else compute_copy(model, dtype)
+    compute_lm = LanguageModel(compute, lm.tokenizer, lm.name)
     _fit_default_length(args, lm, source)
     encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions,
                             args.max_new_tokens)  # fmt: skip
@@ -182,36 +232,35 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     if args.backend == "ray":
         # A worker's own watchdog names a hang; this bounds a worker hung whole.
         chunk_timeout = args.generation_timeout + len(rewards.functions) * args.reward_timeout
-        loop = RayLoop(slots, functools.partial(ray_generator, args, inputs), model,
+        loop = RayLoop(slots, functools.partial(ray_generator, args, inputs), compute,
                        staleness=args.staleness, num_workers=args.num_workers,
                        address=args.ray_address, torch_threads=args.torch_threads,
                        chunk_timeout_s=chunk_timeout + 60.0)  # fmt: skip
     elif args.backend == "process":
-        loop = ProcessLoop(slots, functools.partial(build_generator, args, inputs=inputs), model,
+        loop = ProcessLoop(slots, functools.partial(build_generator, args, inputs=inputs), compute,
                            staleness=args.staleness, inflight=args.inflight_weights,
                            torch_threads=args.torch_threads)  # fmt: skip
     else:
         # At staleness 0 no batch is generated during an update: generation reads the
         # trainer's own weights (no copy of them, and no publishing buffers).
         share = args.staleness == 0
-        generator = build_generator(args, lm, inputs=inputs, share=share)
+        generator = build_generator(args, compute_lm, inputs=inputs, share=share)
         generator.watchdog = Watchdog()
-        loop = RolloutLoop(slots, generator, generator.model, model, staleness=args.staleness,
+        loop = RolloutLoop(slots, generator, generator.model, compute, staleness=args.staleness,
                            watchdog=generator.watchdog)  # fmt: skip
         if args.inflight_weights:
             generator.refresh = loop.refresh
-    if args.gradient_checkpointing:
-        decoder = checkpointed(model)
-    else:
-        decoder = make_decoder(model)
+    decoder = checkpointed(compute) if args.gradient_checkpointing else make_decoder(compute)
     # In decoder_train's order where it covers the model: the update then needs no cats.
     # (With LoRA only the adapters train: the frozen weights are not the optimizer's.)
-    order = training_order(decoder) or [p for p in model.parameters() if p.requires_grad]
+    order = (training_order(make_decoder(model))
+             or [p for p in model.parameters() if p.requires_grad])  # fmt: skip
     optimizer = ClippedAdam(order, lr=args.learning_rate_at(1), max_grad_norm=args.max_grad_norm,
                             weight_decay=args.weight_decay)  # fmt: skip
+    precision = None if compute is model else MasterWeights(model, optimizer, compute)
     reference = None
     if args.beta > 0:
-        reference = make_decoder(copy.deepcopy(model).requires_grad_(False))
+        reference = make_decoder(compute_copy(model, dtype).requires_grad_(False))
     group_index = torch.arange(args.num_prompts, device=device)
     group_index = group_index.repeat_interleave(args.num_generations)
     vocab = SampledVocab.build(lm.vocab_size, lm.banned_token_ids(), device)
@@ -220,7 +269,8 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     else:
         dataset = args.dataset or f"task {args.task}"
     return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference,
-                 rewards.names, dataset)  # fmt: skip
+                 rewards.names, dataset, compute, precision,
+                 corrects_behaviour(args, dtype))  # fmt: skip
 
 
 def snapshot(setup: Setup, step: int, result: GRPOResult) -> dict:
@@ -272,9 +322,11 @@ def restore(setup: Setup, state: dict, result: GRPOResult) -> int:
         for name, value in model.state_dict().items():
             value.copy_(state["model"][name])
     setup.optimizer.load_state_dict(_reordered(setup, state))
-    setup.loop.load_state_dict(state["loop"], model, LMBatch.load_state_dict)
+    if setup.precision is not None:
+        setup.precision.pull_all()
+    setup.loop.load_state_dict(state["loop"], setup.compute, LMBatch.load_state_dict)
     setup.loop.load_fill_state({"generator": state["generator"], "prompts": state["prompts"]})
-    if setup.reference is not None:
+    if setup.reference is not None:  # (loaded into the reference's dtype)
         setup.reference.model.load_state_dict(state["reference"])
     result.rewards = list(state["rewards"])
     result.step_times = list(state["step_times"])

@@ -56,6 +56,7 @@ class GRPOTrainer:
         self.setup = setup or build(args, inputs)
         self.runtime = self.setup.loop
         self.model = self.setup.lm.model
+        self.published_model = self.setup.compute  # (bf16 compute: the copy generation reads)
         self.result = GRPOResult(self.algorithm, asdict(args))
         self.first_step, self.last_step = 1, args.steps
         self._offset = 0.0  # seconds of the run before a resume
@@ -80,6 +81,9 @@ class GRPOTrainer:
         self._stats: dict[str, list[float]] = {}  # TRL's batch figures since the last log
         self.result.reward_functions = list(self.setup.reward_names)
         self.result.dataset = self.setup.dataset
+        self.result.compute_dtype = str(self.setup.decoder.output_weight.dtype).removeprefix(
+            "torch."
+        )
         self.report: str | None = None  # the report's text, once written
 
     # What a run leaves in its output_dir.
@@ -121,16 +125,12 @@ class GRPOTrainer:
         self.setup.optimizer.param_groups[0]["lr"] = self.config.learning_rate_at(step)
 
     def device_tensors(self, batch):
-        setup = self.setup
-        tensors = [*batch.tensors().values(), setup.group_index]  # built on the run's device
-        if setup.vocab is not None:
-            tensors += [setup.vocab.ids, setup.vocab.index]
-        return tensors
+        return [*batch.tensors().values(), *self.setup.device_tensors()]
 
     def update(self, batch, step: int) -> dict[str, torch.Tensor]:
         setup = self.setup
-        return grpo_update(setup.decoder, setup.optimizer, batch, self.config, setup.vocab,
-                           setup.reference, self.config.staleness > 0, setup.group_index,
+        return grpo_update(setup.decoder, setup.stepper, batch, self.config, setup.vocab,
+                           setup.reference, setup.corrects, setup.group_index,
                            eos_token_id=setup.lm.eos_token_id)  # fmt: skip
 
     def record(self, batch, lag: int, logging: bool) -> None:

@@ -16,6 +16,7 @@ from nostall.algos.grpo.explicit_update import explicit_update
 from nostall.algos.grpo.loss import grpo_loss, policy_head, policy_log_probs, token_mean
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
+from nostall.lm.precision import MasterWeights
 from nostall.lm.rollout import LMBatch
 from nostall.optim import ClippedAdam
 
@@ -40,9 +41,9 @@ def micro_batches(batch: LMBatch, count: int) -> list[LMBatch]:
             for i in range(count)]  # fmt: skip
 
 
-def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: GRPOConfig,
-                vocab: SampledVocab | None, reference: Decoder | None, decoupled: bool,
-                group_index: torch.Tensor, autograd: bool = False,
+def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch: LMBatch,
+                args: GRPOConfig, vocab: SampledVocab | None, reference: Decoder | None,
+                decoupled: bool, group_index: torch.Tensor, autograd: bool = False,
                 eos_token_id: int | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """updates_per_batch passes over one batch; metrics as tensors (not read here), means over
     the micro-batches. By explicit adjoints where they apply, else through autograd
@@ -87,7 +88,29 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam, batch: LMBatch, args: 
                 optimizer.apply_gradients()
             totals += torch.stack(values)
     totals /= args.updates_per_batch * count
-    return dict(zip(names, totals.unbind(), strict=True))
+    metrics = dict(zip(names, totals.unbind(), strict=True))
+    metrics.update(behaviour_mismatch(torch.cat(old_log_probs), batch, args.is_cap))
+    return metrics
+
+
+def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float) -> dict:
+    """How far generation's log-probs of the completion tokens are from the trainer's at the
+    batch's first step (its proximal policy), under TRL's names: |difference| mean and max,
+    and the importance ratio trainer / generation, capped (the weight the decoupled objective
+    and the engine correction apply), min, mean and max. Tensors: nothing is read here."""
+    mask = batch.completion_mask
+    count = mask.sum().clamp(min=1)
+    delta = trainer - batch.log_probs
+    ratio = delta.exp().clamp(max=cap)
+    zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
+    return {
+        "sampling/sampling_logp_difference/mean": torch.where(mask, delta.abs(), zero).sum()
+        / count,
+        "sampling/sampling_logp_difference/max": torch.where(mask, delta.abs(), zero).amax(),
+        "sampling/importance_sampling_ratio/min": torch.where(mask, ratio, cap).amin(),
+        "sampling/importance_sampling_ratio/mean": torch.where(mask, ratio, zero).sum() / count,
+        "sampling/importance_sampling_ratio/max": torch.where(mask, ratio, zero).amax(),
+    }
 
 
 def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args, vocab,
@@ -105,18 +128,22 @@ def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args,
     else:
         G = args.num_generations
         hidden, weight, tokens = policy_head(decoder, part, args.temperature, vocab, G)
-        log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)
+        # (float32 whatever the compute dtype: the ratios are differences of log-probs)
+        log_prob = nostall.token_log_prob_linear(hidden, weight, tokens).float()
         loss, clip_fraction, approx_kl, kl = grpo_loss(
             log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
             advantage, loss_mask, args, part.log_probs if decoupled else None, ref_log_prob,
         )  # fmt: skip
         entropy = None
         if args.entropy_coef:
-            entropy = token_mean(nostall.token_entropy_linear(hidden, weight), loss_mask)
+            entropy = token_mean(nostall.token_entropy_linear(hidden, weight).float(),
+                                 loss_mask)  # fmt: skip
             loss = loss - args.entropy_coef * entropy
         if first_of_step:
             optimizer.zero_grad()
         (loss * scale).backward()
+        if isinstance(optimizer, MasterWeights):  # into the float32 gradients
+            optimizer.collect_gradients()
     if old_log_prob is None:  # the proximal policy: the weights before this update
         old_log_probs[i] = log_prob.detach()
     values = [loss.detach(), clip_fraction, approx_kl, kl.detach()]

@@ -64,6 +64,7 @@ class PPOTrainer:
             args.solved_return)  # fmt: skip
         device = torch.device(args.device)
         self.model = self.agent = make_agent(self.env, args.hidden, args.policy).to(device)
+        self.published_model = self.model
         # A tensor on the trainer's device: annealing it needs no host value.
         self.lr = torch.tensor(args.learning_rate, device=device)
         # Gradient clipping and fused Adam in one lean step (nostall/optim.py).
