@@ -23,11 +23,17 @@ import torch
 def pack(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """Lays `params` end to end in one new buffer, in their order, each now a view of it (its
     `.data`); returns the buffer."""
+    first = params[0]
     with torch.no_grad():
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        # Copied in one at a time, each old tensor freed as its view replaces it: the model is
+        # held about once on the way, not twice (as a torch.cat of all of them would).
+        flat = torch.empty(sum(p.numel() for p in params), dtype=first.dtype,
+                           device=first.device)  # fmt: skip
         offset = 0
         for p in params:
-            p.data = flat[offset : offset + p.numel()].view_as(p)
+            view = flat[offset : offset + p.numel()]
+            view.copy_(p.detach().reshape(-1))
+            p.data = view.view_as(p)
             offset += p.numel()
     return flat
 

@@ -41,7 +41,7 @@ import torch
 
 from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState
-from nostall.runtime.ray_worker import Worker, as_array, copy_numpy, from_array, ray_module
+from nostall.runtime.ray_worker import Worker, copy_numpy, from_array, ray_module, to_arrays
 from nostall.runtime.reaper import Reaper, descendants
 from nostall.runtime.rollout import Timeline
 from nostall.runtime.watchdog import HangError
@@ -231,13 +231,12 @@ class RayLoop:
     # -- requests ------------------------------------------------------------------------------
     def _put_weights(self, model: torch.nn.Module, version: int) -> None:
         self._weights_version = version
-        self._dtypes = {k: v.dtype for k, v in model.state_dict().items()}  # (for a checkpoint)
         if self._sender is not None:  # broadcast from the trainer's device, in order
             self._sender.publish(model.state_dict(), version)
             self._published = {k: v.detach().clone() for k, v in model.state_dict().items()}
             return
         # The weights to the host for the object store, once a version.
-        state = {k: as_array(v.cpu()) for k, v in model.state_dict().items()}  # sync: once
+        state, self._dtypes = to_arrays(model.state_dict())  # sync: once
         self._weights_ref = self.ray.put(state)
 
     def _issue(self) -> None:
@@ -440,8 +439,7 @@ class RayLoop:
             self._sender.publish(published, self._weights_version)
             self._published = {k: v.clone() for k, v in published.items()}
         else:
-            arrays = {k: as_array(v) for k, v in published.items()}  # sync: none, a checkpoint's
-            self._dtypes = {k: v.dtype for k, v in published.items()}
+            arrays, self._dtypes = to_arrays(published)  # sync: none, a checkpoint's (host)
             self._weights_ref = self.ray.put(arrays)
         self._worker_version = [int(w["rollout_version"]) for w in state["workers"]]
         self.requested = int(state["chunks_collected"])

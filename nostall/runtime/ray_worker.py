@@ -30,6 +30,13 @@ def as_array(tensor: torch.Tensor) -> np.ndarray:
     return (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
+def to_arrays(state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """(numpy arrays, dtypes) of a state dict, copied to the host: what the object store takes,
+    and what `from_array` needs to read them back."""
+    host = {k: v.detach().cpu() for k, v in state.items()}
+    return {k: as_array(v) for k, v in host.items()}, {k: v.dtype for k, v in host.items()}
+
+
 def from_array(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A tensor of `dtype` holding a copy of `as_array`'s array."""
     tensor = torch.from_numpy(np.array(array))
