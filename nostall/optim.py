@@ -47,7 +47,11 @@ class ClippedAdam(torch.optim.Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        gradients: bool = True,
     ):
+        """`gradients=False`: no gradient buffer of its own (nor `.grad` on the parameters);
+        each step takes an outside flat gradient (`apply_flat_gradient`), as master weights
+        stepped from a bf16 copy's gradients do (nostall.lm.precision)."""
         if not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm}")
         params = list(params)
@@ -74,12 +78,12 @@ class ClippedAdam(torch.optim.Adam):
         self.reduce_grad: Callable[[torch.Tensor], None] | None = None
         self._params = params
         self._flat_param = pack(params)  # the parameters now live in the flat buffer
-        self._flat_grad = torch.zeros_like(self._flat_param)
+        self._flat_grad = torch.zeros_like(self._flat_param) if gradients else None
         self._flat_exp_avg = torch.zeros_like(self._flat_param)
         self._flat_exp_avg_sq = torch.zeros_like(self._flat_param)
         self._step = torch.zeros((), dtype=torch.float32, device=self._flat_param.device)
-        self._grads = self._views(self._flat_grad)
-        for p, grad in zip(params, self._grads, strict=True):
+        self._grads = self._views(self._flat_grad) if gradients else []
+        for p, grad in zip(params, self._grads, strict=False):  # (none: gradients=False)
             p.grad = grad
         self._bind_state()
 
@@ -94,8 +98,8 @@ class ClippedAdam(torch.optim.Adam):
         return self._flat_param
 
     @property
-    def flat_gradient(self) -> torch.Tensor:
-        """Every parameter's gradient, end to end; `step` reads it."""
+    def flat_gradient(self) -> torch.Tensor | None:
+        """Every parameter's gradient, end to end; `step` reads it (None: gradients=False)."""
         return self._flat_grad
 
     def add_param_group(self, param_group: dict) -> None:
@@ -151,7 +155,8 @@ class ClippedAdam(torch.optim.Adam):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradient (the gradients stay views of it whatever set_to_none)."""
-        self._flat_grad.zero_()
+        if self._flat_grad is not None:
+            self._flat_grad.zero_()
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -173,6 +178,9 @@ class ClippedAdam(torch.optim.Adam):
     def apply_gradients(self) -> None:
         """`step` without the wrapper torch.optim puts around it (step hooks and a profiler
         range: about 65 us a call, a tenth of the step), for a trainer that registers none."""
+        if self._flat_grad is None:
+            raise RuntimeError("this ClippedAdam has no gradients of its own (gradients=False): "
+                               "step it with apply_flat_gradient")  # fmt: skip
         for p, grad in zip(self._params, self._grads, strict=True):
             if p.grad is not grad:  # replaced from outside (module.zero_grad, assignment)
                 if p.grad is None:
@@ -201,3 +209,38 @@ class ClippedAdam(torch.optim.Adam):
             [], [self._step], lr=group["lr"], beta1=beta1, beta2=beta2,
             weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False, maximize=False,
         )  # fmt: skip
+
+    @torch.no_grad()
+    def apply_flat_gradient(self, grad: torch.Tensor, chunk: int = 1 << 22) -> None:
+        """The step on an outside flat gradient in the parameters' order, of any floating dtype
+        (a bf16 copy's): clipped to max_grad_norm by its norm taken in float32, and widened a
+        chunk at a time, so no float32 copy of the whole gradient is ever held."""
+        if grad.shape != self._flat_param.shape:
+            shape = tuple(self._flat_param.shape)
+            raise ValueError(f"grad must be the flat gradient, of shape {shape}, got "
+                             f"{tuple(grad.shape)}")  # fmt: skip
+        group = self.param_groups[0]
+        beta1, beta2 = group["betas"]
+        if self.weight_decay:
+            self._flat_param.mul_(1.0 - group["lr"] * self.weight_decay)
+        parts = [slice(start, start + chunk) for start in range(0, grad.numel(), chunk)]
+        # One float32 chunk, reused: fresh temporaries a chunk each (with the small norms
+        # allocated between them) fragmented the heap by about a whole float32 gradient.
+        wide = torch.empty(min(chunk, grad.numel()), dtype=self._flat_param.dtype,
+                           device=grad.device)  # fmt: skip
+
+        def widened(part: slice) -> torch.Tensor:
+            out = wide[: grad[part].numel()]
+            return out.copy_(grad[part])
+
+        norms = torch.stack([torch.linalg.vector_norm(widened(part), 2.0) for part in parts])
+        total_norm = torch.linalg.vector_norm(norms, 2.0)
+        clip = torch.clamp(self.max_grad_norm / (total_norm + 1e-6), max=1.0)
+        self._step.add_(1)
+        for part in parts:
+            torch._fused_adam_(
+                [self._flat_param[part]], [widened(part).mul_(clip)],
+                [self._flat_exp_avg[part]], [self._flat_exp_avg_sq[part]], [], [self._step],
+                lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
+                eps=group["eps"], amsgrad=False, maximize=False,
+            )  # fmt: skip

@@ -29,8 +29,10 @@ SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
              num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
              max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
 # nostall at --dtype auto (bf16 compute over float32 master weights where the CPU has bf16
-# arithmetic) and at float32; TRL with its weights in bf16 (its fastest here) and in float32.
-SIDES = ("nostall_s0", "nostall_default", "nostall_fp32_s0", "trl_bf16", "trl_fp32")
+# arithmetic), at float32, and all in bf16 (--master-dtype bfloat16, TRL's bf16 weights'
+# counterpart); TRL with its weights in bf16 (its fastest here) and in float32.
+SIDES = ("nostall_s0", "nostall_default", "nostall_fp32_s0", "nostall_bf16w_s0", "trl_bf16",
+         "trl_fp32")  # fmt: skip
 
 
 def build_model(folder: str) -> None:
@@ -59,6 +61,8 @@ def run_nostall(folder: str, steps: int, threads: int, side: str) -> dict:
                                                   "entropy_coef": 0.0}  # fmt: skip
     if "fp32" in side:
         extra["dtype"] = "float32"
+    if "bf16w" in side:
+        extra["master_dtype"] = "bfloat16"
     args = grpo.GRPOConfig(
         model=folder,
         steps=steps,
@@ -207,7 +211,7 @@ def main() -> None:
                 f"  floor {precision}: {floor['step_ms']:.0f} ms a step (generation "
                 f"{floor['generation_ms']:.0f}, update {floor['update_ms']:.0f})"
             )
-    for mine in ("nostall_s0", "nostall_default", "nostall_fp32_s0"):
+    for mine in ("nostall_s0", "nostall_default", "nostall_fp32_s0", "nostall_bf16w_s0"):
         for theirs in ("trl_bf16", "trl_fp32"):
             if mine in medians and theirs in medians:
                 print(f"  {theirs} / {mine}: {medians[theirs] / medians[mine]:.2f}x per step")

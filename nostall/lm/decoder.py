@@ -98,6 +98,20 @@ def _adjacent(parts: list[Tensor]) -> Tensor | None:
     return first.as_strided((rows, *first.shape[1:]), first.stride())
 
 
+class _AdjacentParts(torch.autograd.Function):
+    """torch.cat(parts) for parts laid end to end in one buffer: their view in the forward,
+    and in the backward cat's gradient (the incoming gradient's rows, as views, one a part)."""
+
+    @staticmethod
+    def forward(ctx, *parts: Tensor) -> Tensor:
+        ctx.rows = [part.shape[0] for part in parts]
+        return _adjacent(list(parts))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, ...]:
+        return tuple(grad.split(ctx.rows))
+
+
 def _copy_rows(out: Tensor, parts: list[Tensor]) -> None:
     """out = torch.cat(parts), written in place (nothing to do when out is their view)."""
     if out.data_ptr() == parts[0].data_ptr() and _adjacent(parts) is not None:
@@ -184,8 +198,11 @@ class Decoder:
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
 
         def fused(parts: list[Tensor]) -> Tensor:
-            view = _adjacent(parts) if not torch.is_grad_enabled() else None
-            return view if view is not None else torch.cat(parts)
+            if _adjacent(parts) is None:
+                return torch.cat(parts)
+            # Packed end to end: a view, with cat's gradient where one is taken (no copy of
+            # every layer's weights kept for the backward, and none of their gradients).
+            return _AdjacentParts.apply(*parts) if torch.is_grad_enabled() else _adjacent(parts)
 
         bias = None
         if attn.q_proj.bias is not None:

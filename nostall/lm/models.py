@@ -107,10 +107,11 @@ def builtin_model(name: str, seed: int = 0, characters: list[str] | None = None)
     return LanguageModel(model.float(), tokenizer, name)
 
 
-def load_model(name_or_path: str, seed: int = 0,
-               characters: list[str] | None = None) -> LanguageModel:  # fmt: skip
+def load_model(name_or_path: str, seed: int = 0, characters: list[str] | None = None,
+               dtype: torch.dtype = torch.float32) -> LanguageModel:  # fmt: skip
     """A built-in (`tiny`, `small`; its tokenizer of `characters`, a task's alphabet) or a local
-    model directory; ValueError with the reason when the path is missing or holds no causal LM
+    model directory, its parameters in `dtype` (a directory's converted as they load: no float32
+    copy on the way); ValueError with the reason when the path is missing or holds no causal LM
     or tokenizer, or the tokenizer has no `<eos>`."""
     if name_or_path in BUILTIN_SIZES:
         lm = builtin_model(name_or_path, seed, characters)
@@ -125,9 +126,7 @@ def load_model(name_or_path: str, seed: int = 0,
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
-                path, local_files_only=True, dtype=torch.float32
-            )
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"cannot load a causal LM from {path}: {e}") from None
         lm = LanguageModel(model, tokenizer, str(path))

@@ -4,13 +4,15 @@ With `--dtype bfloat16` the trainer keeps the model it saves and checkpoints, an
 moments, in float32 (the master weights, the optimizer's), and runs generation and the update's
 forward and backward on a bfloat16 copy of them (the compute weights). Where the hardware has
 bf16 arithmetic (a GPU; a CPU with AVX512-BF16 or AMX) its matrix products run 2-7x faster than
-float32's, and the copy costs 2 bytes a parameter against float32's 16 of weights, gradients
-and moments.
+float32's, and the copy and its gradients cost 4 bytes a parameter: as many as the float32
+gradients it saves.
 
 Both copies are flat buffers in the same order (ClippedAdam's for the master, `pack` for the
-compute copy), so one optimizer step is: the compute gradients added into the master's (one
-widening op over the whole buffer, after each micro-batch: the sum over micro-batches is
-float32's), the float32 step, and the master rounded into the compute copy (one narrowing op).
+compute copy), so one optimizer step is: the float32 Adam step on the compute copy's bf16
+gradients, clipped by their float32 norm and widened a chunk at a time (no float32 gradient
+buffer: 4 bytes a parameter less than float32 training holds), then the master rounded into
+the compute copy (one narrowing op). With gradient accumulation the micro-batches' gradients
+are summed in a float32 buffer first (the sum is float32's).
 """
 
 from __future__ import annotations
@@ -63,19 +65,24 @@ class MasterWeights:
     in for the optimizer in the update: `zero_grad`, `collect_gradients` after each backward,
     `apply_gradients`."""
 
-    def __init__(self, master: torch.nn.Module, optimizer: ClippedAdam, compute: torch.nn.Module):
+    def __init__(self, master: torch.nn.Module, optimizer: ClippedAdam, compute: torch.nn.Module,
+                 accumulate: int = 1):  # fmt: skip
+        """`optimizer`: a ClippedAdam over `master`'s trained parameters with no gradient
+        buffer of its own (gradients=False); `accumulate`: micro-batches an optimizer step
+        sums (gradient_accumulation_steps)."""
         self.master, self.optimizer, self.compute = master, optimizer, compute
         names = {id(p): name for name, p in master.named_parameters()}
         by_name = dict(compute.named_parameters())
         order = [by_name[names[id(p)]] for p in optimizer.parameters_in_order]
         self.flat = pack(order)  # the compute copy's trained parameters, in the master's order
         self.flat_grad = torch.zeros_like(self.flat)
-        offset = 0
-        for p in order:  # backward accumulates into these views
-            p.grad = self.flat_grad[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
         self._order = order
-        self._collected = False  # gradients added into the master's since zero_grad
+        self._reattach()
+        self.accumulate = accumulate
+        # With accumulation: the micro-batches' gradients summed in float32 (made on first use:
+        # without it the step reads the bf16 gradients directly, a chunk at a time).
+        self.summed: torch.Tensor | None = None
+        self._collected = 0  # micro-batches summed since zero_grad
 
     @property
     def param_groups(self) -> list[dict]:
@@ -84,28 +91,36 @@ class MasterWeights:
     def zero_grad(self) -> None:
         self._reattach()
         self.flat_grad.zero_()
-        self._collected = False
+        self._collected = 0
 
     @torch.no_grad()
     def collect_gradients(self) -> None:
-        """Adds the compute copy's gradients (of the micro-batch just back-propagated) into the
-        master's, in float32, and clears them for the next."""
-        master = self.optimizer.flat_gradient
+        """After a micro-batch's backward. With accumulation: its gradients added into the
+        float32 sum, and cleared for the next micro-batch."""
+        if self.accumulate == 1:
+            return
+        if self.summed is None:
+            self.summed = torch.zeros(self.flat.shape, dtype=torch.float32,
+                                      device=self.flat.device)  # fmt: skip
         if self._collected:
-            master.add_(self.flat_grad)
+            self.summed.add_(self.flat_grad)
         else:
-            master.copy_(self.flat_grad)
-            self._collected = True
+            self.summed.copy_(self.flat_grad)
+        self._collected += 1
         self.flat_grad.zero_()
 
     @torch.no_grad()
     def apply_gradients(self) -> None:
-        """The float32 step on the collected gradients, then the compute copy rounded from the
-        new master weights."""
-        if not self._collected:
-            self.optimizer.flat_gradient.zero_()
-        self.optimizer.apply_gradients()
-        self._collected = False
+        """The float32 step on the gradients (clipped by their float32 norm), then the compute
+        copy rounded from the new master weights."""
+        if self.accumulate == 1:
+            self.optimizer.apply_flat_gradient(self.flat_grad)
+        else:
+            if not self._collected:  # (nothing back-propagated since zero_grad)
+                self.summed = torch.zeros(self.flat.shape, dtype=torch.float32,
+                                          device=self.flat.device)  # fmt: skip
+            self.optimizer.apply_flat_gradient(self.summed)
+        self._collected = 0
         self.pull()
 
     @torch.no_grad()
@@ -123,7 +138,8 @@ class MasterWeights:
             param.copy_(masters[name])
 
     def _reattach(self) -> None:
-        """The gradients stay views of the flat buffer even if something reset them."""
+        """The compute parameters' gradients are views of the flat buffer (backward adds into
+        them in place), even after something reset them."""
         offset = 0
         for p in self._order:
             view = self.flat_grad[offset : offset + p.numel()].view_as(p)

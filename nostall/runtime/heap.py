@@ -11,7 +11,10 @@ do; the objects the loop itself makes are still collected as usual.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import gc
+import sys
 from collections.abc import Iterator
 
 
@@ -26,3 +29,20 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+def return_free_memory() -> None:
+    """Hands the C heap's free pages back to the system (glibc's malloc_trim), after a build
+    that freed large tensors: glibc keeps freed blocks below its (self-raising) mmap threshold
+    in the heap, where they count in the process's memory. Building a 135M-parameter GRPO run
+    (a model loaded, packed, copied) left 150-350 MiB of such pages. Elsewhere: nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = getattr(libc, "malloc_trim", None)
+    except OSError:
+        trim = None
+    if trim is not None:  # (musl has none)
+        trim(0)

@@ -116,3 +116,26 @@ def test_bad_use_is_refused():
         )
     with pytest.raises(ValueError, match="a parameter twice"):
         ClippedAdam([net[0].weight, net[0].weight], 1e-3, 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("max_norm", [1e-2, 1e3])
+def test_a_step_on_an_outside_flat_gradient_is_the_same_step(dtype, max_norm):
+    """gradients=False (master weights stepped from a bf16 copy's gradients): the step on a
+    flat gradient of any dtype, widened a few elements at a time, is the step on that gradient
+    widened whole, over three steps, clipping or not."""
+    net, other = _net(0), _net(0)
+    mine = ClippedAdam(net.parameters(), lr=1e-2, max_grad_norm=max_norm, gradients=False)
+    theirs = ClippedAdam(other.parameters(), lr=1e-2, max_grad_norm=max_norm)
+    assert mine.flat_gradient is None and all(p.grad is None for p in net.parameters())
+    for step in range(3):
+        grad = torch.randn(mine.flat_parameters.shape, generator=torch.Generator().manual_seed(
+            step)).to(dtype)  # fmt: skip
+        mine.apply_flat_gradient(grad, chunk=7)
+        theirs.flat_gradient.copy_(grad.float())
+        theirs.apply_gradients()
+        _assert_same_parameters(net, other)
+    with pytest.raises(RuntimeError, match="apply_flat_gradient"):
+        mine.apply_gradients()
+    with pytest.raises(ValueError, match="grad must be the flat gradient"):
+        mine.apply_flat_gradient(grad[:-1])

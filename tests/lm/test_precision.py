@@ -251,3 +251,39 @@ def test_a_bf16_run_has_no_unintended_sync(staleness):
     result = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args).train()
     assert result.syncs_per_update == 0, result.sync_sites
     assert result.syncs_per_decode_step == 0, result.sync_sites
+
+
+def test_a_bf16_master_run_holds_everything_in_bf16(tmp_path):
+    """--master-dtype bfloat16 (TRL with the model loaded in bf16): weights, moments and the
+    saved model in bf16, no second copy; it trains and resumes."""
+    model, tokenizer = build("llama")
+    args = grpo.GRPOConfig(**{**FAST, "master_dtype": "bfloat16", "staleness": 0, "steps": 3,
+                              "output_dir": str(tmp_path / "run"),
+                              "checkpoint": str(tmp_path / "c{step}.pt"),
+                              "checkpoint_every": 2})  # fmt: skip
+    trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
+    setup = trainer.setup
+    assert setup.compute is setup.lm.model and setup.precision is None
+    assert {p.dtype for p in setup.lm.model.parameters()} == {torch.bfloat16}
+    before = setup.optimizer.flat_parameters.clone()
+    trainer.train()
+    assert not torch.equal(before, setup.optimizer.flat_parameters)
+    state = setup.optimizer.state_dict()["state"][0]
+    assert state["exp_avg"].dtype == torch.bfloat16
+    assert "compute bfloat16 (master weights bfloat16)" in trainer.report
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model", dtype="auto")
+    assert saved.dtype == torch.bfloat16
+    model, tokenizer = build("llama")
+    resumed = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=dataclasses.replace(
+        args, resume=str(tmp_path / "c2.pt"), output_dir=None))  # fmt: skip
+    resumed.train()
+    assert torch.equal(resumed.setup.optimizer.flat_parameters, setup.optimizer.flat_parameters)
+
+
+def test_a_bf16_master_with_float32_compute_is_refused():
+    with pytest.raises(ValueError, match="--master-dtype bfloat16 computes in bf16"):
+        grpo.GRPOConfig(master_dtype="bfloat16", dtype="float32").check()
+    with pytest.raises(ValueError, match="--master-dtype must be float32 or bfloat16"):
+        grpo.GRPOConfig(master_dtype="float16").check()

@@ -161,6 +161,10 @@ class GRPOConfig:
     bf16 over float32 master weights and optimizer state (what is saved); "float32"; "auto":
     bf16 where the hardware has it (CUDA, a CPU with AVX512-BF16 or AMX) for a model directory
     or object, float32 for the built-in models and elsewhere"""
+    master_dtype: str = "float32"
+    """the dtype of the weights the optimizer steps, its moments and the model saved: "float32"
+    (master weights under bf16 compute), or "bfloat16": everything in bf16, as a model loaded
+    in bf16 trains in TRL (half the memory; updates below bf16's resolution are lost)"""
     backend: str = "thread"
     """where generation runs: "thread" (beside the trainer, in this process), "process" (its
     own process, CPU only: no GIL shared with the trainer) or "ray" (worker actors on a Ray
@@ -331,6 +335,11 @@ class GRPOConfig:
             raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.master_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--master-dtype must be float32 or bfloat16, got "
+                             f"{self.master_dtype!r}")  # fmt: skip
+        if self.master_dtype == "bfloat16" and self.dtype == "float32":
+            raise ValueError("--master-dtype bfloat16 computes in bf16: drop --dtype float32")
         if self.backend not in ("thread", "process", "ray"):
             raise ValueError(f"--backend must be thread, process or ray, got {self.backend!r}")
         if self.backend in ("process", "ray") and device.type != "cpu":

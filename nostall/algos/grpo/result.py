@@ -29,6 +29,7 @@ class GRPOResult(TrainResult):
     reward_functions: list[str] = field(default_factory=list)
     dataset: str = ""  # what the prompts came from
     compute_dtype: str = "float32"  # the update's and generation's arithmetic (--dtype)
+    master_dtype: str = "float32"  # the weights the optimizer steps (--master-dtype)
 
     @property
     def tokens_per_second(self) -> float:
@@ -65,6 +66,7 @@ class GRPOResult(TrainResult):
             "learning_rate": args["learning_rate"],
             "loss_type": args["loss_type"],
             "compute_dtype": self.compute_dtype,
+            "master_dtype": self.master_dtype,
             "steps": len(self.rewards),
             "target_reward": args["target_reward"],
             "steps_to_target": self.steps_to_target,
@@ -107,7 +109,8 @@ class GRPOResult(TrainResult):
             f"{summary['mean_version_lag']}{inflight}",
             f"  unintended host-device syncs: {summary['syncs_per_update']} per update, "
             f"{summary['syncs_per_decode_step']} per decode step",
-            f"  compute {summary['compute_dtype']} (master weights float32); behaviour "
+            f"  compute {summary['compute_dtype']} (master weights {summary['master_dtype']}); "
+            f"behaviour "
             f"log-probs within {_logp_gap(summary)} of the trainer's (last logged)",
             *super().summary_lines(summary),
         ]

@@ -36,6 +36,7 @@ from nostall.lm.tasks import (
     task_source,
 )
 from nostall.optim import ClippedAdam
+from nostall.runtime.heap import return_free_memory
 from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.process_loop import ProcessLoop
 from nostall.runtime.ray_loop import RayLoop
@@ -99,8 +100,23 @@ def _source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
 
 def run_dtype(args: GRPOConfig, inputs: Inputs) -> torch.dtype:
     """The compute dtype of the run (`--dtype`, auto resolved for this machine and model)."""
+    if args.master_dtype == "bfloat16":
+        return torch.bfloat16
     builtin = inputs.lm is None and args.model in BUILTIN_SIZES
     return compute_dtype(args.dtype, torch.device(args.device), builtin)
+
+
+MASTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _to_master_dtype(model: torch.nn.Module, args: GRPOConfig) -> None:
+    """--master-dtype bfloat16: the parameters cast in place, one at a time (buffers, such as
+    rotary tables, kept as they are, as the compute copies keep them)."""
+    if args.master_dtype == "bfloat16":
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.is_floating_point():
+                    param.data = param.data.to(torch.bfloat16)
 
 
 def corrects_behaviour(args: GRPOConfig, dtype: torch.dtype) -> bool:
@@ -144,7 +160,7 @@ class Setup:
             tensors += [self.vocab.ids, self.vocab.index]
         if self.precision is not None:
             tensors += [*self.compute.buffers(), self.precision.flat_grad,
-                        self.optimizer.flat_gradient, self.optimizer.flat_parameters]  # fmt: skip
+                        self.optimizer.flat_parameters]  # fmt: skip
         tensors += [t for t in (getattr(self.decoder, "cos", None),
                                 getattr(self.decoder, "sin", None)) if t is not None]  # fmt: skip
         return tensors
@@ -167,7 +183,8 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
     dtype = run_dtype(args, inputs)
     lm = lm or inputs.lm
     if lm is None:
-        lm = _with_lora(load_model(args.model, args.seed, _characters(args, inputs)), args)
+        lm = _with_lora(load_model(args.model, args.seed, _characters(args, inputs),
+                                   MASTER_DTYPES[args.master_dtype]), args)  # fmt: skip
         rollout_model = lm.model.to(torch.device(args.device))
         if _dtype_of(rollout_model) != dtype:  # (cast as the trainer's: buffers kept)
             rollout_model = compute_copy(rollout_model, dtype)
@@ -211,13 +228,14 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     inputs = inputs or Inputs()
     source = _source(args, inputs)
     rewards = _rewards(args, inputs)  # bad specs are named here, before any process starts
-    lm = _with_lora(inputs.lm or load_model(args.model, args.seed, _characters(args, inputs)),
-                    args)  # fmt: skip
+    lm = _with_lora(inputs.lm or load_model(args.model, args.seed, _characters(args, inputs),
+                                            MASTER_DTYPES[args.master_dtype]), args)  # fmt: skip
     if inputs.lm is not None:
         inputs.lm = lm  # (a rollout process or worker builds its side from the same)
     device = torch.device(args.device)
     lm.model.to(device)
     model = lm.model
+    _to_master_dtype(model, args)
     dtype = run_dtype(args, inputs)
     # bf16 compute: a bf16 copy for generation and the update's arithmetic; the optimizer's
     # float32 weights are the model saved (MasterWeights).
@@ -255,9 +273,12 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     # (With LoRA only the adapters train: the frozen weights are not the optimizer's.)
     order = (training_order(make_decoder(model))
              or [p for p in model.parameters() if p.requires_grad])  # fmt: skip
+    # (bf16 compute: the master's steps read the copy's gradients, no float32 buffer of them)
     optimizer = ClippedAdam(order, lr=args.learning_rate_at(1), max_grad_norm=args.max_grad_norm,
-                            weight_decay=args.weight_decay)  # fmt: skip
-    precision = None if compute is model else MasterWeights(model, optimizer, compute)
+                            weight_decay=args.weight_decay, gradients=compute is model)  # fmt: skip
+    precision = None
+    if compute is not model:
+        precision = MasterWeights(model, optimizer, compute, args.gradient_accumulation_steps)
     reference = None
     if args.beta > 0:
         reference = make_decoder(compute_copy(model, dtype).requires_grad_(False))
@@ -268,6 +289,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         dataset = f"train_dataset ({len(source.rows)} rows)"
     else:
         dataset = args.dataset or f"task {args.task}"
+    return_free_memory()  # (what loading, packing and copying the model freed)
     return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference,
                  rewards.names, dataset, compute, precision,
                  corrects_behaviour(args, dtype))  # fmt: skip

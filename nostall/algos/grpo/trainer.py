@@ -81,9 +81,8 @@ class GRPOTrainer:
         self._stats: dict[str, list[float]] = {}  # TRL's batch figures since the last log
         self.result.reward_functions = list(self.setup.reward_names)
         self.result.dataset = self.setup.dataset
-        self.result.compute_dtype = str(self.setup.decoder.output_weight.dtype).removeprefix(
-            "torch."
-        )
+        self.result.compute_dtype = _dtype_name(self.setup.decoder.output_weight)
+        self.result.master_dtype = _dtype_name(self.setup.optimizer.flat_parameters)
         self.report: str | None = None  # the report's text, once written
 
     # What a run leaves in its output_dir.
@@ -197,6 +196,10 @@ class GRPOTrainer:
         result.generation_ms = result.side_ms("rollout")
         result.update_ms = result.side_ms("train")
         return result
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _nanmean(values: list[float]) -> float:
