@@ -6,7 +6,7 @@ configuration (the model loaded in bfloat16) and in float32. Each side in a fres
 per-step time (after the first step), peak memory, and the floor: the time of the step's
 matrix products at that shape and precision on this machine.
 
-    python -m benchmarks.lm.scale_grpo [--steps 6] [--threads 2] [--sides ...]
+    python -m benchmarks.lm.scale_grpo [--steps 8] [--threads 2] [--sides ...]
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def child(side: str, folder: str, steps: int, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -287,3 +287,47 @@ def test_a_bf16_master_with_float32_compute_is_refused():
         grpo.GRPOConfig(master_dtype="bfloat16", dtype="float32").check()
     with pytest.raises(ValueError, match="--master-dtype must be float32 or bfloat16"):
         grpo.GRPOConfig(master_dtype="float16").check()
+
+
+@pytest.mark.parametrize("master", ["float32", "bfloat16"])
+def test_a_bf16_checkpoint_trains_saves_and_reloads(tmp_path, master):
+    """A model saved in bf16 (as most are published) trains from its directory: upcast into
+    float32 master weights (saved in float32), or kept in bf16 with --master-dtype bfloat16."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.lm.architectures import save
+
+    folder = save("qwen3", tmp_path / "bf16", dtype=torch.bfloat16)
+    args = grpo.GRPOConfig(**{**FAST, "model": str(folder), "dtype": "bfloat16", "steps": 2,
+                              "master_dtype": master,
+                              "output_dir": str(tmp_path / "run")})  # fmt: skip
+    trainer = grpo.GRPOTrainer(args=args)
+    want = torch.float32 if master == "float32" else torch.bfloat16
+    assert {p.dtype for p in trainer.model.parameters()} == {want}
+    trainer.train()
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model", dtype="auto")
+    assert saved.dtype == want
+    before = AutoModelForCausalLM.from_pretrained(folder, dtype=want)
+    moved = [n for n, p in saved.state_dict().items() if not torch.equal(p, before.state_dict()[n])]
+    assert moved  # it trained
+
+
+@pytest.mark.parametrize(("first", "then"), [("float32", "bfloat16"), ("bfloat16", "float32")])
+def test_a_run_resumes_in_the_other_compute_dtype(tmp_path, first, then):
+    """The checkpoint holds float32 master weights whatever the compute dtype: a run resumes in
+    the other one (its generation side's weights, published and its own, cast on the way)."""
+
+    def run(dtype, steps, resume=None):
+        model, tokenizer = build("llama")
+        args = grpo.GRPOConfig(**{**FAST, "dtype": dtype, "staleness": 1, "steps": steps,
+                                  "checkpoint": str(tmp_path / f"{dtype}.pt"),
+                                  "checkpoint_every": steps, "resume": resume})  # fmt: skip
+        trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
+        return trainer, trainer.train()
+
+    run(first, 2)
+    trainer, result = run(then, 4, resume=str(tmp_path / f"{first}.pt"))
+    assert len(result.rewards) == 4 and all(r == r for r in result.rewards)
+    computes = torch.float32 if then == "float32" else torch.bfloat16
+    assert {p.dtype for p in trainer.setup.generator.model.parameters()} == {computes}
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
