@@ -331,3 +331,20 @@ def test_a_run_resumes_in_the_other_compute_dtype(tmp_path, first, then):
     computes = torch.float32 if then == "float32" else torch.bfloat16
     assert {p.dtype for p in trainer.setup.generator.model.parameters()} == {computes}
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+
+
+def test_lora_adapters_train_in_bf16_over_float32_masters():
+    pytest.importorskip("peft", reason="LoRA needs peft (the dev install has it)")
+    model, tokenizer = build("llama")
+    args = grpo.GRPOConfig(**{**FAST, "dtype": "bfloat16", "lora_r": 4, "steps": 3,
+                              "staleness": 0})  # fmt: skip
+    trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
+    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+               if p.requires_grad}  # fmt: skip
+    trainer.train()
+    compute = dict(trainer.setup.compute.named_parameters())
+    for name, p in trainer.model.named_parameters():
+        assert p.dtype == torch.float32
+        assert torch.equal(compute[name].detach(), p.detach().to(torch.bfloat16)), name
+        if name in trained:
+            assert not torch.equal(p, trained[name]), name  # every adapter moved

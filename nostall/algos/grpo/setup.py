@@ -148,8 +148,7 @@ class Setup:
     dataset: str  # what the prompts come from, for the report
     compute: torch.nn.Module  # the model the update and generation run (lm.model in float32)
     precision: MasterWeights | None  # bf16 compute over float32 master weights, or None
-
-    corrects: bool  # the loss weighs tokens by the behaviour ratio (decoupled objective)
+    corrects: bool  # the loss weighs tokens by the behaviour ratio (see corrects_behaviour)
 
     def device_tensors(self) -> list[torch.Tensor]:
         """The run's standing tensors on its device besides the model's parameters and buffers
