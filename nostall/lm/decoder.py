@@ -126,6 +126,7 @@ class Decoder:
     """The forward of a supported `transformers` causal LM (see `supports`)."""
 
     graphable = True  # a static cache: the decode step can be captured as a CUDA graph
+    softcap = None  # (no model it supports caps its logits)
 
     def __init__(self, model: torch.nn.Module, native: bool = True):
         if not supports(model):

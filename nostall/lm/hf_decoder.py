@@ -1,6 +1,6 @@
 """Any `transformers` causal LM, through its own forward: the path for every architecture the
-lean Llama-family forward (decoder.py) does not reproduce (Qwen3, Gemma, Phi3, GPT-2, OLMo2,
-Mistral with a sliding window, ...), with the same interface, so generation, the update and
+lean Llama-family forward (decoder.py) does not reproduce (Qwen3, Gemma2 and 3, Phi3, GPT-2,
+OLMo2, Mistral with a sliding window, ...), with the same interface, so generation, the update and
 checkpoints do not care which one runs.
 
 - Training: the model's base module gives the final hidden states of prompt + completion (its
@@ -33,8 +33,8 @@ class HFCache:
 
 
 def plain_head(model: torch.nn.Module) -> str | None:
-    """Why the model's logits are not `hidden @ output_weight.T` (then the chunked log-prob ops
-    would compute other probabilities than its own), or None when they are."""
+    """Why the model's logits are not `hidden @ output_weight.T`, soft-capped or not (then the
+    chunked log-probs would be other probabilities than its own), or None when they are."""
     config = model.config
     text = getattr(config, "get_text_config", lambda: config)()
     head = model.get_output_embeddings()
@@ -42,7 +42,7 @@ def plain_head(model: torch.nn.Module) -> str | None:
         return f"its output layer is a {type(head).__name__}, not a linear layer"
     if head.bias is not None:
         return "its output layer has a bias"
-    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+    for name in ("logit_scale", "logits_scaling"):
         value = getattr(text, name, None)
         if value not in (None, 1, 1.0, 0, 0.0):
             return f"its logits are transformed ({name} = {value})"
@@ -65,6 +65,10 @@ class HFDecoder:
                              "output weight, which would not be this model's")  # fmt: skip
         self.model = model  # (whose state the weights published and checkpointed are)
         self.inner = inner
+        # Gemma2's cap * tanh(logits / cap): the loss's log-probs apply it (nostall.lm.softcap);
+        # generation samples from the model's own logits, capped by its forward.
+        text = getattr(inner.config, "get_text_config", lambda: inner.config)()
+        self.softcap = getattr(text, "final_logit_softcapping", None) or None
         self.base = inner.base_model  # the final hidden states, normalised
 
     @property

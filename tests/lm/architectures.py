@@ -12,6 +12,7 @@ COMMON = dict(vocab_size=22, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 def _configs() -> dict:
     from transformers import (
+        Gemma2Config,
         Gemma3TextConfig,
         GPT2Config,
         LlamaConfig,
@@ -33,13 +34,16 @@ def _configs() -> dict:
         "gemma3": Gemma3TextConfig(
             **llama_like, head_dim=8, sliding_window=4, final_logit_softcapping=None
         ),
+        # Soft-capped logits (30) and attention scores (50), Gemma2's defaults.
+        "gemma2": Gemma2Config(**llama_like, head_dim=8, sliding_window=4),
         "phi3": Phi3Config(**llama_like),
         "olmo2": Olmo2Config(**llama_like),
         "gpt2": GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **COMMON),
     }
 
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral_sliding", "gemma3", "phi3", "olmo2", "gpt2"]
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral_sliding", "gemma2", "gemma3", "phi3", "olmo2",
+                 "gpt2"]  # fmt: skip
 
 
 def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32):

@@ -45,8 +45,8 @@ def test_the_trainers_log_probs_are_the_models_own(arch):
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
     G = completion_ids.shape[0] // prompt_ids.shape[0]
     hidden = decoder.grouped_hidden(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    mine = torch.log_softmax(hidden @ decoder.output_weight.T, -1)
-    mine = mine.gather(-1, completion_ids[..., None])[..., 0]
+    # (the loss's own function: the chunked op, or the soft-capped chunks for Gemma2)
+    mine = grpo.head_log_probs(decoder, hidden, decoder.output_weight, completion_ids, 1.0)
     ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
     mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
     positions = (mask.long().cumsum(1) - 1).clamp(min=0)
@@ -110,13 +110,15 @@ def test_the_command_trains_saves_and_reloads_any_architecture(arch, tmp_path):
     assert moved  # it trained
 
 
-def test_a_model_whose_logits_are_transformed_is_named():
-    from transformers import Gemma2Config, Gemma2ForCausalLM
+def test_a_model_whose_logits_are_transformed_otherwise_is_named():
+    """Soft-capped logits (Gemma2) train; a transformation the log-probs do not apply
+    (Cohere's logit_scale) is named rather than trained on wrong probabilities."""
+    from transformers import CohereConfig, CohereForCausalLM
 
-    model = Gemma2ForCausalLM(Gemma2Config(vocab_size=22, hidden_size=32, intermediate_size=64,
+    model = CohereForCausalLM(CohereConfig(vocab_size=22, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=4,
-                                           num_key_value_heads=2, head_dim=8))  # fmt: skip
-    with pytest.raises(ValueError, match=r"final_logit_softcapping = 30\.0"):
+                                           num_key_value_heads=2, logit_scale=0.5))  # fmt: skip
+    with pytest.raises(ValueError, match=r"logit_scale = 0\.5"):
         make_decoder(model)
 
 

@@ -28,7 +28,14 @@ checkpoints), trainer.py (the run as the shared loop's hooks, and TRL's construc
 """
 
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
-from nostall.algos.grpo.loss import aggregate, grpo_loss, policy_head, policy_log_probs
+from nostall.algos.grpo.loss import (
+    aggregate,
+    grpo_loss,
+    head_entropy,
+    head_log_probs,
+    policy_head,
+    policy_log_probs,
+)
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Inputs, Setup, build
 from nostall.algos.grpo.trainer import GRPOTrainer, train
@@ -46,6 +53,8 @@ __all__ = [
     "build",
     "grpo_loss",
     "grpo_update",
+    "head_entropy",
+    "head_log_probs",
     "policy_head",
     "policy_log_probs",
     "train",

@@ -11,6 +11,7 @@ from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
+from nostall.lm.softcap import softcapped_token_entropy, softcapped_token_log_prob
 
 
 def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
@@ -19,7 +20,26 @@ def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
     model's, at `temperature`, over the tokens the sampler may draw: `vocab`, None for all);
     each group's prompt is run once."""
     head = policy_head(decoder, batch, temperature, vocab, group_size)
-    return nostall.token_log_prob_linear(*head).float()  # (float32 whatever the compute dtype)
+    return head_log_probs(decoder, *head, temperature)
+
+
+def head_log_probs(decoder: Decoder, hidden: torch.Tensor, weight: torch.Tensor,
+                   tokens: torch.Tensor, temperature: float) -> torch.Tensor:  # fmt: skip
+    """Float32 log-probs of `tokens` from policy_head's hidden states (over the temperature)
+    and output weight, in chunks: the native op, or for a model whose logits are soft-capped
+    (Gemma2) the same chunks in tensor ops with the cap."""
+    if decoder.softcap:
+        return softcapped_token_log_prob(hidden, weight, tokens, decoder.softcap, temperature)
+    # (float32 whatever the compute dtype: the ratios are differences of log-probs)
+    return nostall.token_log_prob_linear(hidden, weight, tokens).float()
+
+
+def head_entropy(decoder: Decoder, hidden: torch.Tensor, weight: torch.Tensor,
+                 temperature: float) -> torch.Tensor:  # fmt: skip
+    """Float32 entropies of the sampling distribution (see head_log_probs)."""
+    if decoder.softcap:
+        return softcapped_token_entropy(hidden, weight, decoder.softcap, temperature)
+    return nostall.token_entropy_linear(hidden, weight).float()
 
 
 def policy_head(decoder: Decoder, batch: LMBatch, temperature: float,

@@ -13,7 +13,14 @@ import torch
 import nostall
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.explicit_update import explicit_update
-from nostall.algos.grpo.loss import grpo_loss, policy_head, policy_log_probs, token_mean
+from nostall.algos.grpo.loss import (
+    grpo_loss,
+    head_entropy,
+    head_log_probs,
+    policy_head,
+    policy_log_probs,
+    token_mean,
+)
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.precision import MasterWeights
@@ -128,15 +135,14 @@ def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args,
     else:
         G = args.num_generations
         hidden, weight, tokens = policy_head(decoder, part, args.temperature, vocab, G)
-        # (float32 whatever the compute dtype: the ratios are differences of log-probs)
-        log_prob = nostall.token_log_prob_linear(hidden, weight, tokens).float()
+        log_prob = head_log_probs(decoder, hidden, weight, tokens, args.temperature)
         loss, clip_fraction, approx_kl, kl = grpo_loss(
             log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
             advantage, loss_mask, args, part.log_probs if decoupled else None, ref_log_prob,
         )  # fmt: skip
         entropy = None
         if args.entropy_coef:
-            entropy = token_mean(nostall.token_entropy_linear(hidden, weight).float(),
+            entropy = token_mean(head_entropy(decoder, hidden, weight, args.temperature),
                                  loss_mask)  # fmt: skip
             loss = loss - args.entropy_coef * entropy
         if first_of_step:
