@@ -55,8 +55,9 @@ def compute_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     memo: dict[int, object] = {}
     for param in model.parameters():
         if id(param) not in memo:
-            cast = param.detach().to(dtype) if param.is_floating_point() else param.detach()
-            memo[id(param)] = torch.nn.Parameter(cast.clone(), requires_grad=param.requires_grad)
+            kind = dtype if param.is_floating_point() else param.dtype
+            cast = param.detach().to(kind, copy=True)  # (one copy, cast or not)
+            memo[id(param)] = torch.nn.Parameter(cast, requires_grad=param.requires_grad)
     return copy.deepcopy(model, memo)
 
 
