@@ -21,6 +21,10 @@ runs it, with TRL's names, and the waits taken out:
   (AReaL, Fu et al. 2025): the clip against the proximal policy (the trainer's weights before
   the update, log-probs recomputed), each token weighted by min(pi_prox / pi_behaviour, is_cap).
 
+- `dtype` "bfloat16" (auto where the hardware has bf16 arithmetic, for a real model) runs
+  generation and the update on a bf16 copy over float32 master weights and Adam state
+  (nostall/lm/precision.py); the gap between generation's and the trainer's log-probs is
+  reported every update and, where they can differ, corrected by the capped weight above.
 Read top to bottom: config.py (every setting, TRL's names), loss.py (log-probs and the clipped
 surrogate), update.py (an update on one batch), explicit_update.py (the same update by explicit
 adjoints, no autograd graph), setup.py (model, generation side, runtime, optimizer;
