@@ -190,24 +190,43 @@ class ClippedAdam(torch.optim.Adam):
                 p.grad = grad
         if self.reduce_grad is not None:  # data-parallel ranks: the mean of their gradients
             self.reduce_grad(self._flat_grad)
-        group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
-        if self.weight_decay:
-            self._flat_param.mul_(1.0 - group["lr"] * self.weight_decay)
+        group = self._decayed_group()
         if self._native_step_applies(group):
+            beta1, beta2 = group["betas"]
             torch.ops.nostall.clipped_adam_step(
                 self._flat_param, self._flat_grad, self._flat_exp_avg, self._flat_exp_avg_sq,
                 self._step, group["lr"], beta1, beta2, group["eps"], self.max_grad_norm,
             )  # fmt: skip
             return
-        total_norm = torch.linalg.vector_norm(self._flat_grad, 2.0)
-        clip = torch.clamp(self.max_grad_norm / (total_norm + 1e-6), max=1.0)
+        clip = self._clip(torch.linalg.vector_norm(self._flat_grad, 2.0))
         self._flat_grad.mul_(clip)
         self._step.add_(1)
+        self._adam(group, slice(None), self._flat_grad)
+
+    def collect_gradients(self) -> None:
+        """After a micro-batch's backward: nothing to do (its gradients accumulate in place in
+        the flat buffer). MasterWeights, which stands in for the optimizer, collects there."""
+
+    def _decayed_group(self) -> dict:
+        """The parameter group, after the decoupled weight decay of this step."""
+        group = self.param_groups[0]
+        if self.weight_decay:
+            self._flat_param.mul_(1.0 - group["lr"] * self.weight_decay)
+        return group
+
+    def _clip(self, total_norm: torch.Tensor) -> torch.Tensor:
+        """The clip coefficient for a global gradient norm (a device tensor: no host read)."""
+        return torch.clamp(self.max_grad_norm / (total_norm + 1e-6), max=1.0)
+
+    def _adam(self, group: dict, part: slice, grad: torch.Tensor) -> None:
+        """torch's fused Adam on `part` of the flat buffers, with gradient `grad` (the step
+        counter already advanced)."""
+        beta1, beta2 = group["betas"]
         torch._fused_adam_(
-            [self._flat_param], [self._flat_grad], [self._flat_exp_avg], [self._flat_exp_avg_sq],
-            [], [self._step], lr=group["lr"], beta1=beta1, beta2=beta2,
-            weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False, maximize=False,
+            [self._flat_param[part]], [grad], [self._flat_exp_avg[part]],
+            [self._flat_exp_avg_sq[part]], [], [self._step], lr=group["lr"], beta1=beta1,
+            beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False,
+            maximize=False,
         )  # fmt: skip
 
     @torch.no_grad()
@@ -219,10 +238,7 @@ class ClippedAdam(torch.optim.Adam):
             shape = tuple(self._flat_param.shape)
             raise ValueError(f"grad must be the flat gradient, of shape {shape}, got "
                              f"{tuple(grad.shape)}")  # fmt: skip
-        group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
-        if self.weight_decay:
-            self._flat_param.mul_(1.0 - group["lr"] * self.weight_decay)
+        group = self._decayed_group()
         parts = [slice(start, start + chunk) for start in range(0, grad.numel(), chunk)]
         # One float32 chunk, reused: fresh temporaries a chunk each (with the small norms
         # allocated between them) fragmented the heap by about a whole float32 gradient.
@@ -234,13 +250,7 @@ class ClippedAdam(torch.optim.Adam):
             return out.copy_(grad[part])
 
         norms = torch.stack([torch.linalg.vector_norm(widened(part), 2.0) for part in parts])
-        total_norm = torch.linalg.vector_norm(norms, 2.0)
-        clip = torch.clamp(self.max_grad_norm / (total_norm + 1e-6), max=1.0)
+        clip = self._clip(torch.linalg.vector_norm(norms, 2.0))
         self._step.add_(1)
         for part in parts:
-            torch._fused_adam_(
-                [self._flat_param[part]], [widened(part).mul_(clip)],
-                [self._flat_exp_avg[part]], [self._flat_exp_avg_sq[part]], [], [self._step],
-                lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                eps=group["eps"], amsgrad=False, maximize=False,
-            )  # fmt: skip
+            self._adam(group, part, widened(part).mul_(clip))

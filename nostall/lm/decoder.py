@@ -199,11 +199,12 @@ class Decoder:
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
 
         def fused(parts: list[Tensor]) -> Tensor:
-            if _adjacent(parts) is None:
+            view = _adjacent(parts)
+            if view is None:
                 return torch.cat(parts)
             # Packed end to end: a view, with cat's gradient where one is taken (no copy of
             # every layer's weights kept for the backward, and none of their gradients).
-            return _AdjacentParts.apply(*parts) if torch.is_grad_enabled() else _adjacent(parts)
+            return _AdjacentParts.apply(*parts) if torch.is_grad_enabled() else view
 
         bias = None
         if attn.q_proj.bias is not None:

@@ -32,11 +32,16 @@ class HFCache:
         self.length = 0
 
 
+def _text_config(model: torch.nn.Module):
+    """The language model's config (a multimodal model's text part)."""
+    config = model.config
+    return getattr(config, "get_text_config", lambda: config)()
+
+
 def plain_head(model: torch.nn.Module) -> str | None:
     """Why the model's logits are not `hidden @ output_weight.T`, soft-capped or not (then the
     chunked log-probs would be other probabilities than its own), or None when they are."""
-    config = model.config
-    text = getattr(config, "get_text_config", lambda: config)()
+    text = _text_config(model)
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
         return f"its output layer is a {type(head).__name__}, not a linear layer"
@@ -67,8 +72,7 @@ class HFDecoder:
         self.inner = inner
         # Gemma2's cap * tanh(logits / cap): the loss's log-probs apply it (nostall.lm.softcap);
         # generation samples from the model's own logits, capped by its forward.
-        text = getattr(inner.config, "get_text_config", lambda: inner.config)()
-        self.softcap = getattr(text, "final_logit_softcapping", None) or None
+        self.softcap = getattr(_text_config(inner), "final_logit_softcapping", None) or None
         self.base = inner.base_model  # the final hidden states, normalised
 
     @property

@@ -24,6 +24,7 @@ import torch
 from nostall.optim import ClippedAdam, pack
 
 DTYPES = ("auto", "float32", "bfloat16")
+MASTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --master-dtype
 
 
 def bf16_hardware(device: torch.device) -> bool:
@@ -78,6 +79,8 @@ class MasterWeights:
         self.flat = pack(order)  # the compute copy's trained parameters, in the master's order
         self.flat_grad = torch.zeros_like(self.flat)
         self._order = order
+        self._grads = [self.flat_grad[o - p.numel() : o].view_as(p) for p, o in
+                       zip(order, _ends(order), strict=True)]  # fmt: skip
         self._reattach()
         self.accumulate = accumulate
         # With accumulation: the micro-batches' gradients summed in float32 (made on first use:
@@ -100,13 +103,11 @@ class MasterWeights:
         float32 sum, and cleared for the next micro-batch."""
         if self.accumulate == 1:
             return
-        if self.summed is None:
-            self.summed = torch.zeros(self.flat.shape, dtype=torch.float32,
-                                      device=self.flat.device)  # fmt: skip
+        summed = self._summed()
         if self._collected:
-            self.summed.add_(self.flat_grad)
+            summed.add_(self.flat_grad)
         else:
-            self.summed.copy_(self.flat_grad)
+            summed.copy_(self.flat_grad)
         self._collected += 1
         self.flat_grad.zero_()
 
@@ -117,12 +118,18 @@ class MasterWeights:
         if self.accumulate == 1:
             self.optimizer.apply_flat_gradient(self.flat_grad)
         else:
+            summed = self._summed()
             if not self._collected:  # (nothing back-propagated since zero_grad)
-                self.summed = torch.zeros(self.flat.shape, dtype=torch.float32,
-                                          device=self.flat.device)  # fmt: skip
-            self.optimizer.apply_flat_gradient(self.summed)
+                summed.zero_()
+            self.optimizer.apply_flat_gradient(summed)
         self._collected = 0
         self.pull()
+
+    def _summed(self) -> torch.Tensor:
+        if self.summed is None:
+            self.summed = torch.zeros(self.flat.shape, dtype=torch.float32,
+                                      device=self.flat.device)  # fmt: skip
+        return self.summed
 
     @torch.no_grad()
     def pull(self) -> None:
@@ -141,9 +148,15 @@ class MasterWeights:
     def _reattach(self) -> None:
         """The compute parameters' gradients are views of the flat buffer (backward adds into
         them in place), even after something reset them."""
-        offset = 0
-        for p in self._order:
-            view = self.flat_grad[offset : offset + p.numel()].view_as(p)
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                p.grad = view
-            offset += p.numel()
+        for p, grad in zip(self._order, self._grads, strict=True):
+            if p.grad is not grad:
+                p.grad = grad
+
+
+def _ends(params: list[torch.Tensor]) -> list[int]:
+    """Where each parameter ends in a flat buffer that lays them end to end."""
+    ends, offset = [], 0
+    for p in params:
+        offset += p.numel()
+        ends.append(offset)
+    return ends

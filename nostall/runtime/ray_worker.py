@@ -27,12 +27,15 @@ def ray_module():
 def as_array(tensor: torch.Tensor) -> np.ndarray:
     """A host tensor's numpy view (bfloat16, which numpy lacks, as its raw 16-bit words)."""
     tensor = tensor.detach()
-    return (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+    return raw.numpy()  # sync: none, a host tensor (numpy() refuses a device one)
 
 
 def to_arrays(state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """(numpy arrays, dtypes) of a state dict, copied to the host: what the object store takes,
     and what `from_array` needs to read them back."""
+    # sync: the weights to the host once a version (the Ray backend's trainer is on the CPU:
+    # no copy then)
     host = {k: v.detach().cpu() for k, v in state.items()}
     return {k: as_array(v) for k, v in host.items()}, {k: v.dtype for k, v in host.items()}
 

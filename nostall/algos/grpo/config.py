@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from nostall.lm.models import BUILTIN_SIZES
-from nostall.lm.precision import DTYPES
+from nostall.lm.precision import DTYPES, MASTER_DTYPES
 from nostall.ops.losses import GROUP_SCALES
 from nostall.train.checkpoint import check_path_template
 
@@ -335,8 +335,8 @@ class GRPOConfig:
             raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.master_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"--master-dtype must be float32 or bfloat16, got "
+        if self.master_dtype not in MASTER_DTYPES:
+            raise ValueError(f"--master-dtype must be {' or '.join(MASTER_DTYPES)}, got "
                              f"{self.master_dtype!r}")  # fmt: skip
         if self.master_dtype == "bfloat16" and self.dtype == "float32":
             raise ValueError("--master-dtype bfloat16 computes in bf16: drop --dtype float32")

@@ -21,7 +21,7 @@ from nostall.lm.hf_decoder import checkpointed, make_decoder
 from nostall.lm.lora import apply_lora, is_peft
 from nostall.lm.models import BUILTIN_SIZES, LanguageModel, load_model
 from nostall.lm.packing import pack_parameters, training_order
-from nostall.lm.precision import MasterWeights, compute_copy, compute_dtype
+from nostall.lm.precision import MASTER_DTYPES, MasterWeights, compute_copy, compute_dtype
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
 from nostall.lm.tasks import (
     TASK_CHARACTERS,
@@ -104,9 +104,6 @@ def run_dtype(args: GRPOConfig, inputs: Inputs) -> torch.dtype:
         return torch.bfloat16
     builtin = inputs.lm is None and args.model in BUILTIN_SIZES
     return compute_dtype(args.dtype, torch.device(args.device), builtin)
-
-
-MASTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _to_master_dtype(model: torch.nn.Module, args: GRPOConfig) -> None:
@@ -270,7 +267,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     decoder = checkpointed(compute) if args.gradient_checkpointing else make_decoder(compute)
     # In decoder_train's order where it covers the model: the update then needs no cats.
     # (With LoRA only the adapters train: the frozen weights are not the optimizer's.)
-    order = (training_order(make_decoder(model))
+    order = (training_order(decoder if compute is model else make_decoder(model))
              or [p for p in model.parameters() if p.requires_grad])  # fmt: skip
     # (bf16 compute: the master's steps read the copy's gradients, no float32 buffer of them)
     optimizer = ClippedAdam(order, lr=args.learning_rate_at(1), max_grad_norm=args.max_grad_norm,

@@ -110,10 +110,10 @@ def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float) -> dic
     delta = trainer - batch.log_probs
     ratio = delta.exp().clamp(max=cap)
     zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
+    gap = torch.where(mask, delta.abs(), zero)
     return {
-        "sampling/sampling_logp_difference/mean": torch.where(mask, delta.abs(), zero).sum()
-        / count,
-        "sampling/sampling_logp_difference/max": torch.where(mask, delta.abs(), zero).amax(),
+        "sampling/sampling_logp_difference/mean": gap.sum() / count,
+        "sampling/sampling_logp_difference/max": gap.amax(),
         "sampling/importance_sampling_ratio/min": torch.where(mask, ratio, cap).amin(),
         "sampling/importance_sampling_ratio/mean": torch.where(mask, ratio, zero).sum() / count,
         "sampling/importance_sampling_ratio/max": torch.where(mask, ratio, zero).amax(),
@@ -148,8 +148,7 @@ def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args,
         if first_of_step:
             optimizer.zero_grad()
         (loss * scale).backward()
-        if isinstance(optimizer, MasterWeights):  # into the float32 gradients
-            optimizer.collect_gradients()
+        optimizer.collect_gradients()  # (master weights: into their float32 sum)
     if old_log_prob is None:  # the proximal policy: the weights before this update
         old_log_probs[i] = log_prob.detach()
     values = [loss.detach(), clip_fraction, approx_kl, kl.detach()]
