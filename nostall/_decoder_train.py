@@ -21,7 +21,8 @@ def _check(ok: bool, message: str) -> None:
 def _shapes(op, prompt_ids, completion_ids, w: DecoderWeights):
     _check(prompt_ids.dim() == 2, f"{op}: prompt_ids must be int64 [Bp, P]")
     _check(completion_ids.dim() == 2, f"{op}: completion_ids must be int64 [B, C]")
-    _check(w.embed.dtype == torch.float32, f"{op}: embed must be float32")
+    _check(w.embed.dtype in (torch.float32, torch.bfloat16),
+           f"{op}: embed must be float32 or bfloat16")  # fmt: skip
     _check(len(w.input_norm) >= 1, f"{op}: at least one layer")
     Bp, P = prompt_ids.shape
     B, C = completion_ids.shape
@@ -43,8 +44,11 @@ def _shapes(op, prompt_ids, completion_ids, w: DecoderWeights):
 def _decoder_train_fake(prompt_ids, prompt_mask, completion_ids, completion_mask, *args):
     w, (_cos, _sin, num_heads, *_) = DecoderWeights.split(args)
     B, C, P, N, L, Q, A, I2 = _shapes("decoder_train", prompt_ids, completion_ids, w)
-    new = w.embed.new_empty
     H = w.embed.shape[1]
+
+    def new(*shape):  # (float32 activations, whatever the weights' dtype)
+        return w.embed.new_empty(shape, dtype=torch.float32)
+
     return (
         new(B * C, H),
         new((2 * L + 1) * N, H),

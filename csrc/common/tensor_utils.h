@@ -55,17 +55,16 @@ inline torch::stable::Tensor select_first(const torch::stable::Tensor& t, int64_
   return torch::stable::Tensor(out);
 }
 
-// A fresh contiguous tensor of `sizes` (at most 2 dimensions) with the dtype and device of
-// `like`, allocated through the C shim (no dispatcher call: this is on the per-step path of
-// small ops).
+// A fresh contiguous tensor of `sizes` (at most 2 dimensions) of dtype `dtype` (a shim dtype
+// code) on the device of `like`, allocated through the C shim (no dispatcher call: this is on the
+// per-step path of small ops).
 inline torch::stable::Tensor new_contiguous(const torch::stable::Tensor& like,
-                                            std::initializer_list<int64_t> sizes) {
+                                            std::initializer_list<int64_t> sizes, int32_t dtype) {
   STD_TORCH_CHECK(sizes.size() >= 1 && sizes.size() <= 2, "new_contiguous: 1 or 2 dimensions");
-  int32_t dtype = 0, device_type = 0, device_index = 0;
-  STD_TORCH_CHECK(aoti_torch_get_dtype(like.get(), &dtype) == AOTI_TORCH_SUCCESS &&
-                      aoti_torch_get_device_type(like.get(), &device_type) == AOTI_TORCH_SUCCESS &&
+  int32_t device_type = 0, device_index = 0;
+  STD_TORCH_CHECK(aoti_torch_get_device_type(like.get(), &device_type) == AOTI_TORCH_SUCCESS &&
                       aoti_torch_get_device_index(like.get(), &device_index) == AOTI_TORCH_SUCCESS,
-                  "could not read a tensor's dtype and device");
+                  "could not read a tensor's device");
   const int64_t ndim = static_cast<int64_t>(sizes.size());
   const int64_t* size = sizes.begin();
   const int64_t strides[2] = {ndim == 2 ? size[1] : 1, 1};
@@ -74,6 +73,21 @@ inline torch::stable::Tensor new_contiguous(const torch::stable::Tensor& like,
                                            &out) == AOTI_TORCH_SUCCESS,
                   "could not allocate a tensor");
   return torch::stable::Tensor(out);
+}
+
+// The same with the dtype of `like`.
+inline torch::stable::Tensor new_contiguous(const torch::stable::Tensor& like,
+                                            std::initializer_list<int64_t> sizes) {
+  int32_t dtype = 0;
+  STD_TORCH_CHECK(aoti_torch_get_dtype(like.get(), &dtype) == AOTI_TORCH_SUCCESS,
+                  "could not read a tensor's dtype");
+  return new_contiguous(like, sizes, dtype);
+}
+
+// The same in float32 (the native decoder's activations, whatever its weights' dtype).
+inline torch::stable::Tensor new_float(const torch::stable::Tensor& like,
+                                       std::initializer_list<int64_t> sizes) {
+  return new_contiguous(like, sizes, aoti_torch_dtype_float32());
 }
 
 }  // namespace nostall

@@ -48,7 +48,7 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
                     ")");
   }
 
-  Tensor x = new_contiguous(embed, {B, w.hidden});
+  Tensor x = new_float(embed, {B, w.hidden});
   decoder::embed_tokens(w, tok, B, x);
   const bool* mask = slot_mask.const_data_ptr<bool>();
   const float* cp = cos.const_data_ptr<float>();

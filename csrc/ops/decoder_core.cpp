@@ -16,13 +16,71 @@ namespace nostall::decoder {
 
 namespace {
 
-void check_float(const char* op, const Tensor& t, const char* name, int64_t dims) {
-  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, op, ": ", name, " must be float32, got ",
+void check_tensor(const char* op, const Tensor& t, const char* name, int64_t dims,
+                  ScalarType dtype) {
+  STD_TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ",
+                  torch::headeronly::toString(dtype), ", got ",
                   torch::headeronly::toString(t.scalar_type()));
   STD_TORCH_CHECK(t.dim() == dims, op, ": ", name, " must have ", dims, " dimensions, got ",
                   t.dim());
   STD_TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
   STD_TORCH_CHECK(t.is_cpu(), op, ": ", name, " must be a CPU tensor");
+}
+
+void check_float(const char* op, const Tensor& t, const char* name, int64_t dims) {
+  check_tensor(op, t, name, dims, ScalarType::Float);
+}
+
+// n values between float32 and bf16 (vectorized loops: torch's cast costs about 100 us a call
+// at a decoder's activation sizes, against a few here).
+NOSTALL_AVX2_CLONES void narrow_all(uint16_t* __restrict out, const float* __restrict in,
+                                    int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = narrow_bf16(in[i]);
+}
+
+NOSTALL_AVX2_CLONES void widen_all(float* __restrict out, const uint16_t* __restrict in,
+                                   int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = widen_bf16(in[i]);
+}
+
+// out = t converted between float32 and bf16, element for element (both contiguous).
+void convert(Tensor& out, const Tensor& t) {
+  const int64_t n = t.numel();
+  if (out.scalar_type() == ScalarType::BFloat16) {
+    narrow_all(static_cast<uint16_t*>(out.mutable_data_ptr()), t.const_data_ptr<float>(), n);
+  } else {
+    widen_all(out.mutable_data_ptr<float>(), static_cast<const uint16_t*>(t.const_data_ptr()), n);
+  }
+}
+
+Tensor copy_as(const Tensor& t, int32_t dtype) {
+  if (t.dim() == 2 && !t.is_contiguous() && t.stride(0) == 1 && t.stride(1) == t.size(0)) {
+    // A transpose of a contiguous tensor (a weight gradient's operand): converted untransposed.
+    return transposed(copy_as(transposed(t), dtype));
+  }
+  Tensor out = t.dim() == 1 ? new_contiguous(t, {t.size(0)}, dtype)
+                            : new_contiguous(t, {t.size(0), t.size(1)}, dtype);
+  if (t.is_contiguous()) {
+    convert(out, t);
+  } else {
+    STD_TORCH_CHECK(aoti_torch_copy_(out.get(), t.get(), false) == AOTI_TORCH_SUCCESS,
+                    "decoder: could not convert a tensor");
+  }
+  return out;
+}
+
+// out (any strides) = t (contiguous) in out's dtype.
+void convert_into(Tensor& out, const Tensor& t) {
+  if (out.is_contiguous()) return convert(out, t);
+  STD_TORCH_CHECK(aoti_torch_copy_(out.get(), t.get(), false) == AOTI_TORCH_SUCCESS,
+                  "decoder: could not convert a tensor");
+}
+
+int32_t dtype_code(const Tensor& t) {
+  int32_t dtype = 0;
+  STD_TORCH_CHECK(aoti_torch_get_dtype(t.get(), &dtype) == AOTI_TORCH_SUCCESS,
+                  "decoder: could not read a tensor's dtype");
+  return dtype;
 }
 
 void check_shape(const char* op, const Tensor& t, const char* name, int64_t i, int64_t rows,
@@ -34,8 +92,23 @@ void check_shape(const char* op, const Tensor& t, const char* name, int64_t i, i
 
 }  // namespace
 
+Tensor as_float(const Tensor& t) {
+  return t.scalar_type() == ScalarType::Float ? t : copy_as(t, aoti_torch_dtype_float32());
+}
+
+Tensor cast_like(const Tensor& t, const Tensor& like) {
+  return t.scalar_type() == like.scalar_type() ? t : copy_as(t, dtype_code(like));
+}
+
 // out = x @ w^T (+ bias): x [N, K], w [M, K] (nn.Linear's layout), out [N, M].
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
+  if (x.scalar_type() != w.scalar_type() || out.scalar_type() != w.scalar_type()) {
+    // float32 activations over bf16 weights: the GEMM in bf16 (float32 accumulation inside).
+    Tensor low = new_contiguous(w, {out.size(0), out.size(1)});
+    linear(low, cast_like(x, w), w, bias);
+    convert_into(out, low);
+    return;
+  }
   const AOTITorchError err =
       bias != nullptr
           ? aoti_torch_cpu_addmm_out(out.get(), bias->get(), x.get(), transposed(w).get(), 1.0, 1.0)
@@ -54,6 +127,16 @@ NOSTALL_AVX2_CLONES void rms_norm(float* out, const float* x, const float* weigh
 }
 
 void mm(Tensor& out, const Tensor& a, const Tensor& b) {
+  const ScalarType dtype = out.scalar_type();
+  if (a.scalar_type() != dtype || b.scalar_type() != dtype) {
+    // float32 beside bf16 (an operand or the result): the product in bf16 (accumulated in
+    // float32 inside), the result cast to out's dtype.
+    const Tensor& low = dtype != ScalarType::Float ? out : a.scalar_type() != ScalarType::Float ? a : b;
+    Tensor result = dtype == low.scalar_type() ? out : new_contiguous(low, {out.size(0), out.size(1)});
+    mm(result, cast_like(a, low), cast_like(b, low));
+    if (dtype != low.scalar_type()) convert_into(out, result);
+    return;
+  }
   STD_TORCH_CHECK(aoti_torch_cpu_mm_out(out.get(), a.get(), b.get()) == AOTI_TORCH_SUCCESS,
                   "decoder: matrix product failed");
 }
@@ -86,8 +169,12 @@ Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_nor
                       static_cast<int64_t>(down_weight.size()) == L &&
                       (qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == L),
                   op, ": every per-layer list must have ", L, " entries");
-  check_float(op, embed, "embed", 2);
-  check_float(op, final_norm, "final_norm", 1);
+  STD_TORCH_CHECK(
+      embed.scalar_type() == ScalarType::Float || embed.scalar_type() == ScalarType::BFloat16, op,
+      ": embed must be float32 or bfloat16, got ", torch::headeronly::toString(embed.scalar_type()));
+  const ScalarType dtype = embed.scalar_type();
+  check_tensor(op, embed, "embed", 2, dtype);
+  check_tensor(op, final_norm, "final_norm", 1, dtype);
   check_float(op, cos, "cos", 2);
   check_float(op, sin, "sin", 2);
   const int64_t H = embed.size(1), D = cos.size(1);
@@ -100,12 +187,12 @@ Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_nor
   const int64_t Q = (num_heads + 2 * kv_heads) * D;
   int64_t I = -1;
   for (int64_t l = 0; l < L; ++l) {
-    check_float(op, input_norm[l], "input_norm", 1);
-    check_float(op, post_norm[l], "post_norm", 1);
-    check_float(op, qkv_weight[l], "qkv_weight", 2);
-    check_float(op, o_weight[l], "o_weight", 2);
-    check_float(op, gate_up_weight[l], "gate_up_weight", 2);
-    check_float(op, down_weight[l], "down_weight", 2);
+    check_tensor(op, input_norm[l], "input_norm", 1, dtype);
+    check_tensor(op, post_norm[l], "post_norm", 1, dtype);
+    check_tensor(op, qkv_weight[l], "qkv_weight", 2, dtype);
+    check_tensor(op, o_weight[l], "o_weight", 2, dtype);
+    check_tensor(op, gate_up_weight[l], "gate_up_weight", 2, dtype);
+    check_tensor(op, down_weight[l], "down_weight", 2, dtype);
     check_shape(op, input_norm[l], "input_norm", l, H, -1);
     check_shape(op, post_norm[l], "post_norm", l, H, -1);
     check_shape(op, qkv_weight[l], "qkv_weight", l, Q, H);
@@ -114,11 +201,14 @@ Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_nor
     check_shape(op, gate_up_weight[l], "gate_up_weight", l, 2 * I, H);
     check_shape(op, down_weight[l], "down_weight", l, H, I);
     if (!qkv_bias.empty()) {
-      check_float(op, qkv_bias[l], "qkv_bias", 1);
+      check_tensor(op, qkv_bias[l], "qkv_bias", 1, dtype);
       check_shape(op, qkv_bias[l], "qkv_bias", l, Q, -1);
     }
   }
   Weights w;
+  w.bf16 = dtype == ScalarType::BFloat16;
+  for (Tensor& t : input_norm) t = as_float(t);  // (H values a layer: widened per call)
+  for (Tensor& t : post_norm) t = as_float(t);
   w.embed = embed;
   w.input_norm = std::move(input_norm);
   w.qkv_weight = std::move(qkv_weight);
@@ -127,7 +217,7 @@ Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_nor
   w.post_norm = std::move(post_norm);
   w.gate_up_weight = std::move(gate_up_weight);
   w.down_weight = std::move(down_weight);
-  w.final_norm = final_norm;
+  w.final_norm = as_float(final_norm);
   w.cos = cos;
   w.sin = sin;
   w.layers = L;
@@ -152,7 +242,7 @@ Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
       check_layers(op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
                    std::move(o_weight), std::move(post_norm), std::move(gate_up_weight),
                    std::move(down_weight), final_norm, cos, sin, num_heads, kv_heads, eps);
-  check_float(op, lm_head, "lm_head", 2);
+  check_tensor(op, lm_head, "lm_head", 2, embed.scalar_type());
   check_float(op, keys, "keys", 5);
   check_float(op, values, "values", 5);
   STD_TORCH_CHECK(keys.size(4) == w.head_dim, op,
@@ -171,13 +261,19 @@ Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
   return w;
 }
 
-void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x) {
+void embedding_row(const Weights& w, int64_t token, float* row) {
   const int64_t H = w.hidden;
-  float* xp = x.mutable_data_ptr<float>();
-  const float* ep = w.embed.const_data_ptr<float>();
-  for (int64_t b = 0; b < N; ++b) {
-    for (int64_t j = 0; j < H; ++j) xp[b * H + j] = ep[tokens[b] * H + j];
+  if (w.bf16) {
+    const auto* ep = static_cast<const uint16_t*>(w.embed.const_data_ptr()) + token * H;
+    for (int64_t j = 0; j < H; ++j) row[j] = widen_bf16(ep[j]);
+  } else {
+    std::memcpy(row, w.embed.const_data_ptr<float>() + token * H, sizeof(float) * H);
   }
+}
+
+void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x) {
+  float* xp = x.mutable_data_ptr<float>();
+  for (int64_t b = 0; b < N; ++b) embedding_row(w, tokens[b], xp + b * w.hidden);
 }
 
 void run_layers(const Weights& w, Tensor& x, const Attend& attend) {

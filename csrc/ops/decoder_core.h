@@ -29,21 +29,27 @@
 
 namespace nostall::decoder {
 
+// A decoder's weights are float32 or bfloat16 (all the same); its activations, rotary tables and
+// KV cache are float32 either way. With bf16 weights the matrix products take their float32
+// operands rounded to bf16 and give float32 results (a bf16 GEMM accumulates in float32), and the
+// norms' weights are widened once per call: the loops between the GEMMs are the float32 ones.
 // Hidden, as the stable ABI's Tensor it holds is: a struct more visible than its fields draws
 // -Wattributes (it never crosses the library's boundary).
 struct __attribute__((visibility("hidden"))) Weights {
   Tensor embed;
+  // (input_norm, post_norm and final_norm: float32, widened from bf16 weights.)
   std::vector<Tensor> input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
       down_weight;
   Tensor final_norm, lm_head, cos, sin;
   int64_t layers = 0, vocab = 0, hidden = 0, qkv_width = 0, intermediate = 0, head_dim = 0;
   int64_t num_heads = 0, kv_heads = 0, slots = 0, cache_rows = 0;
   float eps = 0.0f;
+  bool bf16 = false;  // the weights' dtype (else float32)
 };
 
-// Checks every layer weight, the final norm and the rotary tables (float32, contiguous, CPU, the
-// shapes a decoder's layers need; the head dimension is the tables' width); `op` prefixes every
-// message. lm_head and the cache fields stay empty.
+// Checks every layer weight and the final norm (contiguous, CPU, float32 or bfloat16 as embed is,
+// the shapes a decoder's layers need) and the rotary tables (float32; the head dimension is their
+// width); `op` prefixes every message. lm_head and the cache fields stay empty.
 Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_norm,
                      std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
                      std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
@@ -51,8 +57,8 @@ Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_nor
                      Tensor final_norm, Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads,
                      double eps);
 
-// check_layers, then the output weight lm_head [V, H] and the cache (keys, values
-// [L, rows, kv_heads, S, D]).
+// check_layers, then the output weight lm_head [V, H] (embed's dtype) and the float32 cache
+// (keys, values [L, rows, kv_heads, S, D]).
 Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
               std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
               std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
@@ -60,8 +66,33 @@ Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
               Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, const Tensor& keys,
               const Tensor& values, int64_t num_heads, int64_t kv_heads, double eps);
 
-// Fills x [N, H] with the embeddings of tokens[0..N).
+// Fills x [N, H] (float32) with the embeddings of tokens[0..N).
 void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x);
+
+// row[0..H) = embedding row `token` as floats.
+void embedding_row(const Weights& w, int64_t token, float* row);
+
+// bf16 <-> float32 bit patterns: bf16 is the top half of a float32; the narrowing rounds to
+// nearest even, as torch's cast does (NaNs stay NaNs).
+NOSTALL_ALWAYS_INLINE inline float widen_bf16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+NOSTALL_ALWAYS_INLINE inline uint16_t narrow_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;  // (branch-free, so loops vectorize)
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// t converted to float32 / to the dtype of `like` (t itself where it already is): a contiguous
+// copy through the C shim.
+Tensor as_float(const Tensor& t);
+Tensor cast_like(const Tensor& t, const Tensor& like);
 
 // Runs every layer over the residual stream x [N, H] in place. After layer l's q/k/v projection,
 // attend(l, qkv, att) gets qkv [N, (heads + 2 kv_heads) D] (unrotated, writable) and must fill
@@ -69,10 +100,12 @@ void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x)
 using Attend = std::function<void(int64_t layer, float* qkv, float* att)>;
 void run_layers(const Weights& w, Tensor& x, const Attend& attend);
 
-// out = x @ w^T (+ bias): x [N, K], w [M, K] (nn.Linear's layout), out [N, M].
+// out = x @ w^T (+ bias): x [N, K], w [M, K] (nn.Linear's layout), out [N, M]. x and out may be
+// float32 over bf16 weights (a bf16 GEMM between casts).
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias);
 
-// out = a @ b (either may be a strided view, e.g. a transpose).
+// out = a @ b (either may be a strided view, e.g. a transpose). Where the three dtypes differ
+// (float32 and bf16), the product is taken in bf16 and cast to out's dtype.
 void mm(Tensor& out, const Tensor& a, const Tensor& b);
 
 // act [N, I] = silu(gate) * up of gate_up [N, 2I]; scratch [I]. (An AVX2 clone where the CPU

@@ -61,7 +61,7 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
   }
 
   const int64_t N = Bp * P;
-  Tensor x = new_contiguous(embed, {N, w.hidden});
+  Tensor x = new_float(embed, {N, w.hidden});
   decoder::embed_tokens(w, ids, N, x);
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();
@@ -111,14 +111,14 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
     }
   });
   // The last prompt token of each prompt predicts its group's first completion token.
-  Tensor last = new_contiguous(embed, {Bp, w.hidden});
+  Tensor last = new_float(embed, {Bp, w.hidden});
   const float* xp = x.const_data_ptr<float>();
   float* lp = last.mutable_data_ptr<float>();
   for (int64_t b = 0; b < Bp; ++b) {
     std::memcpy(lp + b * w.hidden, xp + (b * P + P - 1) * w.hidden, sizeof(float) * w.hidden);
   }
   const Tensor prompt_logits = decoder::logits(w, last);
-  Tensor out = new_contiguous(embed, {Bp * G, V});
+  Tensor out = new_float(embed, {Bp * G, V});
   const float* pl = prompt_logits.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
   for (int64_t r = 0; r < Bp * G; ++r) std::memcpy(op + r * V, pl + (r / G) * V, sizeof(float) * V);

@@ -157,6 +157,12 @@ class Decoder:
         half = self.head_dim // 2
         self.cos = cos[0]  # (max_positions, head_dim)
         self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
+        # The native ops' tables are float32 whatever the weights' dtype (their activations are).
+        self.native_tables = (self.cos.float(), self.sin.float())
+        if self.cos.dtype != torch.float32:  # computed afresh, not the bf16 ones widened
+            with torch.no_grad():
+                cos, sin = base.rotary_emb(probe.float(), positions[None])
+            self.native_tables = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1))
         self._fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None
         self._native_weights: tuple | None = None
 
@@ -187,7 +193,7 @@ class Decoder:
         tensors are the model's and the fused buffers themselves: later copies show through)."""
         if self._native_weights is None:
             weights = DecoderWeights.of(self, self._fused)
-            self._native_weights = (*weights, self.output_weight, self.cos, self.sin)
+            self._native_weights = (*weights, self.output_weight, *self.native_tables)
         return self._native_weights
 
     def thaw(self) -> None:
@@ -220,8 +226,11 @@ class Decoder:
         return self.lm_head.weight
 
     def new_cache(self, batch: int, slots: int) -> KVCache:
+        """A cache in the weights' dtype, or float32 where the native ops generate (their
+        activations are float32 over bf16 weights too)."""
         w = self.embed.weight
-        return KVCache(len(self.layers), batch, self.kv_heads, slots, self.head_dim, w.dtype,
+        dtype = torch.float32 if self._native_kind() else w.dtype
+        return KVCache(len(self.layers), batch, self.kv_heads, slots, self.head_dim, dtype,
                        w.device)  # fmt: skip
 
     # -- pieces of a layer ---------------------------------------------------------------------
@@ -328,7 +337,8 @@ class Decoder:
                 group_size: int = 1) -> Tensor:  # fmt: skip
         """Runs each group's prompt [Bp, P] once, writes its keys and values into the cache's
         first P slots of the group's G rows, and returns the next-token logits [Bp * G, V].
-        On the CPU in float32 (generation), one native op; elsewhere the ops below."""
+        On the CPU (generation, float32 or bf16 weights), one native op; elsewhere the ops
+        below."""
         if self._native_applies():
             return torch.ops.nostall.prefill_prompts.default(
                 prompt_ids, prompt_mask, group_size, *self._weight_lists(), cache.keys,
@@ -347,33 +357,30 @@ class Decoder:
         last = self._norm(x[:, -1], self.norm)
         return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)
 
-    def _native_applies(self) -> bool:
-        """Whether the native ops (`nostall::decode_step`, `nostall::prefill_prompts`) run this
-        model's generation: float32 on the CPU, fused weights frozen, no gradients."""
+    def _native_kind(self) -> bool:
+        """Whether the native ops cover this model: on the CPU, float32 or bf16 weights (bf16
+        GEMMs, float32 between them), Llama's attention without an output bias."""
         return (
             self.native
-            and self._fused is not None
             and self.layers[0].self_attn.o_proj.bias is None  # (Llama's attention_bias)
-            and self.embed.weight.dtype == torch.float32
+            and self.embed.weight.dtype in (torch.float32, torch.bfloat16)
             and self.embed.weight.device.type == "cpu"
-            and not torch.is_grad_enabled()
         )
 
+    def _native_applies(self) -> bool:
+        """Whether the native ops (`nostall::decode_step`, `nostall::prefill_prompts`) run this
+        model's generation: `_native_kind`, fused weights frozen, no gradients."""
+        return self._native_kind() and self._fused is not None and not torch.is_grad_enabled()
+
     def _native_training_applies(self) -> bool:
-        """Whether `nostall::decoder_train` runs `grouped_hidden` (forward and backward): float32
-        on the CPU, Llama's attention without an output bias."""
-        return (
-            self.native
-            and self.layers[0].self_attn.o_proj.bias is None
-            and self.embed.weight.dtype == torch.float32
-            and self.embed.weight.device.type == "cpu"
-        )
+        """Whether `nostall::decoder_train` runs `grouped_hidden` (forward and backward)."""
+        return self._native_kind()
 
     def _training_weights(self) -> tuple:
         """decoder_train's weight arguments: the model's parameters (q/k/v and gate/up joined
         here, so their gradients flow back to the separate projections), the rotary tables."""
         fused = [self._fuse(layer) for layer in self.layers]
-        return (*DecoderWeights.of(self, fused), self.cos, self.sin)
+        return (*DecoderWeights.of(self, fused), *self.native_tables)
 
     def _native_config(self) -> tuple[int, int, float]:
         eps = float(self.layers[0].input_layernorm.variance_epsilon)
@@ -383,7 +390,8 @@ class Decoder:
                cache: KVCache) -> Tensor:  # fmt: skip
         """One step: token and position [B], slot a one-element int64 device tensor, slot_mask
         bool [B, S] (the keys this step may attend to, its own slot included); the logits
-        [B, V]. On the CPU in float32 (generation), one native op; elsewhere the ops below."""
+        [B, V]. On the CPU (generation, float32 or bf16 weights), one native op; elsewhere the
+        ops below."""
         if self._native_applies():
             return torch.ops.nostall.decode_step.default(
                 token, position, slot, slot_mask, *self._weight_lists(), cache.keys,

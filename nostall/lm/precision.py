@@ -39,7 +39,7 @@ def bf16_hardware(device: torch.device) -> bool:
 def compute_dtype(name: str, device: torch.device, builtin: bool) -> torch.dtype:
     """The run's compute dtype for `--dtype name`. auto: bfloat16 where the hardware has it,
     for a real model (a directory or a model object); float32 for the built-in toy models,
-    whose time is per-op overhead, not arithmetic, and which the native float32 ops run."""
+    whose time is per-op overhead, not arithmetic (bf16's casts would only add to it)."""
     if name not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     if name == "float32":
@@ -91,6 +91,16 @@ class MasterWeights:
     @property
     def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
+
+    # The compute copy's side, laid out as a ClippedAdam's is (the update by explicit adjoints
+    # writes its gradients straight into the flat buffer).
+    @property
+    def parameters_in_order(self) -> list[torch.nn.Parameter]:
+        return list(self._order)
+
+    @property
+    def flat_gradient(self) -> torch.Tensor:
+        return self.flat_grad
 
     def zero_grad(self) -> None:
         self._reattach()

@@ -9,6 +9,8 @@ import torch
 from nostall.decoder_weights import DecoderWeights
 from nostall.ops._checks import FLOAT_DTYPES, _fail
 
+NATIVE_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)  # (the logits are float32 either way)
+
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
@@ -51,8 +53,8 @@ def _sample_tokens_fake(
 def _decode_step_fake(token, position, slot, slot_mask, *args):
     w, (lm_head, *_) = DecoderWeights.split(args)  # (then cos, sin, the cache, its sizes)
     _check(token.dim() == 1, "decode_step: token must be int64 [B]")
-    _check(w.embed.dtype == torch.float32, "decode_step: embed must be float32")
-    return w.embed.new_empty(token.shape[0], lm_head.shape[0])
+    _check(w.embed.dtype in NATIVE_WEIGHT_DTYPES, "decode_step: embed must be float32 or bfloat16")
+    return w.embed.new_empty(token.shape[0], lm_head.shape[0], dtype=torch.float32)
 
 
 @torch.library.register_fake("nostall::prefill_prompts")
@@ -60,8 +62,11 @@ def _prefill_prompts_fake(prompt_ids, prompt_mask, group_size, *args):
     w, (lm_head, *_) = DecoderWeights.split(args)
     _check(prompt_ids.dim() == 2, "prefill_prompts: prompt_ids must be int64 [Bp, P]")
     _check(group_size >= 1, f"prefill_prompts: group_size must be at least 1, got {group_size}")
-    _check(w.embed.dtype == torch.float32, "prefill_prompts: embed must be float32")
-    return w.embed.new_empty(prompt_ids.shape[0] * group_size, lm_head.shape[0])
+    _check(
+        w.embed.dtype in NATIVE_WEIGHT_DTYPES, "prefill_prompts: embed must be float32 or bfloat16"
+    )
+    return w.embed.new_empty(prompt_ids.shape[0] * group_size, lm_head.shape[0],
+                             dtype=torch.float32)  # fmt: skip
 
 
 @torch.library.register_fake("nostall::generate_completions")

@@ -54,7 +54,7 @@ class ExplicitUpdate:
         weights = DecoderWeights.of(decoder, fused).detached()
         self.qkv, self.qkv_bias, self.gate_up = (weights.qkv_weight, weights.qkv_bias,
                                                  weights.gate_up_weight)  # fmt: skip
-        self.weights = (*weights, decoder.cos, decoder.sin)
+        self.weights = (*weights, *decoder.native_tables)
         self.config = decoder._native_config()
         self.tied = decoder.output_weight is decoder.embed.weight
         # The gradients: the optimizer's views. decoder_train_backward's outputs, end to end,
@@ -66,16 +66,17 @@ class ExplicitUpdate:
 
     @staticmethod
     def applies_now(decoder: Decoder, reference: Decoder | None) -> bool:
-        """The native training forward runs (float32 on the CPU) and there is no KL reference
-        (its log-probs would need their own forward): checked every update."""
+        """The native training forward runs (on the CPU, float32 or bf16 weights) and there is
+        no KL reference (its log-probs would need their own forward): checked every update."""
         return reference is None and decoder._native_training_applies()
 
     @staticmethod
     def applies(decoder: Decoder, optimizer, reference: Decoder | None) -> bool:
-        """`applies_now`, and the optimizer is a ClippedAdam over `training_order`."""
+        """`applies_now`, and the optimizer's flat buffers lie in `training_order`."""
         if not ExplicitUpdate.applies_now(decoder, reference):
             return False
-        if not isinstance(optimizer, ClippedAdam):
+        # A ClippedAdam with its gradient buffer, or MasterWeights (the compute copy's).
+        if getattr(optimizer, "flat_gradient", None) is None:
             return False
         order = training_order(decoder)
         return order is not None and [id(p) for p in order] == [
@@ -104,6 +105,7 @@ class ExplicitUpdate:
         unit = args.temperature == 1.0
         scaled = hidden.view(B, C, -1) if unit else hidden.view(B, C, -1) / args.temperature
         weight, tokens = d.output_weight.detach(), batch.completion_ids
+        scaled = scaled.to(weight.dtype)  # (the states are float32 over bf16 weights too)
         if vocab is not None:  # the softmax over the allowed tokens' rows only
             weight, tokens = weight[vocab.ids], vocab.index[tokens]
         chunk = max(1, DEFAULT_CHUNK_LOGITS // weight.shape[0])
@@ -140,7 +142,7 @@ class ExplicitUpdate:
             entropy = token_mean(entropy, loss_mask)
             loss = loss - args.entropy_coef * entropy
         grads = torch.ops.nostall.decoder_train_backward.default(
-            (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1),
+            (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1).float(),
             prompt_ids, prompt_mask,
             batch.completion_ids, batch.completion_mask, *weights, *saved, *config,
         )  # fmt: skip

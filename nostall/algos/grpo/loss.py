@@ -57,6 +57,8 @@ def policy_head(decoder: Decoder, batch: LMBatch, temperature: float,
         / temperature
     )  # (B, C, H): the states that predict the completion tokens
     weight, tokens = decoder.output_weight, batch.completion_ids
+    # The native decoder's states are float32 over bf16 weights too: the head in the weights'.
+    hidden = hidden.to(weight.dtype)
     if vocab is not None:  # the softmax over the allowed tokens' rows only
         weight, tokens = weight[vocab.ids], vocab.index[tokens]
     return hidden, weight, tokens

@@ -132,6 +132,7 @@ def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args,
             accumulate=not first_of_step,
         )  # fmt: skip
         kl = torch.zeros_like(loss)  # (no reference: it applies without one)
+        optimizer.collect_gradients()  # (master weights: into their float32 sum)
     else:
         G = args.num_generations
         hidden, weight, tokens = policy_head(decoder, part, args.temperature, vocab, G)
