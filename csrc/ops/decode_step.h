@@ -7,7 +7,8 @@
 //
 // Why: a decode step of a small model is a few hundred tiny tensor ops from Python, and at
 // generation batch sizes their fixed cost is most of the step. Inference only (no autograd);
-// on the CPU, float32 or bf16 weights (decoder_core.h). On a GPU the same step in Python is captured as a CUDA graph instead.
+// on the CPU, float32 or bf16 weights (decoder_core.h). On a GPU the same step in Python is
+// captured as a CUDA graph instead.
 //
 // Rotary: q' = q * cos[pos] + roll(q, D/2) * sin[pos], with sin's first half negated (so the
 // roll is transformers' rotate_half). Weights are in nn.Linear's layout [out, in].

@@ -131,8 +131,11 @@ void mm(Tensor& out, const Tensor& a, const Tensor& b) {
   if (a.scalar_type() != dtype || b.scalar_type() != dtype) {
     // float32 beside bf16 (an operand or the result): the product in bf16 (accumulated in
     // float32 inside), the result cast to out's dtype.
-    const Tensor& low = dtype != ScalarType::Float ? out : a.scalar_type() != ScalarType::Float ? a : b;
-    Tensor result = dtype == low.scalar_type() ? out : new_contiguous(low, {out.size(0), out.size(1)});
+    const Tensor& low = dtype != ScalarType::Float             ? out
+                        : a.scalar_type() != ScalarType::Float ? a
+                                                               : b;
+    Tensor result =
+        dtype == low.scalar_type() ? out : new_contiguous(low, {out.size(0), out.size(1)});
     mm(result, cast_like(a, low), cast_like(b, low));
     if (dtype != low.scalar_type()) convert_into(out, result);
     return;
@@ -171,7 +174,8 @@ Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_nor
                   op, ": every per-layer list must have ", L, " entries");
   STD_TORCH_CHECK(
       embed.scalar_type() == ScalarType::Float || embed.scalar_type() == ScalarType::BFloat16, op,
-      ": embed must be float32 or bfloat16, got ", torch::headeronly::toString(embed.scalar_type()));
+      ": embed must be float32 or bfloat16, got ",
+      torch::headeronly::toString(embed.scalar_type()));
   const ScalarType dtype = embed.scalar_type();
   check_tensor(op, embed, "embed", 2, dtype);
   check_tensor(op, final_norm, "final_norm", 1, dtype);

@@ -1,5 +1,7 @@
 // CPU kernel of decoder_train's forward (see decoder_train.h); the backward is in
 // decoder_train_backward.cpp.
+#include "ops/decoder_train.h"
+
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -8,7 +10,6 @@
 #include "ops/decoder_attention.h"
 #include "ops/decoder_core.h"
 #include "ops/decoder_layout.h"
-#include "ops/decoder_train.h"
 
 namespace nostall {
 
@@ -35,7 +36,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
       op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
       std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
       final_norm, cos, sin, num_heads, kv_heads, eps);
-  const Layout lay = decoder::layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
+  const Layout lay =
+      decoder::layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
   const int64_t L = w.layers, N = lay.N, S = lay.capacity, H = w.hidden, Q = w.qkv_width,
                 I = w.intermediate;
   const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads;

@@ -28,8 +28,8 @@
 // backward (autograd's bookkeeping, broadcasts, reshapes), whose fixed cost is most of its time;
 // here the same arithmetic is the GEMMs (through the C shim) and plain loops between them.
 // On the CPU, float32 or bf16 weights (decoder_core.h: float32 activations either way, the
-// gradients in the weights' dtype); positions count from each prompt's first real token, as in the decoder's
-// forward.
+// gradients in the weights' dtype); positions count from each prompt's first real token, as in the
+// decoder's forward.
 #pragma once
 
 #include <tuple>

@@ -122,7 +122,8 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
       op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
       std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
       final_norm, cos, sin, num_heads, kv_heads, eps);
-  const Layout lay = decoder::layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
+  const Layout lay =
+      decoder::layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
   const int64_t L = w.layers, N = lay.N, S = lay.capacity, H = w.hidden, Q = w.qkv_width,
                 I = w.intermediate;
   const int64_t D = w.head_dim, heads = w.num_heads, kv = w.kv_heads;
@@ -156,7 +157,7 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     if (!w.qkv_bias.empty()) g_bias.push_back(zeros(embed, Q));
   }
   Tensor g_final = zeros(embed, H);
-  Tensor dx = zeros(embed, N, H);               // gradient of the residual stream leaving layer l
+  Tensor dx = zeros(embed, N, H);          // gradient of the residual stream leaving layer l
   Tensor dmid = new_float(embed, {N, H});  // ... after layer l's attention
   Tensor h = new_float(embed, {N, H});
   Tensor dh = new_float(embed, {N, H});

@@ -7,7 +7,8 @@
 // Positions are counted from each prompt's first real token (0 on padding), as the decoder's
 // tensor-op prefill counts them; a padding query attends to itself only, so its (unused) output
 // is finite. Why native: at RL prompt batches the tensor-op prefill is about a hundred small ops
-// a layer whose fixed cost exceeds their arithmetic. Inference only; on the CPU, float32 or bf16 weights (decoder_core.h).
+// a layer whose fixed cost exceeds their arithmetic. Inference only; on the CPU, float32 or bf16
+// weights (decoder_core.h).
 #pragma once
 
 #include <vector>
