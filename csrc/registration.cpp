@@ -198,6 +198,15 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "Tensor[] grad_qkv_weight, Tensor[] grad_qkv_bias, Tensor[] grad_o_weight, "
       "Tensor[] grad_post_norm, Tensor[] grad_gate_up_weight, Tensor[] grad_down_weight, "
       "Tensor grad_final_norm)");
+  // The same gradients written (or, with accumulate, added) into flat_grad, end to end in that
+  // order: the GRPO update's flat gradient buffer, with no gradient tensor allocated.
+  m.def(
+      "decoder_train_backward_into(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask, "
+      "Tensor completion_ids, Tensor completion_mask, Tensor embed, Tensor[] input_norm, "
+      "Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, "
+      "Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, Tensor cos, Tensor sin, "
+      "Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up, "
+      "int num_heads, int kv_heads, float eps, Tensor(a!) flat_grad, bool accumulate) -> ()");
 
   // One step of Adam with global gradient-norm clipping over flat buffers, in place (see
   // ops/clipped_adam.h).
@@ -294,6 +303,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("generate_completions", TORCH_BOX(&nostall::generate_completions_cpu));
   m.impl("decoder_train", TORCH_BOX(&nostall::decoder_train_cpu));
   m.impl("decoder_train_backward", TORCH_BOX(&nostall::decoder_train_backward_cpu));
+  m.impl("decoder_train_backward_into", TORCH_BOX(&nostall::decoder_train_backward_into_cpu));
   m.impl("mlp_backward", TORCH_BOX(&nostall::mlp_backward_cpu));
   m.impl("env_step", TORCH_BOX(&nostall::envs::env_step_cpu));
   m.impl("env_step_into", TORCH_BOX(&nostall::envs::env_step_into_cpu));

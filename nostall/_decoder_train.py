@@ -1,6 +1,7 @@
 """decoder_train, the training forward of a Llama-family decoder over GRPO's grouped batch
-(csrc/ops/decoder_train.h), and decoder_train_backward: their fake kernels and the autograd
-formula. nostall._native registers them when it loads the library.
+(csrc/ops/decoder_train.h), decoder_train_backward and decoder_train_backward_into (the same
+gradients into one flat buffer): their fake kernels and the autograd formula. nostall._native
+registers them when it loads the library.
 
 The formula is registered here, from Python, under any torch (the other ops' formulas are
 native, in nostall._C_autograd): decoder_train runs once per update, so the registration's
@@ -70,6 +71,22 @@ def _decoder_train_backward_fake(grad_hidden, prompt_ids, prompt_mask, completio
     # The gradients are the weights' shapes: the embedding's, each list's, the final norm's.
     return tuple(torch.empty_like(x) if isinstance(x, torch.Tensor) else
                  [torch.empty_like(t) for t in x] for x in w)  # fmt: skip
+
+
+@torch.library.register_fake("nostall::decoder_train_backward_into")
+def _decoder_train_backward_into_fake(grad_hidden, prompt_ids, prompt_mask, completion_ids,
+                                      completion_mask, *args):  # fmt: skip
+    *rest, flat_grad, _accumulate = args
+    w, _ = DecoderWeights.split(tuple(rest))  # (then cos, sin, the activations, the sizes)
+    op = "decoder_train_backward_into"
+    _shapes(op, prompt_ids, completion_ids, w)
+    _check(grad_hidden.dtype == torch.float32, f"{op}: grad_hidden must be float32")
+    total = sum(x.numel() if isinstance(x, torch.Tensor) else sum(t.numel() for t in x)
+                for x in w)  # fmt: skip
+    _check(flat_grad.dtype == w.embed.dtype and flat_grad.dim() == 1
+           and flat_grad.numel() == total,
+           f"{op}: flat_grad must be a contiguous CPU {w.embed.dtype} [{total}] (every weight's "
+           "gradient, in the op's output order)")  # fmt: skip
 
 
 def _setup_context(ctx, inputs, output):

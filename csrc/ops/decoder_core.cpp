@@ -144,6 +144,13 @@ void mm(Tensor& out, const Tensor& a, const Tensor& b) {
                   "decoder: matrix product failed");
 }
 
+void mm_add(Tensor& out, const Tensor& a, const Tensor& b) {
+  const Tensor a_out = cast_like(a, out), b_out = cast_like(b, out);
+  STD_TORCH_CHECK(aoti_torch_cpu_addmm_out(out.get(), out.get(), a_out.get(), b_out.get(), 1.0,
+                                           1.0) == AOTI_TORCH_SUCCESS,
+                  "decoder: matrix product failed");
+}
+
 // act [N, I] = silu(gate) * up, gate_up [N, 2I]: an AVX2 clone where the CPU has it (chosen
 // once at load), plain SSE otherwise.
 NOSTALL_AVX2_CLONES void silu_gate(const float* gate_up, float* act, int64_t N, int64_t I,

@@ -108,6 +108,9 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias);
 // (float32 and bf16), the product is taken in bf16 and cast to out's dtype.
 void mm(Tensor& out, const Tensor& a, const Tensor& b);
 
+// out += a @ b in out's dtype (the operands cast to it).
+void mm_add(Tensor& out, const Tensor& a, const Tensor& b);
+
 // act [N, I] = silu(gate) * up of gate_up [N, 2I]; scratch [I]. (An AVX2 clone where the CPU
 // has it, chosen once at load.)
 void silu_gate(const float* gate_up, float* act, int64_t N, int64_t I, float* scratch);

@@ -2,6 +2,7 @@
 // layer from the last, over the activations the forward saved.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <unordered_map>
 #include <utility>
 
@@ -76,17 +77,46 @@ inline void unrotate_grad(float* __restrict g, const float* __restrict cos,
   }
 }
 
-// The embedding's gradient [V, H] in its dtype: each run row's dx [N, H] added into its token's
-// row. bf16 sums each token's rows in float32 first and rounds once (the rows of a token the
-// batch repeats would each lose bits otherwise).
-Tensor embedding_gradient(const Tensor& embed, const Layout& lay, const float* dx, int64_t H) {
-  const int64_t V = embed.size(0);
-  if (embed.scalar_type() == ScalarType::Float) {
-    Tensor g = zeros(embed, V, H);
-    float* ge = g.mutable_data_ptr<float>();
-    for (int64_t n = 0; n < lay.N; ++n) decoder::axpy(ge + lay.token[n] * H, 1.0f, dx + n * H, H);
-    return g;
+// Where the backward puts each weight's gradient: fresh tensors (decoder_train_backward) or
+// views of one flat buffer laid out in the op's output order (decoder_train_backward_into), set
+// or, with `accumulate`, added into.
+struct Sink {
+  Tensor embed, final_norm;
+  std::vector<Tensor> input_norm, qkv, bias, o, post_norm, gate_up, down;
+  bool accumulate = false;
+};
+
+// out = a @ b, or out += a @ b (in out's dtype).
+void weight_gradient(Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+  if (accumulate) {
+    decoder::mm_add(out, a, b);
+  } else {
+    decoder::mm(out, a, b);
   }
+}
+
+// out[0..n) (float32 or bf16) = or += sum[0..n) (float32).
+void store(void* out, ScalarType dtype, const float* sum, int64_t n, bool accumulate) {
+  if (dtype == ScalarType::Float) {
+    auto* o = static_cast<float*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] = accumulate ? o[i] + sum[i] : sum[i];
+  } else {
+    auto* o = static_cast<uint16_t*>(out);
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = decoder::narrow_bf16(accumulate ? decoder::widen_bf16(o[i]) + sum[i] : sum[i]);
+    }
+  }
+}
+
+void store(Tensor& out, const Tensor& sum, bool accumulate) {
+  store(out.mutable_data_ptr(), out.scalar_type(), sum.const_data_ptr<float>(), out.numel(),
+        accumulate);
+}
+
+// The embedding's gradient [V, H]: each run row's dx [N, H] summed per token in float32, each
+// token's row stored once (bf16 rounds once: a token the batch repeats would lose bits on every
+// addition otherwise), the other rows zero (or, accumulating, as they were).
+void store_embedding(Tensor& out, const Layout& lay, const float* dx, int64_t H, bool accumulate) {
   std::unordered_map<int64_t, int64_t> slot_of;
   std::vector<float> sums;
   for (int64_t n = 0; n < lay.N; ++n) {
@@ -95,29 +125,85 @@ Tensor embedding_gradient(const Tensor& embed, const Layout& lay, const float* d
     if (added) sums.resize(sums.size() + static_cast<size_t>(H), 0.0f);
     decoder::axpy(sums.data() + it->second * H, 1.0f, dx + n * H, H);
   }
-  Tensor g = new_contiguous(embed, {V, H});
-  auto* ge = static_cast<uint16_t*>(g.mutable_data_ptr());
-  std::memset(ge, 0, sizeof(uint16_t) * static_cast<size_t>(V * H));
+  const ScalarType dtype = out.scalar_type();
+  const size_t bytes = dtype == ScalarType::Float ? sizeof(float) : sizeof(uint16_t);
+  auto* base = static_cast<char*>(out.mutable_data_ptr());
+  if (!accumulate) std::memset(base, 0, bytes * static_cast<size_t>(out.numel()));
   for (const auto& [token, slot] : slot_of) {
-    for (int64_t j = 0; j < H; ++j) ge[token * H + j] = decoder::narrow_bf16(sums[slot * H + j]);
+    store(base + bytes * static_cast<size_t>(token * H), dtype, sums.data() + slot * H, H,
+          accumulate);
   }
-  return g;
 }
 
-}  // namespace
+// A view of `count` elements of flat at `offset`, shaped `sizes` (1 or 2 dimensions).
+Tensor flat_view(const Tensor& flat, int64_t& offset, std::initializer_list<int64_t> sizes) {
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  const int64_t* size = sizes.begin();
+  const int64_t strides[2] = {ndim == 2 ? size[1] : 1, 1};
+  AtenTensorHandle out = nullptr;
+  STD_TORCH_CHECK(aoti_torch__reinterpret_tensor(flat.get(), ndim, size, strides, offset, &out) ==
+                      AOTI_TORCH_SUCCESS,
+                  "decoder_train_backward_into: could not make a view");
+  offset += ndim == 2 ? size[0] * size[1] : size[0];
+  return Tensor(out);
+}
 
-std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>,
-           std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>,
-           Tensor>
-decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
-                           Tensor completion_ids, Tensor completion_mask, Tensor embed,
-                           std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-                           std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-                           std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-                           std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos,
-                           Tensor sin, Tensor residuals, Tensor qkv, Tensor probs, Tensor attended,
-                           Tensor gate_up, int64_t num_heads, int64_t kv_heads, double eps) {
-  const char* op = "decoder_train_backward";
+// Views of flat_grad in the op's output order: the embedding, each list layer by layer, the final
+// norm (so its entries, end to end, are the gradients decoder_train_backward returns).
+Sink flat_sink(const char* op, const Tensor& flat, const Weights& w, bool accumulate) {
+  const int64_t L = w.layers, V = w.vocab, H = w.hidden, Q = w.qkv_width, I = w.intermediate;
+  const int64_t A = w.num_heads * w.head_dim, bias = w.qkv_bias.empty() ? 0 : Q;
+  const int64_t total = V * H + L * (2 * H + Q * H + bias + H * A + 2 * I * H + H * I) + H;
+  STD_TORCH_CHECK(flat.scalar_type() == w.embed.scalar_type() && flat.dim() == 1 &&
+                      flat.is_contiguous() && flat.is_cpu() && flat.numel() == total,
+                  op, ": flat_grad must be a contiguous CPU ",
+                  torch::headeronly::toString(w.embed.scalar_type()), " [", total,
+                  "] (every weight's gradient, in the op's output order)");
+  Sink sink;
+  sink.accumulate = accumulate;
+  int64_t offset = 0;
+  sink.embed = flat_view(flat, offset, {V, H});
+  for (int64_t l = 0; l < L; ++l) sink.input_norm.push_back(flat_view(flat, offset, {H}));
+  for (int64_t l = 0; l < L; ++l) sink.qkv.push_back(flat_view(flat, offset, {Q, H}));
+  for (int64_t l = 0; l < L && bias > 0; ++l) sink.bias.push_back(flat_view(flat, offset, {Q}));
+  for (int64_t l = 0; l < L; ++l) sink.o.push_back(flat_view(flat, offset, {H, A}));
+  for (int64_t l = 0; l < L; ++l) sink.post_norm.push_back(flat_view(flat, offset, {H}));
+  for (int64_t l = 0; l < L; ++l) sink.gate_up.push_back(flat_view(flat, offset, {2 * I, H}));
+  for (int64_t l = 0; l < L; ++l) sink.down.push_back(flat_view(flat, offset, {H, I}));
+  sink.final_norm = flat_view(flat, offset, {H});
+  return sink;
+}
+
+// Fresh tensors in the weights' dtype.
+Sink fresh_sink(const Weights& w) {
+  const int64_t L = w.layers, H = w.hidden, Q = w.qkv_width, I = w.intermediate;
+  const int64_t A = w.num_heads * w.head_dim;
+  const Tensor& like = w.embed;
+  Sink sink;
+  sink.embed = new_contiguous(like, {w.vocab, H});
+  for (int64_t l = 0; l < L; ++l) {
+    sink.input_norm.push_back(new_contiguous(like, {H}));
+    sink.qkv.push_back(new_contiguous(like, {Q, H}));
+    if (!w.qkv_bias.empty()) sink.bias.push_back(new_contiguous(like, {Q}));
+    sink.o.push_back(new_contiguous(like, {H, A}));
+    sink.post_norm.push_back(new_contiguous(like, {H}));
+    sink.gate_up.push_back(new_contiguous(like, {2 * I, H}));
+    sink.down.push_back(new_contiguous(like, {H, I}));
+  }
+  sink.final_norm = new_contiguous(like, {H});
+  return sink;
+}
+
+// The backward into the sink make_sink gives for the checked weights.
+void backward(const char* op, Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
+              Tensor completion_ids, Tensor completion_mask, Tensor embed,
+              std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
+              std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
+              std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
+              std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos, Tensor sin,
+              Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up,
+              int64_t num_heads, int64_t kv_heads, double eps,
+              const std::function<Sink(const Weights&)>& make_sink, Sink& sink) {
   const Weights w = decoder::check_layers(
       op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
       std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
@@ -146,14 +232,13 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
   check_saved(attended, "attended", L * S, A);
   check_saved(gate_up, "gate_up", L * S, 2 * I);
 
-  std::vector<Tensor> g_input_norm, g_qkv, g_bias, g_o, g_post_norm, g_gate_up, g_down;
+  sink = make_sink(w);
+  const bool acc = sink.accumulate;
+  // The norms' and biases' gradients are sums over rows: in float32, stored at the end.
+  std::vector<Tensor> g_input_norm, g_bias, g_post_norm;
   for (int64_t l = 0; l < L; ++l) {
     g_input_norm.push_back(zeros(embed, H));
     g_post_norm.push_back(zeros(embed, H));
-    g_qkv.push_back(new_contiguous(embed, {Q, H}));
-    g_o.push_back(new_contiguous(embed, {H, A}));
-    g_gate_up.push_back(new_contiguous(embed, {2 * I, H}));
-    g_down.push_back(new_contiguous(embed, {H, I}));
     if (!w.qkv_bias.empty()) g_bias.push_back(zeros(embed, Q));
   }
   Tensor g_final = zeros(embed, H);
@@ -199,17 +284,17 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     silu_gate_backward(gate_up_l.const_data_ptr<float>(), dact.const_data_ptr<float>(), M, I,
                        dgate_up.mutable_data_ptr<float>(), act.mutable_data_ptr<float>(),
                        silu_scratch.data());
-    decoder::mm(g_down[l], transposed(dx_m), act_m);
+    weight_gradient(sink.down[l], transposed(dx_m), act_m, acc);
     decoder::rms_norm(h.mutable_data_ptr<float>(), xmid + first * H,
                       w.post_norm[l].const_data_ptr<float>(), M, H, w.eps);
-    decoder::mm(g_gate_up[l], transposed(dgate_up_m), h_m);
+    weight_gradient(sink.gate_up[l], transposed(dgate_up_m), h_m, acc);
     decoder::mm(dh_m, dgate_up_m, w.gate_up_weight[l]);
     std::memcpy(dmp, dxp, sizeof(float) * N * H);
     rms_norm_backward(dh.const_data_ptr<float>(), xmid + first * H,
                       w.post_norm[l].const_data_ptr<float>(), M, H, w.eps, dmp + first * H,
                       g_post_norm[l].mutable_data_ptr<float>(), wdy.data());
     // The attention's output projection: x_mid = x_in + attended @ o^T.
-    decoder::mm(g_o[l], transposed(dmid_m), rows(attended, l * S + first, M));
+    weight_gradient(sink.o[l], transposed(dmid_m), rows(attended, l * S + first, M), acc);
     decoder::mm(datt_m, dmid_m, w.o_weight[l]);
     // The attention: softmax over each query's slots, then the rotation.
     float* dq = dqkv.mutable_data_ptr<float>();
@@ -232,19 +317,59 @@ decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_
     // The q/k/v projection of rms_norm(x_in).
     decoder::rms_norm(h.mutable_data_ptr<float>(), xin, w.input_norm[l].const_data_ptr<float>(), N,
                       H, w.eps);
-    decoder::mm(g_qkv[l], transposed(dqkv), h);
+    weight_gradient(sink.qkv[l], transposed(dqkv), h, acc);
     decoder::mm(dh, dqkv, w.qkv_weight[l]);
     std::memcpy(dxp, dmp, sizeof(float) * N * H);
     rms_norm_backward(dh.const_data_ptr<float>(), xin, w.input_norm[l].const_data_ptr<float>(), N,
                       H, w.eps, dxp, g_input_norm[l].mutable_data_ptr<float>(), wdy.data());
   }
-  Tensor g_embed = embedding_gradient(embed, lay, dxp, H);
-  // The norms' and bias's gradients were summed in float32: in the weights' dtype.
-  for (auto* list : {&g_input_norm, &g_post_norm, &g_bias}) {
-    for (Tensor& g : *list) g = decoder::cast_like(g, embed);
+  store_embedding(sink.embed, lay, dxp, H, acc);
+  for (int64_t l = 0; l < L; ++l) {
+    store(sink.input_norm[l], g_input_norm[l], acc);
+    store(sink.post_norm[l], g_post_norm[l], acc);
+    if (!w.qkv_bias.empty()) store(sink.bias[l], g_bias[l], acc);
   }
-  g_final = decoder::cast_like(g_final, embed);
-  return {g_embed, g_input_norm, g_qkv, g_bias, g_o, g_post_norm, g_gate_up, g_down, g_final};
+  store(sink.final_norm, g_final, acc);
+}
+
+}  // namespace
+
+std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>,
+           std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>,
+           Tensor>
+decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
+                           Tensor completion_ids, Tensor completion_mask, Tensor embed,
+                           std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
+                           std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
+                           std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
+                           std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos,
+                           Tensor sin, Tensor residuals, Tensor qkv, Tensor probs, Tensor attended,
+                           Tensor gate_up, int64_t num_heads, int64_t kv_heads, double eps) {
+  Sink g;
+  backward("decoder_train_backward", grad_hidden, prompt_ids, prompt_mask, completion_ids,
+           completion_mask, embed, std::move(input_norm), std::move(qkv_weight),
+           std::move(qkv_bias), std::move(o_weight), std::move(post_norm),
+           std::move(gate_up_weight), std::move(down_weight), final_norm, cos, sin, residuals, qkv,
+           probs, attended, gate_up, num_heads, kv_heads, eps, fresh_sink, g);
+  return {g.embed, g.input_norm, g.qkv, g.bias, g.o, g.post_norm, g.gate_up, g.down, g.final_norm};
+}
+
+void decoder_train_backward_into_cpu(
+    Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask, Tensor completion_ids,
+    Tensor completion_mask, Tensor embed, std::vector<Tensor> input_norm,
+    std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
+    std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
+    std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos, Tensor sin, Tensor residuals,
+    Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up, int64_t num_heads, int64_t kv_heads,
+    double eps, Tensor flat_grad, bool accumulate) {
+  const char* op = "decoder_train_backward_into";
+  Sink g;
+  backward(
+      op, grad_hidden, prompt_ids, prompt_mask, completion_ids, completion_mask, embed,
+      std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias), std::move(o_weight),
+      std::move(post_norm), std::move(gate_up_weight), std::move(down_weight), final_norm, cos, sin,
+      residuals, qkv, probs, attended, gate_up, num_heads, kv_heads, eps,
+      [&](const Weights& w) { return flat_sink(op, flat_grad, w, accumulate); }, g);
 }
 
 }  // namespace nostall

@@ -202,3 +202,37 @@ def test_native_training_errors(varied_tiny):
     hidden = op(*batch, *args)[0]
     with pytest.raises(RuntimeError, match="cos and sin get no gradient"):
         hidden.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_into_a_flat_buffer_sets_and_adds_the_same_gradients(varied_tiny, dtype):
+    """decoder_train_backward_into writes decoder_train_backward's outputs end to end into one
+    buffer (the GRPO update's flat gradient), or adds them to what it holds."""
+    model = varied_tiny[0].to(dtype)
+    decoder = Decoder(model)
+    batch = _batch(Bp=2, P=4, G=2, C=3)
+    args = _op_args(decoder, batch)
+    weights, config = args[4:15], args[15:]
+    out = torch.ops.nostall.decoder_train.default(*args)
+    grad = torch.randn(out[0].shape, generator=torch.Generator().manual_seed(2))
+    fresh = torch.ops.nostall.decoder_train_backward.default(grad, *batch, *weights, *out[1:],
+                                                              *config)  # fmt: skip
+    want = torch.cat([g.reshape(-1) for x in fresh for g in (x if isinstance(x, list) else [x])])
+    into = torch.ops.nostall.decoder_train_backward_into.default
+    flat = torch.full_like(want, float("nan"))  # (set: whatever it held is overwritten)
+    into(grad, *batch, *weights, *out[1:], *config, flat, False)
+    assert torch.equal(flat, want)
+    before = torch.randn(want.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    flat.copy_(before)
+    into(grad, *batch, *weights, *out[1:], *config, flat, True)
+    # float32 adds as the tensors would (the GEMM's sum in another order); bf16 rounds the sum
+    # once where the reference rounds the gradient first: apart by a rounding of each term
+    # (2^-8 of its magnitude) and of the result.
+    u = 1e-5 if dtype == torch.float32 else 2.0**-8
+    ref = before.float() + want.float()
+    bound = u * (before.float().abs() + want.float().abs() + ref.abs()) + 1e-30
+    assert ((flat.float() - ref).abs() <= bound).all()
+    torch.library.opcheck(into, (grad, *batch, *weights, *out[1:], *config, flat, True),
+                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"flat_grad must be a contiguous CPU"):
+        into(grad, *batch, *weights, *out[1:], *config, flat[:-1], False)

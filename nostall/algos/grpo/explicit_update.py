@@ -13,7 +13,9 @@ order it is given. `training_order` lists the parameters in the order of
 weights, their biases, the output projections, the post-attention norms, gate and up weights,
 down weights, the final norm, then an untied output weight. So each layer's fused q/k/v (and
 gate/up) weight is one contiguous view of the flat parameters, and the op's gradients, laid end
-to end, are the flat gradient.
+to end, are the flat gradient: `decoder_train_backward_into` writes them there (no gradient
+tensor is allocated: they are the size of the model, and a second copy of them was the update's
+peak memory).
 
 The same arithmetic as `policy_log_probs` + `grpo_loss` + `loss.backward()`, in the same ops:
 tests check the two against each other (tests/lm/test_explicit_update.py).
@@ -141,17 +143,13 @@ class ExplicitUpdate:
             grad_weight += grad_w
             entropy = token_mean(entropy, loss_mask)
             loss = loss - args.entropy_coef * entropy
-        grads = torch.ops.nostall.decoder_train_backward.default(
+        # Every decoder gradient straight into the flat buffer (set, or added when accumulating).
+        torch.ops.nostall.decoder_train_backward_into.default(
             (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1).float(),
             prompt_ids, prompt_mask,
             batch.completion_ids, batch.completion_mask, *weights, *saved, *config,
+            self.decoder_grad, accumulate,
         )  # fmt: skip
-        g_embed, *g_lists, g_final = grads
-        flat = [g_embed.view(-1)] + [g.view(-1) for gs in g_lists for g in gs]
-        if accumulate:
-            self.decoder_grad.add_(torch.cat([*flat, g_final]))
-        else:
-            torch.cat([*flat, g_final], out=self.decoder_grad)
         output_grad = self.output_grad  # (tied: the embedding's, which has its token rows)
         if not self.tied and not accumulate:
             output_grad.zero_()
