@@ -30,7 +30,7 @@ def main() -> None:
     from nostall.algos import grpo
 
     with tempfile.TemporaryDirectory() as folder:
-        build_model(folder)
+        build_model(folder, "135m")
         config = grpo.GRPOConfig(
             model=folder, steps=args.steps, num_prompts=PROMPTS, num_generations=GENERATIONS,
             max_new_tokens=args.new_tokens, device="cuda", dtype=args.dtype,

@@ -7,6 +7,7 @@ per-step time (after the first step), peak memory, and the floor: the time of th
 matrix products at that shape and precision on this machine.
 
     python -m benchmarks.lm.scale_grpo [--steps 8] [--threads 2] [--sides ...]
+        [--shape 135m|small|tiny]
 """
 
 from __future__ import annotations
@@ -35,17 +36,32 @@ SIDES = ("nostall_s0", "nostall_default", "nostall_fp32_s0", "nostall_bf16w_s0",
          "trl_fp32")  # fmt: skip
 
 
-def build_model(folder: str) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def shape_of(name: str) -> dict:
+    """The model's config: the 135M shape (a Llama), or a built-in size (`small`, `tiny`: the
+    built-ins' Qwen2 over the character tokenizer) for the sizes in between."""
+    if name == "135m":
+        return SHAPE
+    from nostall.lm.models import BUILTIN_SIZES, char_tokenizer
+
+    size = BUILTIN_SIZES[name]
+    return dict(size, num_key_value_heads=size["num_attention_heads"],
+                vocab_size=len(char_tokenizer()), max_position_embeddings=64,
+                tie_word_embeddings=True)  # fmt: skip
+
+
+def build_model(folder: str, shape: str) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from nostall.lm.models import char_tokenizer
 
     tokenizer = char_tokenizer()
-    config = LlamaConfig(**SHAPE, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config_class, model_class = ((LlamaConfig, LlamaForCausalLM) if shape == "135m" else
+                                 (Qwen2Config, Qwen2ForCausalLM))  # fmt: skip
+    config = config_class(**shape_of(shape), bos_token_id=tokenizer.bos_token_id,
+                          eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
@@ -130,17 +146,21 @@ def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype) -> dict:
             "peak_mib": _peak_mib()}  # fmt: skip
 
 
-def floor_ms(threads: int, dtype: torch.dtype) -> dict:
-    """The matrix products of one step at this shape: generation (each group's prompt once, then
-    a token at a time for the batch) and the update (forward and the backward's two products,
-    each group's prompt once); the output layer over the 22 rows sampled from is negligible."""
+def floor_ms(threads: int, dtype: torch.dtype, shape: dict) -> dict:
+    """The matrix products of one step at this shape: generation (each group's prompt once,
+    then a token at a time for the batch: NEW_TOKENS - 1 decode steps, each sampled from the
+    output layer's logits over the whole vocabulary, as both sides compute them) and the update
+    (forward and the backward's two products, each group's prompt once; its output layer over
+    the 22 rows the loss reads is negligible)."""
     torch.set_num_threads(threads)
-    H, inter, L = SHAPE["hidden_size"], SHAPE["intermediate_size"], SHAPE["num_hidden_layers"]
-    kv = H * SHAPE["num_key_value_heads"] // SHAPE["num_attention_heads"]
+    H, inter, L = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = H * shape["num_key_value_heads"] // shape["num_attention_heads"]
     weights = [torch.randn(n, H, dtype=dtype) for n in (H + 2 * kv, H, 2 * inter)]
     down = torch.randn(H, inter, dtype=dtype)
+    head = torch.randn(shape["vocab_size"], H, dtype=dtype)
 
-    def layer_ms(rows: int, repeat: int = 3) -> float:
+    def layer_ms(rows: int, logits: int = 0, repeat: int = 3) -> float:
+        """L layers over `rows` rows, then the output layer over `logits` of them."""
         x, y = torch.randn(rows, H, dtype=dtype), torch.randn(rows, inter, dtype=dtype)
         best = float("inf")
         for _ in range(repeat):
@@ -149,20 +169,21 @@ def floor_ms(threads: int, dtype: torch.dtype) -> dict:
                 for w in weights:
                     x @ w.T
                 y @ down.T
+            if logits:
+                x[:logits] @ head.T
             best = min(best, time.perf_counter() - start)
         return 1e3 * best
 
     B, P = PROMPTS * GENERATIONS, 7
-    generation = layer_ms(PROMPTS * P) + NEW_TOKENS * layer_ms(B)
+    generation = layer_ms(PROMPTS * P, PROMPTS) + (NEW_TOKENS - 1) * layer_ms(B, B)
     update = 3 * layer_ms(PROMPTS * P + B * NEW_TOKENS)
     return {"generation_ms": generation, "update_ms": update, "step_ms": generation + update}
 
 
-def child(side: str, folder: str, steps: int, threads: int) -> dict:
-    if side == "floor_fp32":
-        return floor_ms(threads, torch.float32)
-    if side == "floor_bf16":
-        return floor_ms(threads, torch.bfloat16)
+def child(side: str, folder: str, steps: int, threads: int, shape: str) -> dict:
+    if side.startswith("floor_"):
+        dtype = torch.float32 if side == "floor_fp32" else torch.bfloat16
+        return floor_ms(threads, dtype, shape_of(shape))
     if side.startswith("nostall"):
         return run_nostall(folder, steps, threads, side)
     return run_trl(folder, steps, threads, torch.bfloat16 if side == "trl_bf16" else torch.float32)
@@ -173,26 +194,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument(
+        "--shape",
+        default="135m",
+        choices=("135m", "small", "tiny"),
+        help="the 135M shape (default), or a built-in size in between",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.folder, args.steps, args.threads)))
+        print(json.dumps(child(args.child, args.folder, args.steps, args.threads, args.shape)))
         return
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        build_model(folder)
+        build_model(folder, args.shape)
         for side in [*args.sides.split(","), "floor_fp32", "floor_bf16"]:
             run = subprocess.run([sys.executable, "-m", "benchmarks.lm.scale_grpo", "--child",
                                   side, "--folder", folder, "--steps", str(args.steps),
-                                  "--threads", str(args.threads)], capture_output=True,
+                                  "--threads", str(args.threads), "--shape", args.shape],
+                                 capture_output=True,
                                  text=True)  # fmt: skip
             if run.returncode != 0:
                 print(f"{side}: failed\n{run.stderr[-2000:]}")
                 continue
             results[side] = json.loads(run.stdout.strip().splitlines()[-1])
+    model = "135M-shaped Llama" if args.shape == "135m" else f"{args.shape} (built-in Qwen2)"
     print(
-        f"135M-shaped Llama, {PROMPTS} prompts x {GENERATIONS} completions x {NEW_TOKENS} "
+        f"{model}, {PROMPTS} prompts x {GENERATIONS} completions x {NEW_TOKENS} "
         f"tokens, {args.threads} threads; ms a step (median after the first), peak RSS"
     )
     medians = {s: statistics.median(r["step_ms"]) for s, r in results.items() if "step_ms" in r
