@@ -214,6 +214,11 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "clipped_adam_step(Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, "
       "Tensor(d!) exp_avg_sq, Tensor(e!) step, float lr, float beta1, float beta2, float eps, "
       "float max_grad_norm) -> ()");
+  // The step over float32 master weights from a bf16 gradient, writing their bf16 copy.
+  m.def(
+      "clipped_adam_step_bf16(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, "
+      "Tensor(c!) exp_avg_sq, Tensor(d!) step, Tensor(e!) rounded, float lr, float beta1, "
+      "float beta2, float eps, float max_grad_norm) -> ()");
 
   // One rollout step of episode statistics: running returns and lengths grow, and envs whose
   // episode ended (done) write theirs into the ring (returns, lengths) at finished, in env order.
@@ -296,6 +301,7 @@ STABLE_TORCH_LIBRARY_IMPL(nostall, CPU, m) {
   m.impl("mlp", TORCH_BOX(&nostall::mlp_cpu));
   m.impl("episode_update", TORCH_BOX(&nostall::episode_update_cpu));
   m.impl("clipped_adam_step", TORCH_BOX(&nostall::clipped_adam_step_cpu));
+  m.impl("clipped_adam_step_bf16", TORCH_BOX(&nostall::clipped_adam_step_bf16_cpu));
   m.impl("sample_categorical", TORCH_BOX(&nostall::sample_categorical_cpu));
   m.impl("sample_tokens", TORCH_BOX(&nostall::sample_tokens_cpu));
   m.impl("decode_step", TORCH_BOX(&nostall::decode_step_cpu));

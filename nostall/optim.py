@@ -203,6 +203,26 @@ class ClippedAdam(torch.optim.Adam):
         self._step.add_(1)
         self._adam(group, slice(None), self._flat_grad)
 
+    @torch.no_grad()
+    def step_rounding(self, grad: torch.Tensor, rounded: torch.Tensor) -> bool:
+        """The step on a bf16 flat gradient in the parameters' order (a bf16 copy's), which
+        also rounds the new parameters into `rounded` (that copy, the same order): one native
+        op and one pass over the buffers (nostall::clipped_adam_step_bf16) where it applies
+        (`_native_step_applies`, the CPU); False and nothing done elsewhere (then
+        `apply_flat_gradient`, and the copy refreshed after)."""
+        applies = (self._native_step_applies(self.param_groups[0])
+                   and grad.dtype == rounded.dtype == torch.bfloat16
+                   and grad.device.type == rounded.device.type == "cpu")  # fmt: skip
+        if not applies:
+            return False
+        group = self.param_groups[0]  # (no weight decay: the native step applies without it)
+        beta1, beta2 = group["betas"]
+        torch.ops.nostall.clipped_adam_step_bf16(
+            self._flat_param, grad, self._flat_exp_avg, self._flat_exp_avg_sq, self._step,
+            rounded, group["lr"], beta1, beta2, group["eps"], self.max_grad_norm,
+        )  # fmt: skip
+        return True
+
     def collect_gradients(self) -> None:
         """After a micro-batch's backward: nothing to do (its gradients accumulate in place in
         the flat buffer). MasterWeights, which stands in for the optimizer, collects there."""

@@ -16,6 +16,13 @@
 
 namespace nostall {
 
+// The same step over float32 master weights from a bf16 gradient (a bf16 compute copy's, read,
+// not clipped in place), the new parameters also rounded into `rounded` (that copy): one pass
+// for what the step, the gradient's widening and the copy's refresh took four.
+void clipped_adam_step_bf16_cpu(Tensor param, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
+                                Tensor step, Tensor rounded, double lr, double beta1, double beta2,
+                                double eps, double max_grad_norm);
+
 void clipped_adam_step_cpu(Tensor param, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                            Tensor step, double lr, double beta1, double beta2, double eps,
                            double max_grad_norm);

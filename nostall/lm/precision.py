@@ -126,6 +126,9 @@ class MasterWeights:
         """The float32 step on the gradients (clipped by their float32 norm), then the compute
         copy rounded from the new master weights."""
         if self.accumulate == 1:
+            if self.optimizer.step_rounding(self.flat_grad, self.flat):
+                self._collected = 0  # (the compute copy rounded in the same pass)
+                return
             self.optimizer.apply_flat_gradient(self.flat_grad)
         else:
             summed = self._summed()

@@ -87,3 +87,60 @@ def test_bad_arguments_are_named(change, message):
         fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
                 for k, v in args.items()}  # fmt: skip
         torch.ops.nostall.clipped_adam_step(**fake)
+
+
+def test_the_bf16_step_against_the_formula_and_its_rounded_copy():
+    """clipped_adam_step_bf16: the step over float32 master weights from a bf16 gradient (read,
+    not clipped in place), the new parameters rounded into the bf16 copy, in three calls
+    against the formula in float64 on the widened gradient; opcheck."""
+    param, _, avg, sq, step = _buffers()
+    rounded = torch.zeros(37, dtype=torch.bfloat16)
+    p, m, v = param.double(), avg.double(), sq.double()
+    lr, b1, b2, eps, max_norm = 1e-2, 0.9, 0.99, 1e-8, 1.0
+    for t, scale in enumerate((5.0, 5.0, 1e-3), start=1):
+        g = (torch.randn(37, generator=torch.Generator().manual_seed(t)) * scale).bfloat16()
+        kept = g.clone()
+        torch.ops.nostall.clipped_adam_step_bf16(param, g, avg, sq, step, rounded, lr, b1, b2,
+                                                 eps, max_norm)  # fmt: skip
+        assert torch.equal(g, kept)  # (the gradient is read only)
+        gd = g.double() * min(1.0, max_norm / (g.double().norm().item() + 1e-6))
+        m = b1 * m + (1 - b1) * gd
+        v = b2 * v + (1 - b2) * gd * gd
+        p = p - lr / (1 - b1**t) * m / (v.sqrt() / (1 - b2**t) ** 0.5 + eps)
+        assert step.item() == t
+        torch.testing.assert_close(param, p.float(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(avg, m.float(), rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(sq, v.float(), rtol=1e-5, atol=1e-9)
+        assert torch.equal(rounded, param.bfloat16())  # torch's rounding, to the bit
+    args = (param, g, avg, sq, step, rounded, lr, b1, b2, eps, max_norm)
+    torch.library.opcheck(torch.ops.nostall.clipped_adam_step_bf16.default, args)
+    with pytest.raises(RuntimeError, match=r"grad must be a contiguous CPU bfloat16 \[37\]"):
+        torch.ops.nostall.clipped_adam_step_bf16(param, g.float(), avg, sq, step, rounded, lr,
+                                                 b1, b2, eps, max_norm)  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"rounded must be a contiguous CPU bfloat16 \[37\]"):
+        torch.ops.nostall.clipped_adam_step_bf16(param, g, avg, sq, step, rounded[:-1], lr, b1,
+                                                 b2, eps, max_norm)  # fmt: skip
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_step_rounding_is_the_outside_gradient_step_then_the_rounding(tensor_lr):
+    """ClippedAdam.step_rounding (the native op) against apply_flat_gradient (torch's ops, a
+    chunk at a time) then the copy rounded; a tensor learning rate keeps torch's path (False)."""
+    g = torch.Generator().manual_seed(4)
+    start = [torch.randn(40, 3, generator=g), torch.randn(7, generator=g)]
+    runs = []
+    for native in (True, False):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        lr = torch.tensor(3e-2) if tensor_lr else 3e-2
+        opt = ClippedAdam(params, lr=lr, max_grad_norm=0.5, gradients=False)
+        copy = torch.zeros(127, dtype=torch.bfloat16)
+        for t in range(3):
+            grad = (torch.randn(127, generator=torch.Generator().manual_seed(t)) * 2).bfloat16()
+            if not (native and opt.step_rounding(grad, copy)):
+                assert not native or tensor_lr  # (the op applies to a number learning rate)
+                opt.apply_flat_gradient(grad)
+                copy.copy_(opt.flat_parameters)
+        runs.append((opt.flat_parameters.clone(), copy))
+    (params, copy), (ref_params, ref_copy) = runs
+    torch.testing.assert_close(params, ref_params, rtol=1e-5, atol=1e-6)
+    assert (copy.float() - ref_copy.float()).abs().max() <= 2.0**-7 * ref_params.abs().max()
