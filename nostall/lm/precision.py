@@ -11,8 +11,9 @@ Both copies are flat buffers in the same order (ClippedAdam's for the master, `p
 compute copy), so one optimizer step is: the float32 Adam step on the compute copy's bf16
 gradients, clipped by their float32 norm and widened a chunk at a time (no float32 gradient
 buffer: 4 bytes a parameter less than float32 training holds), then the master rounded into
-the compute copy (one narrowing op). With gradient accumulation the micro-batches' gradients
-are summed in a float32 buffer first (the sum is float32's).
+the compute copy (one narrowing op). On the CPU all of that is one native pass over the buffers
+(`nostall::clipped_adam_step_bf16`, on torch's threads). With gradient accumulation the
+micro-batches' gradients are summed in a float32 buffer first (the sum is float32's).
 """
 
 from __future__ import annotations
