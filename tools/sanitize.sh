@@ -34,7 +34,7 @@ for mode in $modes; do
       export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$work/report:suppressions=$root/tools/sanitizers/ubsan.supp"
       tests=(tests/envs tests/ops tests/runtime tests/algos/test_trainers.py tests/lm/test_sample_tokens.py
              tests/lm/test_generation.py tests/lm/test_decoder_train.py
-             tests/lm/test_generate_completions.py tests/lm/test_explicit_update.py
+             tests/lm/test_generate_completions.py tests/lm/test_explicit_update.py tests/lm/test_native_bf16.py
              tests/algos/test_optim.py)
       # Not the Ray backend's tests: Ray's own binaries (raylet, GCS) would start under the
       # preloaded sanitizer; its workers make the native calls the other runtime tests make.
