@@ -110,10 +110,11 @@ assert nostall.HAS_CUDA_KERNELS and nostall.AUTOGRAD == "native", (nostall.HAS_C
                                                                     nostall.AUTOGRAD)
 # Host-side ops: the environment's control calls take host tensors (a CUDA step goes through
 # env_step's stream-ordered kernel), the CPU decoder ops have a GPU path in tensor ops, and
-# the CPU Adam step a GPU path in torch's fused Adam.
+# the CPU Adam steps (float32, and master weights from a bf16 gradient) a GPU path in torch's
+# fused Adam.
 HOST_ONLY = {"env_load", "env_send", "env_set_state", "decode_step", "prefill_prompts",
-             "generate_completions",
-             "decoder_train", "decoder_train_backward", "clipped_adam_step"}
+             "generate_completions", "decoder_train", "decoder_train_backward",
+             "decoder_train_backward_into", "clipped_adam_step", "clipped_adam_step_bf16"}
 names = sorted(n.split("::")[1] for n in torch._C._dispatch_get_all_op_names()
                if n.startswith("nostall::"))
 has = torch._C._dispatch_has_kernel_for_dispatch_key
