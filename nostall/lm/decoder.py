@@ -148,21 +148,19 @@ class Decoder:
         self.layers = list(base.layers)
         self.norm = base.norm
         self.lm_head = model.get_output_embeddings()
-        # Rotary tables for every position, from the model's own rotary module (its scaling).
+        # Rotary tables for every position, from the model's own rotary module (its scaling),
+        # in float32 (the module computes them so, and casts to its input's dtype after): the
+        # native ops' tables whatever the weights' dtype; the tensor ops' are them in that dtype.
+        dtype = self.embed.weight.dtype
         positions = torch.arange(config.max_position_embeddings, device=self.embed.weight.device)
-        probe = torch.zeros(1, dtype=self.embed.weight.dtype, device=positions.device)
+        probe = torch.zeros(1, dtype=torch.float32, device=positions.device)
         with torch.no_grad():
             cos, sin = base.rotary_emb(probe, positions[None])
         # rotate_half(x) * sin == x.roll(D / 2) * sin with its first half negated: one op less.
         half = self.head_dim // 2
-        self.cos = cos[0]  # (max_positions, head_dim)
-        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
-        # The native ops' tables are float32 whatever the weights' dtype (their activations are).
-        self.native_tables = (self.cos.float(), self.sin.float())
-        if self.cos.dtype != torch.float32:  # computed afresh, not the bf16 ones widened
-            with torch.no_grad():
-                cos, sin = base.rotary_emb(probe.float(), positions[None])
-            self.native_tables = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1))
+        signed_sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
+        self.native_tables = (cos[0], signed_sin)  # (max_positions, head_dim) each
+        self.cos, self.sin = cos[0].to(dtype), signed_sin.to(dtype)
         self._fused: list[tuple[Tensor, Tensor | None, Tensor]] | None = None
         self._native_weights: tuple | None = None
 
