@@ -32,18 +32,27 @@ assert not missing, f"missing Python packages (carry them as wheels in .whl/): {
 EOF
 
 echo "== build (CUDA kernels included)"
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 $py setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 $py -c "import nostall; assert nostall.HAS_CUDA_KERNELS, 'CUDA kernels not built'; print('CUDA kernels loaded')" || exit 1
 
 echo "== tests marked gpu"
-$py -m pytest -q -m gpu -p no:cacheprovider -x 2>&1 | tee "$out/gpu_tests.log" | tail -25
+# Every failure, not the first: a lent machine is short-lived. Each test is bounded where
+# pytest-timeout is installed, and the whole part by TESTS_TIMEOUT seconds.
+per_test=()
+$py -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout "${TEST_TIMEOUT:-120}")
+timeout "${TESTS_TIMEOUT:-1200}" $py -m pytest -q -m gpu -p no:cacheprovider "${per_test[@]}" \
+  --durations 12 2>&1 | tee "$out/gpu_tests.log" | tail -60
 status=${PIPESTATUS[0]}
 
 echo "== PPO on CartPole-v1, trainer on the GPU"
-$py -m nostall.cli train ppo --env CartPole-v1 --device cuda --no-progress \
+timeout "${RUN_TIMEOUT:-600}" $py -m nostall.cli train ppo --env CartPole-v1 --device cuda --no-progress \
   --out "$out/ppo-cuda" 2>&1 | tee "$out/train.log" | tail -8
 
 echo "== GRPO on the 135M-shaped model: bf16 steps, syncs per decode step and per update"
-$py -m benchmarks.lm.gpu_step 2>&1 | tee "$out/grpo_135m.log" | tail -8
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+for staleness in 0 1; do
+  timeout "${RUN_TIMEOUT:-600}" $py -m benchmarks.lm.gpu_step --staleness "$staleness" 2>&1 |
+    tee "$out/grpo_135m_s$staleness.log" | tail -8
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
 exit "$status"
