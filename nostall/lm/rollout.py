@@ -218,6 +218,9 @@ class GroupGenerator:
         # In-flight weight swaps: called between decode steps, loads newer published weights if
         # any and returns the version held (RolloutLoop.refresh); None: one version a batch.
         self.refresh: Callable[[], int] | None = None
+        # Called when generation is done with the weights, before the rewards: a generation
+        # side that reads the trainer's own weights lets them go (RolloutLoop.release_weights).
+        self.release: Callable[[], None] | None = None
         self.swaps = 0  # in-flight swaps made
         self.columns = source.columns  # what the reward functions get besides the texts
         self.syncs_per_decode_step: float | None = None
@@ -268,6 +271,8 @@ class GroupGenerator:
         else:
             self.engine.generate(batch.completions(), self.generator, self.num_generations,
                                  between_tokens, on_step)  # fmt: skip
+        if self.release is not None:
+            self.release()
         texts, lengths, ended = self.decode(batch)
         G = self.num_generations
         repeated = [p for p in prompts for _ in range(G)]

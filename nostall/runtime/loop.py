@@ -31,8 +31,9 @@ import torch
 from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
 from nostall.runtime.rollout import Timeline
+from nostall.runtime.shared_weights import SharedWeights
 from nostall.runtime.watchdog import HangError, Watchdog
-from nostall.runtime.weights import SharedWeights, WeightBuffer
+from nostall.runtime.weights import WeightBuffer
 
 
 def check_slots(staleness: int, num_slots: int) -> None:
@@ -62,11 +63,9 @@ class RolloutLoop:
         self.staleness = staleness
         self._fill = fill
         self.rollout_model = rollout_model
-        if rollout_model is trainer_model:  # one model for both sides: no copies
-            if staleness != 0:
-                raise ValueError("the rollout side can share the trainer's model only at "
-                                 "staleness 0 (at 1 or more it generates during "
-                                 "updates)")  # fmt: skip
+        # One model for both sides: no copies. At staleness >= 1 the sides then take turns on
+        # the weights: the trainer writes them inside `writing()` (see shared_weights.py).
+        if rollout_model is trainer_model:
             self.weights: WeightBuffer | SharedWeights = SharedWeights(trainer_model)
         else:
             self.weights = WeightBuffer(trainer_model)
@@ -78,6 +77,8 @@ class RolloutLoop:
         self.watchdog = watchdog
         if watchdog is not None:
             self.channel.watch = watchdog.check
+        if isinstance(self.weights, SharedWeights):
+            self.weights.stop, self.weights.check = self.channel.stop, self.channel.check
         self._free = BoundedQueue(len(slots), self.channel)
         self._filled = BoundedQueue(len(slots), self.channel)
         for i in range(len(slots)):
@@ -100,7 +101,10 @@ class RolloutLoop:
                 self.channel.check()
                 index = self._free.get()
                 with self._busy:
-                    _, start, end = fill_chunk(self._fill, self.slots[index], self.refresh)
+                    try:
+                        _, start, end = fill_chunk(self._fill, self.slots[index], self.refresh)
+                    finally:
+                        self.release_weights()  # (the fill may have let them go already)
                     self.timeline.record("rollout", start, end)
                     self.chunks_collected += 1
                     self._filled.put(index)
@@ -117,7 +121,20 @@ class RolloutLoop:
         self.rollout_version = self.weights.pull(self.rollout_model, self.rollout_version)
         return self.rollout_version
 
+    def release_weights(self) -> None:
+        """From inside `fill`: done reading the weights for this chunk (a batch generated; its
+        rewards may follow). Shared weights are held from the pull until then."""
+        if isinstance(self.weights, SharedWeights):
+            self.weights.release()
+
     # -- the trainer side ----------------------------------------------------------------------
+    def writing(self) -> contextlib.AbstractContextManager:
+        """Around the trainer's in-place writes of its weights (an optimizer step): with the
+        rollout side sharing them, waits until it is not reading them."""
+        if isinstance(self.weights, SharedWeights):
+            return self.weights.writing()
+        return contextlib.nullcontext()
+
     def next_chunk(self) -> tuple[int, Any]:
         """Blocks for the next filled slot; raises (with the cause) if the rollout side died,
         or HangError if it is hung (its watchdog)."""

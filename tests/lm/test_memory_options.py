@@ -43,14 +43,15 @@ def test_micro_batch_size_sets_the_micro_batches():
         grpo.GRPOConfig(num_prompts=4, micro_batch_size=8, steps_per_generation=2).check()
 
 
-def test_at_staleness_0_generation_reads_the_trainers_own_weights(tmp_path):
-    """No batch is generated during an update at staleness 0: the thread backend's generation
-    side holds no copy of the weights and publishing copies nothing; at 1 it has its own."""
-    from nostall.runtime.weights import SharedWeights, WeightBuffer
+def test_generation_on_a_thread_reads_the_trainers_own_weights(tmp_path):
+    """The thread backend's generation side holds no copy of the weights and publishing copies
+    nothing, at staleness 0 and (on the CPU, taking turns on them) at 1."""
+    from nostall.runtime.shared_weights import SharedWeights
 
-    synchronous = grpo.build(grpo.GRPOConfig(staleness=0, watch_syncs=False))
-    assert synchronous.generator.model is synchronous.lm.model
-    assert isinstance(synchronous.loop.weights, SharedWeights)
-    overlapped = grpo.build(grpo.GRPOConfig(staleness=1, watch_syncs=False))
-    assert overlapped.generator.model is not overlapped.lm.model
-    assert isinstance(overlapped.loop.weights, WeightBuffer)
+    for staleness in (0, 1):
+        setup = grpo.build(grpo.GRPOConfig(staleness=staleness, watch_syncs=False))
+        assert setup.generator.model is setup.lm.model
+        assert isinstance(setup.loop.weights, SharedWeights)
+    bf16 = grpo.build(grpo.GRPOConfig(staleness=1, dtype="bfloat16", watch_syncs=False))
+    assert bf16.generator.model is bf16.compute and bf16.compute is not bf16.lm.model
+    assert isinstance(bf16.loop.weights, SharedWeights)

@@ -53,7 +53,7 @@ def test_bf16_generates_and_trains_on_a_copy_of_float32_master_weights(staleness
     assert {p.dtype for p in compute.parameters()} == {torch.bfloat16}
     assert setup.decoder.output_weight.dtype == torch.bfloat16
     rollout = setup.generator.model
-    assert (rollout is compute) == (staleness == 0)  # at 1: its own bf16 copy
+    assert rollout is compute  # (on the CPU's thread backend, at any staleness: no copy)
     assert {p.dtype for p in rollout.parameters()} == {torch.bfloat16}
     published = setup.loop.weights.newest(copy=False)
     assert {v.dtype for v in published.values() if v.is_floating_point()} == {torch.bfloat16}

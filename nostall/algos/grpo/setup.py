@@ -255,13 +255,17 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
                            staleness=args.staleness, inflight=args.inflight_weights,
                            torch_threads=args.torch_threads)  # fmt: skip
     else:
-        # At staleness 0 no batch is generated during an update: generation reads the
-        # trainer's own weights (no copy of them, and no publishing buffers).
-        share = args.staleness == 0
+        # Generation reads the trainer's own weights (no copy of them, and no publishing
+        # buffers): at staleness 0 no batch is generated during an update; at 1 or more on the
+        # CPU the optimizer step waits for a batch's generation (or, with in-flight weights, a
+        # decode step) and generation for the step (nostall/runtime/shared_weights.py). On a
+        # GPU, generation keeps a copy: its kernels are queued ahead of what they read.
+        share = args.staleness == 0 or device.type == "cpu"
         generator = build_generator(args, compute_lm, inputs=inputs, share=share)
         generator.watchdog = Watchdog()
         loop = RolloutLoop(slots, generator, generator.model, compute, staleness=args.staleness,
                            watchdog=generator.watchdog)  # fmt: skip
+        generator.release = loop.release_weights
         if args.inflight_weights:
             generator.refresh = loop.refresh
     decoder = checkpointed(compute) if args.gradient_checkpointing else make_decoder(compute)
