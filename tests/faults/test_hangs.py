@@ -53,8 +53,8 @@ def test_run_watched_returns_raises_or_names_the_hang():
 HANG = (
     "import os, threading, time\n"
     "def reward(prompts, completions, **kwargs):\n"
-    "    with open(os.environ['NOSTALL_TEST_HUNG_AT'], 'w') as f:\n"
-    "        f.write(repr(time.time()))\n"
+    "    with open(os.environ['NOSTALL_TEST_HUNG_AT'], 'a') as f:  # (a restarted worker\n"
+    "        f.write(repr(time.time()) + '\\n')  # may call it again: the first hang counts)\n"
     "    threading.Event().wait()  # forever\n"
 )
 
@@ -81,7 +81,7 @@ def test_a_hung_reward_stops_the_run_naming_it(backend, tmp_path):
     assert "reward function reward has not returned" in run.stderr, run.stderr
     assert "reward_timeout = 2 s" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
-    hang = float(hung_at.read_text())
+    hang = float(hung_at.read_text().split()[0])
     print(
         f"\n{backend}: a hung reward to the command's exit {ended - hang:.1f} s "
         f"(the limit 2 s; the command ran {ended - began:.1f} s in all)"
