@@ -19,6 +19,13 @@ from nostall.runtime import RuntimeStopped
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _interruptible() -> None:
+    """In the child before exec: SIGINT as a terminal's Ctrl-C delivers it. A shell's
+    background job (`cmd &` in a script, nohup) starts with SIGINT ignored, Python then keeps
+    ignoring it, and a test run from one would wait on a child that never stops."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
@@ -95,7 +102,8 @@ TRAIN = [sys.executable, "-m", "nostall.cli", "train", "ppo", "--backend", "proc
 def _start_trainer(tmp_path):
     before = _shm()
     proc = subprocess.Popen([*TRAIN, "--out", str(tmp_path / "run")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_interruptible)  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # until its rollout process is up
         spawned = [c for c in _children_of(proc.pid) if "multiprocessing" in _cmdline(c)

@@ -23,6 +23,13 @@ class _Chunk:
     version = -1
 
 
+def _interruptible() -> None:
+    """In the child before exec: SIGINT as a terminal's Ctrl-C delivers it. A shell's
+    background job (`cmd &` in a script, nohup) starts with SIGINT ignored, Python then keeps
+    ignoring it, and a test run from one would wait on a child that never stops."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_the_thread_loop_starts_no_chunk_past_the_last():
     model = torch.nn.Linear(1, 1)
     fills = []
@@ -92,6 +99,7 @@ def test_an_interrupted_run_keeps_its_last_model_and_says_why(tmp_path, sig, cod
          "--steps", "100000", "--no-progress", "--out", str(out)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"},
+        preexec_fn=_interruptible,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any((out / "tensorboard").glob("*/events.*")):
