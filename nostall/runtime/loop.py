@@ -63,22 +63,20 @@ class RolloutLoop:
         self.staleness = staleness
         self._fill = fill
         self.rollout_model = rollout_model
+        self.channel = SideChannel()
+        self.watchdog = watchdog
+        if watchdog is not None:
+            self.channel.watch = watchdog.check
         # One model for both sides: no copies. At staleness >= 1 the sides then take turns on
         # the weights: the trainer writes them inside `writing()` (see shared_weights.py).
         if rollout_model is trainer_model:
-            self.weights: WeightBuffer | SharedWeights = SharedWeights(trainer_model)
+            self.weights: WeightBuffer | SharedWeights = SharedWeights(trainer_model, self.channel)
         else:
             self.weights = WeightBuffer(trainer_model)
         self.version = 0  # the trainer's: updates published
         self.rollout_version = 0  # the weights the rollout side holds
         self.chunks_collected = 0
         self.timeline = Timeline()
-        self.channel = SideChannel()
-        self.watchdog = watchdog
-        if watchdog is not None:
-            self.channel.watch = watchdog.check
-        if isinstance(self.weights, SharedWeights):
-            self.weights.stop, self.weights.check = self.channel.stop, self.channel.check
         self._free = BoundedQueue(len(slots), self.channel)
         self._filled = BoundedQueue(len(slots), self.channel)
         for i in range(len(slots)):
@@ -124,16 +122,13 @@ class RolloutLoop:
     def release_weights(self) -> None:
         """From inside `fill`: done reading the weights for this chunk (a batch generated; its
         rewards may follow). Shared weights are held from the pull until then."""
-        if isinstance(self.weights, SharedWeights):
-            self.weights.release()
+        self.weights.release()
 
     # -- the trainer side ----------------------------------------------------------------------
     def writing(self) -> contextlib.AbstractContextManager:
         """Around the trainer's in-place writes of its weights (an optimizer step): with the
         rollout side sharing them, waits until it is not reading them."""
-        if isinstance(self.weights, SharedWeights):
-            return self.weights.writing()
-        return contextlib.nullcontext()
+        return self.weights.writing()
 
     def next_chunk(self) -> tuple[int, Any]:
         """Blocks for the next filled slot; raises (with the cause) if the rollout side died,

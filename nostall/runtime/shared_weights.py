@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
-from nostall.runtime.queue import RuntimeStopped
+from nostall.runtime.queue import RuntimeStopped, SideChannel
 from nostall.runtime.weights import state_tensors
 
 
 class SharedWeights:
-    def __init__(self, module: torch.nn.Module, poll_s: float = 0.05):
+    def __init__(self, module: torch.nn.Module, channel: SideChannel, poll_s: float = 0.05):
+        """`channel`: the loop's. The rollout side stops waiting when it stops; the trainer's
+        wait checks it, which raises when the rollout side failed or hung holding the weights."""
         self._module = module
+        self._channel = channel
         self._version = 0  # published
         self._progress = 0  # updates the trainer has done
         self._written = False  # the trainer wrote since its last publish
@@ -36,10 +39,6 @@ class SharedWeights:
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        # Set by the loop: the rollout side stops waiting when `stop` is set; the trainer's wait
-        # calls `check`, which raises when the rollout side failed or hung holding the weights.
-        self.stop: threading.Event | None = None
-        self.check: Callable[[], None] | None = None
 
     @property
     def version(self) -> int:
@@ -56,10 +55,10 @@ class SharedWeights:
             try:
                 while self._held:
                     self._changed.wait(timeout=self._poll_s)
-                    if self._held and self.check is not None:
+                    if self._held:
                         self._lock.release()  # (check may take other locks)
                         try:
-                            self.check()
+                            self._channel.check()
                         finally:
                             self._lock.acquire()
             finally:
@@ -105,7 +104,7 @@ class SharedWeights:
                 self._held = False
                 self._changed.notify_all()
             while self._writing or self._writers_waiting:
-                if self.stop is not None and self.stop.is_set():
+                if self._channel.stop.is_set():
                     raise RuntimeStopped("the runtime is shutting down")
                 self._changed.wait(timeout=self._poll_s)
             self._held = True

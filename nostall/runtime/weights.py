@@ -9,6 +9,7 @@ buffers live on the host: with the trainer on a GPU, publishing queues non-block
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -103,6 +104,14 @@ class WeightBuffer:
                 self._reading[newest] -= 1
                 self._published.notify_all()
         return version
+
+    def release(self) -> None:
+        """(SharedWeights' interface: the rollout side reads its own copy, held by nobody.)"""
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """(SharedWeights' interface: the trainer's writes touch no weights the rollout side
+        reads.)"""
+        return contextlib.nullcontext()
 
     def wait_for(self, version: int, stop: threading.Event, poll_s: float = 0.05) -> None:
         """Blocks until the trainer reached `version` (or newer), or `stop` is set."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nostall.runtime.loop import RolloutLoop
-from nostall.runtime.queue import RuntimeStopped
+from nostall.runtime.queue import RuntimeStopped, SideChannel
 from nostall.runtime.shared_weights import SharedWeights
 
 
@@ -37,7 +37,7 @@ def _in_thread(fn) -> tuple[threading.Thread, dict]:
 
 def test_a_write_waits_for_the_reader_and_counts_as_the_next_version():
     model = _model()
-    weights = SharedWeights(model, poll_s=0.01)
+    weights = SharedWeights(model, SideChannel(), poll_s=0.01)
     assert weights.pull(model, 0) == 0  # held by the rollout side
     wrote = threading.Event()
 
@@ -62,7 +62,7 @@ def test_a_write_waits_for_the_reader_and_counts_as_the_next_version():
 def test_a_waiting_writer_goes_in_before_the_reader_takes_the_weights_again():
     """In-flight swaps pull between decode steps: the pull lets a waiting update in first."""
     model = _model()
-    weights = SharedWeights(model, poll_s=0.01)
+    weights = SharedWeights(model, SideChannel(), poll_s=0.01)
     weights.pull(model, 0)
     waiting = threading.Event()
 
@@ -83,8 +83,8 @@ def test_a_waiting_writer_goes_in_before_the_reader_takes_the_weights_again():
 
 def test_a_reader_waiting_for_a_write_stops_with_the_runtime():
     model = _model()
-    weights = SharedWeights(model, poll_s=0.01)
-    weights.stop = threading.Event()
+    channel = SideChannel()
+    weights = SharedWeights(model, channel, poll_s=0.01)
     entered, leave = threading.Event(), threading.Event()
 
     def write():
@@ -98,7 +98,7 @@ def test_a_reader_waiting_for_a_write_stops_with_the_runtime():
     time.sleep(0.05)
     assert reader.is_alive()  # waiting for the write
     started = time.perf_counter()
-    weights.stop.set()
+    channel.stop.set()
     reader.join(1.0)
     assert isinstance(out.get("error"), RuntimeStopped)
     assert time.perf_counter() - started < 1.0
@@ -108,14 +108,8 @@ def test_a_reader_waiting_for_a_write_stops_with_the_runtime():
 
 def test_a_writer_waiting_on_a_failed_reader_raises_the_cause_within_a_second():
     model = _model()
-    weights = SharedWeights(model, poll_s=0.01)
-    failed = threading.Event()
-
-    def check():
-        if failed.is_set():
-            raise RuntimeStopped("the other side failed: generation exploded")
-
-    weights.check = check
+    channel = SideChannel()
+    weights = SharedWeights(model, channel, poll_s=0.01)
     weights.pull(model, 0)  # and never released: the rollout side died holding them
 
     def write():
@@ -125,7 +119,7 @@ def test_a_writer_waiting_on_a_failed_reader_raises_the_cause_within_a_second():
     thread, out = _in_thread(write)
     time.sleep(0.05)
     started = time.perf_counter()
-    failed.set()
+    channel.fail(RuntimeError("generation exploded"))
     thread.join(1.0)
     assert time.perf_counter() - started < 1.0
     assert "generation exploded" in str(out["error"])

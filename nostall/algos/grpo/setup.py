@@ -5,9 +5,11 @@ reference model."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +148,9 @@ class Setup:
     compute: torch.nn.Module  # the model the update and generation run (lm.model in float32)
     precision: MasterWeights | None  # bf16 compute over float32 master weights, or None
     corrects: bool  # the loss weighs tokens by the behaviour ratio (see corrects_behaviour)
+    # Around each optimizer step: the thread backend's generation may read these very weights
+    # (RolloutLoop.writing); the other backends generate from copies of their own.
+    writing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def device_tensors(self) -> list[torch.Tensor]:
         """The run's standing tensors on its device besides the model's parameters and buffers
@@ -243,6 +248,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     slots = [LMBatch.empty(args.batch_size, encoder.length, args.max_new_tokens, device)
              for _ in range(args.staleness + 2)]  # fmt: skip
     generator = None
+    writing = contextlib.nullcontext  # (the process and Ray backends generate from copies)
     if args.backend == "ray":
         # A worker's own watchdog names a hang; this bounds a worker hung whole.
         chunk_timeout = args.generation_timeout + len(rewards.functions) * args.reward_timeout
@@ -266,6 +272,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         loop = RolloutLoop(slots, generator, generator.model, compute, staleness=args.staleness,
                            watchdog=generator.watchdog)  # fmt: skip
         generator.release = loop.release_weights
+        writing = loop.writing
         if args.inflight_weights:
             generator.refresh = loop.refresh
     decoder = checkpointed(compute) if args.gradient_checkpointing else make_decoder(compute)
@@ -292,7 +299,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     return_free_memory()  # (what loading, packing and copying the model freed)
     return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference,
                  rewards.names, dataset, compute, precision,
-                 corrects_behaviour(args, dtype))  # fmt: skip
+                 corrects_behaviour(args, dtype), writing)  # fmt: skip
 
 
 def snapshot(setup: Setup, step: int, result: GRPOResult) -> dict:

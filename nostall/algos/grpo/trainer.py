@@ -35,7 +35,6 @@ from nostall.algos.grpo.update import grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.tasks import load_reward
 from nostall.runtime.heap import frozen_heap
-from nostall.runtime.loop import RolloutLoop
 from nostall.train import checkpoint, loop
 from nostall.train.loop import Clock, LogFn
 from nostall.train.outputs import write_outputs
@@ -129,12 +128,9 @@ class GRPOTrainer:
 
     def update(self, batch, step: int) -> dict[str, torch.Tensor]:
         setup = self.setup
-        # (The thread transport's generation may read the trainer's own weights: see
-        # nostall/runtime/shared_weights.py.)
-        writing = self.runtime.writing if isinstance(self.runtime, RolloutLoop) else None
         return grpo_update(setup.decoder, setup.stepper, batch, self.config, setup.vocab,
                            setup.reference, setup.corrects, setup.group_index,
-                           eos_token_id=setup.lm.eos_token_id, writing=writing)  # fmt: skip
+                           eos_token_id=setup.lm.eos_token_id, writing=setup.writing)  # fmt: skip
 
     def record(self, batch, lag: int, logging: bool) -> None:
         self._lags.append(lag)

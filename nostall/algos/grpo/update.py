@@ -54,13 +54,13 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch:
                 args: GRPOConfig, vocab: SampledVocab | None, reference: Decoder | None,
                 decoupled: bool, group_index: torch.Tensor, autograd: bool = False,
                 eos_token_id: int | None = None,
-                writing: Callable[[], contextlib.AbstractContextManager] | None = None,
+                writing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """updates_per_batch passes over one batch; metrics as tensors (not read here), means over
     the micro-batches. By explicit adjoints where they apply, else through autograd
     (`autograd=True` asks for it: the tests compare the two). `eos_token_id` is needed with
-    args.mask_truncated_completions. Each optimizer step runs inside `writing()` when given
-    (a generation side that reads these very weights waits for it, and it for generation)."""
+    args.mask_truncated_completions. Each optimizer step runs inside `writing()` (a generation
+    side that reads these very weights waits for it, and it for generation)."""
     advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
                                          args.scale_rewards)  # fmt: skip
     loss_mask = batch.completion_mask
@@ -97,7 +97,7 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch:
                                   args, vocab, decoupled, old_log_probs, i, ref_log_probs[i],
                                   scale, first_of_step)  # fmt: skip
             if (i + 1) % accumulate == 0:
-                with writing() if writing is not None else contextlib.nullcontext():
+                with writing():
                     optimizer.apply_gradients()
             totals += torch.stack(values)
     totals /= args.updates_per_batch * count
