@@ -18,7 +18,7 @@ import torch
 from nostall.lm.generation import Completions, GenerationEngine
 from nostall.lm.stats import batch_stats
 from nostall.lm.tasks import PromptSource, Rewards
-from nostall.runtime.watchdog import Watchdog
+from nostall.runtime.watchdog import Watchdog, run_watched
 
 Tensor = torch.Tensor
 
@@ -215,6 +215,9 @@ class GroupGenerator:
         self.watchdog: Watchdog | None = None
         self.generation_timeout_s: float | None = None
         self.reward_timeout_s: float | None = None
+        # Where this runs on the trainer's own thread (an inline loop), no other thread checks
+        # the watchdog: the reward calls then run in a helper thread this one watches.
+        self.watch_rewards_here = False
         # In-flight weight swaps: called between decode steps, loads newer published weights if
         # any and returns the version held (RolloutLoop.refresh); None: one version a batch.
         self.refresh: Callable[[], int] | None = None
@@ -280,8 +283,9 @@ class GroupGenerator:
         completions = texts
         if self.encoder.chat:  # TRL's conversational completions
             completions = [[{"role": "assistant", "content": text}] for text in texts]
-        rewards = self.rewards(repeated, completions, columns, self.watchdog,
-                               self.reward_timeout_s)  # fmt: skip
+        score = functools.partial(self.rewards, repeated, completions, columns, watchdog,
+                                  self.reward_timeout_s)  # fmt: skip
+        rewards = run_watched(score, watchdog) if self.watch_rewards_here else score()
         if watchdog is not None:
             watchdog.idle()
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))

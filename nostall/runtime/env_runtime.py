@@ -50,6 +50,8 @@ class WorkerEpisodes:
 
 
 class LoopRuntime:
+    inline = False  # (environments step on the rollout side: a thread, a process, workers)
+
     def __init__(self, loop, num_workers: int, num_envs: int):
         self.loop = loop
         self.slots, self.timeline = loop.slots, loop.timeline

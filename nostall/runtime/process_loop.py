@@ -145,6 +145,8 @@ def _fill_chunks(make_side: Callable, slots: list, weights: _SharedWeights, free
 
 
 class ProcessLoop:
+    inline = False  # (a child process fills)
+
     def __init__(
         self,
         slots: list[Any],

@@ -38,6 +38,7 @@ class Transport(Protocol):
     slots: list[Any]
     staleness: int
     version: int  # updates published
+    inline: bool  # chunks filled in next_chunk, on the trainer's own thread
 
     def next_chunk(self) -> tuple[int, Any]: ...  # blocks; raises the rollout side's error
     def release(self, index: int) -> None: ...

@@ -6,8 +6,7 @@ rollouts (RayRuntime) or a language model's generation (GRPO).
 A side is a callable `side(slot)` that fills one slot, with `side.model` (the policy copy that
 published weights are loaded into), `side.state_dict()` / `side.load_state_dict()` (its
 resumable state: environments, generators, prompt streams) and optionally `side.stats()`.
-A slot has `tensors()`, `version`, and `host_state()` / `load_host_state()` for what it holds
-on the host.
+A slot has `tensors()`, `version`, and `host_state()` / `load_host_state()` (its host part).
 
 The guarantees of the local transports, across all workers:
 - **staleness**: the k-th slot trained on (counted over every worker) was filled by a policy of
@@ -73,6 +72,8 @@ class WorkerLoss:
 
 
 class RayLoop:
+    inline = False  # (Ray workers fill)
+
     def __init__(
         self,
         slots: list[Any],

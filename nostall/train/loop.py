@@ -130,8 +130,11 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
         # (The run's own steps: a resumed run watches its 3rd and 4th too.)
         watched = config.watch_syncs and step - hooks.first_step + 1 in WATCHED_STEPS
         with contextlib.ExitStack() as watch_scope:
+            if runtime.inline:  # the rollout side's work on this thread: its own syncs are its
+                slot, chunk = runtime.next_chunk()  # (the generator watches them), not the update's
             watch = watch_scope.enter_context(SyncWatch(hooks.model)) if watched else None
-            slot, chunk = runtime.next_chunk()
+            if not runtime.inline:
+                slot, chunk = runtime.next_chunk()
             if watch is not None:  # the chunk's tensors are the device tensors they are
                 watch.mark(*hooks.device_tensors(chunk))  # on a GPU
             began = time.perf_counter()
