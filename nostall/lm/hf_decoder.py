@@ -6,9 +6,13 @@ checkpoints do not care which one runs.
 - Training: the model's base module gives the final hidden states of prompt + completion (its
   own masks, positions and attention), and the loss takes the log-probs from them and the output
   weight in chunks (`token_log_prob_linear`): [B, T, V] logits are never built.
-- Generation: the model's own KV cache (a `DynamicCache`), prompts run once per group and the
-  cache repeated to the group, one forward a token with explicit positions and the attention
-  mask the engine keeps; sampled with `sample_tokens` as on the lean path, no host read a token.
+- Generation: the model's own KV cache, prompts run once per group and the cache repeated to
+  the group, one forward a token with explicit positions and the attention mask the engine
+  keeps; sampled with `sample_tokens` as on the lean path, no host read a token. The cache is a
+  `StaticCache` (every slot allocated once, each token written in place) where the model
+  supports one, as every architecture above does: a `DynamicCache` copies its whole self into
+  a new tensor every token (at 1,024-token completions, about half a terabyte of copies a
+  batch for a 0.5B model's 64 rows) and grows the heap as it goes.
 
 `make_decoder` picks the lean forward where it applies and this one everywhere else.
 """
@@ -25,11 +29,28 @@ Tensor = torch.Tensor
 
 class HFCache:
     """The model's own cache for one batch, and how many positions it holds (a host count,
-    so a step's attention mask is sliced without reading the device)."""
+    so a step's attention mask is sliced without reading the device). `slots`: the positions
+    a static cache holds (prompt + completion); None: a dynamic one."""
 
-    def __init__(self):
+    def __init__(self, slots: int | None):
+        self.slots = slots
         self.cache = None
         self.length = 0
+
+
+def supports_static_cache(model: torch.nn.Module) -> bool:
+    """Whether the model's forward runs over a `StaticCache` (transformers marks the models
+    whose forward is static-shape end to end)."""
+    return bool(getattr(model, "_can_compile_fullgraph", False))
+
+
+def _repeat_static(cache, repeats: int) -> None:
+    """A static cache's rows repeated `repeats` times each (prompt rows to their group's):
+    transformers' batch_repeat_interleave, which its static layers lack."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(repeats, 0)
+        layer.values = layer.values.repeat_interleave(repeats, 0)
+        layer.batch_size = layer.keys.shape[0]
 
 
 def _text_config(model: torch.nn.Module):
@@ -58,10 +79,13 @@ class HFDecoder:
     """The `Decoder` interface over the model's own forward (see the module's docstring)."""
 
     native = False
-    graphable = False  # its cache grows per step: no CUDA graph of the decode step
+    # (transformers' masks are built on the host each step: no CUDA graph of the decode step
+    # until one is shown to capture; the static cache is the half of it in place.)
+    graphable = False
 
-    def __init__(self, model: torch.nn.Module):
-        """`model`: a causal LM, or a `peft` model around one (its adapters in its layers)."""
+    def __init__(self, model: torch.nn.Module, static_cache: bool | None = None):
+        """`model`: a causal LM, or a `peft` model around one (its adapters in its layers).
+        `static_cache`: generate over a StaticCache (None: where the model supports one)."""
         inner = model.get_base_model() if is_peft(model) else model
         reason = plain_head(inner)
         if reason is not None:
@@ -74,6 +98,10 @@ class HFDecoder:
         # generation samples from the model's own logits, capped by its forward.
         self.softcap = getattr(_text_config(inner), "final_logit_softcapping", None) or None
         self.base = inner.base_model  # the final hidden states, normalised
+        supported = supports_static_cache(inner)
+        if static_cache and not supported:
+            raise ValueError(f"{type(inner).__name__} does not support a static cache")
+        self.static_cache = supported if static_cache is None else static_cache
 
     @property
     def output_weight(self) -> Tensor:
@@ -106,30 +134,37 @@ class HFDecoder:
 
     # -- generation ----------------------------------------------------------------------------
     def new_cache(self, batch: int, slots: int) -> HFCache:
-        return HFCache()
+        return HFCache(slots if self.static_cache else None)
 
     def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, cache: HFCache,
                 group_size: int = 1) -> Tensor:  # fmt: skip
         """Each group's prompt [Bp, P] run once, its cache repeated to the group's G rows; the
         next-token logits [Bp * G, V]."""
-        from transformers import DynamicCache
+        from transformers import DynamicCache, StaticCache
 
+        P = prompt_ids.shape[1]
         positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
-        fresh = DynamicCache(config=self.inner.config)
-        out = self.inner(input_ids=prompt_ids, attention_mask=prompt_mask.long(),
-                         position_ids=positions, past_key_values=fresh, use_cache=True,
-                         logits_to_keep=1)  # fmt: skip
+        mask = prompt_mask.long()
+        if cache.slots is not None:  # (its mask spans every slot; those past P are unwritten)
+            fresh = StaticCache(config=self.inner.config, max_cache_len=cache.slots)
+            mask = torch.nn.functional.pad(mask, (0, cache.slots - P))
+        else:
+            fresh = DynamicCache(config=self.inner.config)
+        out = self.inner(input_ids=prompt_ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=fresh, use_cache=True, logits_to_keep=1)  # fmt: skip
         cache.cache = out.past_key_values
-        if group_size > 1:
+        if group_size > 1 and cache.slots is not None:
+            _repeat_static(cache.cache, group_size)
+        elif group_size > 1:
             cache.cache.batch_repeat_interleave(group_size)
-        cache.length = prompt_ids.shape[1]
+        cache.length = P
         return out.logits[:, -1].repeat_interleave(group_size, 0)
 
     def decode(self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor,
                cache: HFCache) -> Tensor:  # fmt: skip
         """One step: token and position [B]; slot_mask [B, S] the keys this step may attend to
         (its own slot included; `slot` is the host count's twin, not read). The logits [B, V]."""
-        mask = slot_mask[:, : cache.length + 1]
+        mask = slot_mask if cache.slots is not None else slot_mask[:, : cache.length + 1]
         out = self.inner(input_ids=token[:, None], attention_mask=mask.long(),
                          position_ids=position[:, None], past_key_values=cache.cache,
                          use_cache=True)  # fmt: skip
