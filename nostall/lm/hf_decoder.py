@@ -155,7 +155,7 @@ class HFDecoder:
         cache.cache = out.past_key_values
         if group_size > 1 and cache.slots is not None:
             _repeat_static(cache.cache, group_size)
-        elif group_size > 1:
+        elif group_size > 1:  # (DynamicCache's own)
             cache.cache.batch_repeat_interleave(group_size)
         cache.length = P
         return out.logits[:, -1].repeat_interleave(group_size, 0)

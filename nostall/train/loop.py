@@ -130,11 +130,11 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
         # (The run's own steps: a resumed run watches its 3rd and 4th too.)
         watched = config.watch_syncs and step - hooks.first_step + 1 in WATCHED_STEPS
         with contextlib.ExitStack() as watch_scope:
-            if runtime.inline:  # the rollout side's work on this thread: its own syncs are its
-                slot, chunk = runtime.next_chunk()  # (the generator watches them), not the update's
+            # An inline runtime generates here, on this thread: its syncs are the generator's to
+            # count (it watches its own), not the update's, so its chunk is taken before the watch.
+            taken = runtime.next_chunk() if runtime.inline else None
             watch = watch_scope.enter_context(SyncWatch(hooks.model)) if watched else None
-            if not runtime.inline:
-                slot, chunk = runtime.next_chunk()
+            slot, chunk = taken or runtime.next_chunk()
             if watch is not None:  # the chunk's tensors are the device tensors they are
                 watch.mark(*hooks.device_tensors(chunk))  # on a GPU
             began = time.perf_counter()

@@ -270,11 +270,10 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         generator = build_generator(args, compute_lm, inputs=inputs, share=share)
         generator.watchdog = Watchdog()
         # At staleness 0 the batch is generated on the trainer's thread (one OpenMP team; see
-        # RolloutLoop), its reward calls still watched.
-        inline = args.staleness == 0
-        generator.watch_rewards_here = inline
+        # RolloutLoop), its reward calls then watched from there.
         loop = RolloutLoop(slots, generator, generator.model, compute, staleness=args.staleness,
-                           watchdog=generator.watchdog, inline=inline)  # fmt: skip
+                           watchdog=generator.watchdog, inline=args.staleness == 0)  # fmt: skip
+        generator.watch_rewards_here = loop.inline
         generator.release = loop.release_weights
         writing = loop.writing
         if args.inflight_weights:
