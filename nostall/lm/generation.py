@@ -123,6 +123,11 @@ class GenerationEngine:
         self._cache = None
         self._shape: tuple[int, int] | None = None
 
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model generating (published weights are loaded into it)."""
+        return self.decoder.model
+
     def _buffers(self, batch: int, prompt_len: int):
         """The cache and per-step buffers, kept across calls of the same shape."""
         if self._shape != (batch, prompt_len):
@@ -268,6 +273,12 @@ class GenerationEngine:
                 self.decoder.freeze()  # the same buffers: a captured graph reads the new weights
             logits = decode(token, next_position + t, self._slots[P + t : P + t + 1])
         return batch
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        """(Nothing held beyond its tensors.)"""
 
     def _processed(self, logits: Tensor, seen: Tensor | None) -> Tensor:
         """The logits the token is drawn from: transformers' repetition penalty (positive

@@ -233,7 +233,7 @@ class GroupGenerator:
     @property
     def model(self) -> torch.nn.Module:
         """The generation side's model copy (published weights are loaded into it)."""
-        return self.engine.decoder.model
+        return self.engine.model
 
     def state_dict(self) -> dict:
         """The sampling generator's and the prompt stream's state (for checkpoints)."""
@@ -245,7 +245,12 @@ class GroupGenerator:
 
     def stats(self) -> dict:
         return {"syncs_per_decode_step": self.syncs_per_decode_step,
-                "sync_sites": list(self.sync_sites), "swaps": self.swaps}  # fmt: skip
+                "sync_sites": list(self.sync_sites), "swaps": self.swaps,
+                **self.engine.stats()}  # fmt: skip
+
+    def close(self) -> None:
+        """Lets the engine go (a vLLM engine shuts down)."""
+        self.engine.close()
 
     @torch.no_grad()
     def __call__(self, batch: LMBatch) -> None:

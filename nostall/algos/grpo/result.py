@@ -26,6 +26,8 @@ class GRPOResult(TrainResult):
     mean_lag: float | None = None  # versions between a batch's start and the trainer's
     mean_token_lag: float | None = None  # the same per token (differs with in-flight swaps)
     weight_swaps: int = 0  # in-flight weight swaps the generator made
+    weight_pushes: int = 0  # weights pushed into a vLLM engine (--generator vllm)
+    weight_push_ms: float | None = None  # the time of one push, on average
     reward_functions: list[str] = field(default_factory=list)
     dataset: str = ""  # what the prompts came from
     compute_dtype: str = "float32"  # the update's and generation's arithmetic (--dtype)
@@ -80,6 +82,9 @@ class GRPOResult(TrainResult):
             "mean_token_version_lag": rounded(self.mean_token_lag),
             "inflight_weights": args.get("inflight_weights", False),
             "weight_swaps": self.weight_swaps,
+            "generator": args.get("generator", "native"),
+            "weight_pushes": self.weight_pushes,
+            "weight_push_ms": rounded(self.weight_push_ms),
             # TRL's figures too (reward_std, completions/...); NaN (no value) as null.
             "last_logged": {k: None if v != v else v for k, v in self.metrics.items()},
         }
@@ -95,10 +100,14 @@ class GRPOResult(TrainResult):
         if summary["inflight_weights"]:
             inflight = (f" ({summary['mean_token_version_lag']} per token, "
                         f"{summary['weight_swaps']} in-flight weight swaps)")  # fmt: skip
+        generator = ""
+        if summary["generator"] == "vllm":
+            generator = (f", vLLM generating ({summary['weight_pushes']} weight pushes, "
+                         f"{summary['weight_push_ms']} ms each)")  # fmt: skip
         return [
             f"nostall train grpo: {summary['model']} on {summary['task']} (seed "
             f"{summary['seed']}, staleness {summary['staleness']}, loss {summary['loss_type']}, "
-            f"generation on a {summary['backend']})",
+            f"generation on a {summary['backend']}{generator})",
             f"  {summary['steps']} steps in {summary['seconds']} s: "
             f"{summary['tokens_per_second']} completion tokens/s",
             f"  prompts from {summary['dataset']}; rewards {', '.join(summary['reward_functions'])}"

@@ -37,6 +37,7 @@ from nostall.lm.tasks import (
     rows_source,
     task_source,
 )
+from nostall.lm.vllm_engine import VLLMEngine
 from nostall.optim import ClippedAdam
 from nostall.runtime.heap import return_free_memory
 from nostall.runtime.loop import RolloutLoop
@@ -200,17 +201,28 @@ def build_generator(args: GRPOConfig, lm: LanguageModel | None = None, seed: int
         top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         stop_check_every=args.stop_check_every, cuda_graph=args.cuda_graph,
     )  # fmt: skip
-    decoder = make_decoder(rollout_model)
-    if not share:
-        pack_parameters(decoder)  # each layer's fused weights become views: no copy per batch
-    engine = GenerationEngine(
-        decoder, sampling, eos_token_id=lm.eos_token_id,
-        pad_token_id=lm.pad_token_id, banned_token_ids=lm.banned_token_ids(),
-    )  # fmt: skip
+    if args.generator == "vllm":
+        engine = VLLMEngine(
+            rollout_model, sampling, eos_token_id=lm.eos_token_id,
+            pad_token_id=lm.pad_token_id, banned_token_ids=lm.banned_token_ids(),
+            batch_size=args.batch_size, max_len=encoder.length + args.max_new_tokens,
+            seed=args.seed if seed is None else seed,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            sleep=args.staleness == 0,  # (the KV cache's memory is the update's meanwhile)
+        )  # fmt: skip
+    else:
+        decoder = make_decoder(rollout_model)
+        if not share:
+            pack_parameters(decoder)  # each layer's fused weights become views: no copy a batch
+        engine = GenerationEngine(
+            decoder, sampling, eos_token_id=lm.eos_token_id,
+            pad_token_id=lm.pad_token_id, banned_token_ids=lm.banned_token_ids(),
+        )  # fmt: skip
     generator = GroupGenerator(engine, encoder, source, rewards, num_prompts=args.num_prompts,
                                num_generations=args.num_generations,
                                seed=args.seed if seed is None else seed)  # fmt: skip
-    generator.watch_syncs = args.watch_syncs
+    # (vLLM's engine reads its inputs on the host by design: its syncs are not watched.)
+    generator.watch_syncs = args.watch_syncs and args.generator == "native"
     generator.keep_texts = args.log_completions
     generator.reward_timeout_s = args.reward_timeout
     generator.generation_timeout_s = args.generation_timeout
@@ -266,7 +278,8 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         # CPU the optimizer step waits for a batch's generation (or, with in-flight weights, a
         # decode step) and generation for the step (nostall/runtime/shared_weights.py). On a
         # GPU, generation keeps a copy: its kernels are queued ahead of what they read.
-        share = args.staleness == 0 or device.type == "cpu"
+        # A vLLM engine holds its own copy: it reads the trainer's weights only to take them.
+        share = args.staleness == 0 or device.type == "cpu" or args.generator == "vllm"
         generator = build_generator(args, compute_lm, inputs=inputs, share=share)
         generator.watchdog = Watchdog()
         # At staleness 0 the batch is generated on the trainer's thread (one OpenMP team; see
@@ -275,6 +288,9 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
                            watchdog=generator.watchdog, inline=args.staleness == 0)  # fmt: skip
         generator.watch_rewards_here = loop.inline
         generator.release = loop.release_weights
+        if args.generator == "vllm":  # weights pushed once a version, then let go
+            generator.engine.held_version = lambda: loop.rollout_version
+            generator.engine.weights_taken = loop.release_weights
         writing = loop.writing
         if args.inflight_weights:
             generator.refresh = loop.refresh

@@ -193,6 +193,8 @@ class GRPOTrainer:
         result.mean_lag = sum(lags) / len(lags) if lags else None
         result.mean_token_lag = sum(token_lags) / len(token_lags) if token_lags else None
         result.weight_swaps = stats.get("swaps", 0)
+        result.weight_pushes = stats.get("weight_pushes", 0)
+        result.weight_push_ms = stats.get("weight_push_ms")
         result.generation_ms = result.side_ms("rollout")
         result.update_ms = result.side_ms("train")
         return result

@@ -1,0 +1,45 @@
+"""The checks of where a GRPO run generates and how: the backend, its workers, in-flight
+weights and the generator (native or vLLM), each naming the flags that clash."""
+
+from __future__ import annotations
+
+import torch
+
+BACKENDS = ("thread", "process", "ray")
+GENERATORS = ("native", "vllm")
+
+
+def check_runtime(config, device: torch.device) -> None:
+    """ValueError naming the flag for a runtime setting `config` (a GRPOConfig) cannot run."""
+    if config.backend not in BACKENDS:
+        raise ValueError(f"--backend must be thread, process or ray, got {config.backend!r}")
+    if config.backend in ("process", "ray") and device.type != "cpu":
+        raise ValueError(f"--backend {config.backend} generates on the CPU; with --device "
+                         f"{config.device} use --backend thread")  # fmt: skip
+    if config.num_workers < 1:
+        raise ValueError(f"--num-workers must be at least 1, got {config.num_workers}")
+    if config.num_workers > 1 and config.backend != "ray":
+        raise ValueError("--num-workers > 1 needs --backend ray")
+    if config.backend == "ray" and config.inflight_weights:
+        raise ValueError("--inflight-weights is not available with --backend ray (a worker "
+                         "takes new weights between batches)")  # fmt: skip
+    if config.inflight_weights and config.staleness < 1:
+        raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
+                         "no weights are published while a batch is generated)")  # fmt: skip
+    _check_generator(config)
+
+
+def _check_generator(config) -> None:
+    if config.generator not in GENERATORS:
+        raise ValueError(f"--generator must be native or vllm, got {config.generator!r}")
+    if not 0 < config.vllm_gpu_memory_utilization <= 1:
+        raise ValueError("--vllm-gpu-memory-utilization must lie in (0, 1], got "
+                         f"{config.vllm_gpu_memory_utilization}")  # fmt: skip
+    if config.generator != "vllm":
+        return
+    if config.inflight_weights:
+        raise ValueError("--generator vllm takes new weights between batches, not between "
+                         "decode steps: drop --inflight-weights")  # fmt: skip
+    if config.lora_r:
+        raise ValueError("--generator vllm does not take LoRA adapters yet: drop --lora-r, or "
+                         "generate with --generator native")  # fmt: skip
