@@ -14,6 +14,7 @@ from nostall.algos.ppo.agent import act
 from nostall.algos.ppo.policies import make_agent
 from nostall.envs.backends import make_env
 from nostall.envs.layout import slot_layout
+from tests.runtime.driver_kill import kill_mid_run
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
 from nostall.runtime.ray_runtime import RayRuntime  # noqa: E402
@@ -146,43 +147,14 @@ def test_bad_worker_counts_are_refused():
         ppo.PPOConfig(num_workers=0, backend="ray").check()
 
 
-def _ray_processes() -> set[int]:
-    from pathlib import Path
-
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if entry.name.isdigit() and (b"ray::" in cmdline or b"/ray/" in cmdline):
-            found.add(int(entry.name))
-    return found
-
-
 def test_a_killed_driver_leaves_no_ray_process_behind():
     """SIGKILL a run on its own local cluster mid-run: its workers, raylet and agents all go."""
-    import subprocess
-    import sys
-
-    code = (
+    kill_mid_run(
         "from nostall.algos import appo\n"
         "args = appo.APPOConfig(backend='ray', num_workers=2, total_timesteps=10**9,"
         " watch_syncs=False, log_interval=1)\n"
         "appo.train(args, log=lambda steps, m: print('running', flush=True))\n"
     )
-    before = _ray_processes()
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "running"
-        assert _ray_processes() - before  # its cluster is up
-    finally:
-        child.kill()
-        child.wait()
-    deadline = time.monotonic() + 20
-    while (left := _ray_processes() - before) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, left
 
 
 def _agent_params(path, algorithm):

@@ -5,8 +5,6 @@ mid-run leaves no Ray process and no engine folder behind."""
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,45 +15,27 @@ from nostall.algos import grpo
 from nostall.algos.grpo.setup import build
 from nostall.algos.grpo.trainer import GRPOTrainer
 from nostall.runtime.ray_losses import await_restart
+from tests.runtime.driver_kill import kill_mid_run, ray_processes
 
 pytestmark = pytest.mark.vllm
 ray = pytest.importorskip("ray", reason="Ray is not installed in this venv")
 
 
 def _leftovers() -> set[str]:
-    """Ray's processes (by command line) and vLLM engine folders on this machine."""
-    found = {str(p) for p in Path(tempfile.gettempdir()).glob("nostall-vllm-*")}
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if entry.name.isdigit() and (b"ray::" in cmdline or b"/ray/" in cmdline):
-            found.add(entry.name)
-    return found
+    """Ray's processes and vLLM engine folders on this machine."""
+    return ray_processes() | {str(p) for p in Path(tempfile.gettempdir()).glob("nostall-vllm-*")}
 
 
 def test_a_killed_driver_leaves_nothing_running(model_dir):
     """(First in the file: before this module's own cluster starts.)"""
-    code = (
+    seconds = kill_mid_run(
         "from nostall.algos import grpo\n"
         f"args = grpo.GRPOConfig(model={str(model_dir)!r}, generator='vllm', backend='ray',"
         " steps=10**6, max_new_tokens=5, watch_syncs=False, log_interval=1)\n"
-        "grpo.train(args, log=lambda step, m: print('running', flush=True))\n"
+        "grpo.train(args, log=lambda step, m: print('running', flush=True))\n",
+        _leftovers,
     )
-    before = _leftovers()
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "running"
-        assert _leftovers() - before  # its cluster is up
-    finally:
-        child.kill()
-        child.wait()
-    killed = time.monotonic()
-    while (left := _leftovers() - before) and time.monotonic() < killed + 20:
-        time.sleep(0.5)
-    assert not left, left
-    print(f"nothing left {time.monotonic() - killed:.1f} s after the kill")
+    print(f"nothing left {seconds:.1f} s after the kill")
 
 
 @pytest.fixture(scope="module")
