@@ -16,6 +16,7 @@ from nostall.algos.grpo.setup import build
         (dict(generator="vllm", staleness=1, inflight_weights=True), "drop --inflight-weights"),
         (dict(generator="vllm", lora_r=4), "does not take LoRA adapters"),
         (dict(vllm_gpu_memory_utilization=1.5), "--vllm-gpu-memory-utilization must lie"),
+        (dict(backend="ray", ray_weights="nccl"), "--ray-weights must be store or collective"),
     ],
 )
 def test_settings_vllm_cannot_run_are_named(settings, message):

@@ -29,7 +29,7 @@ AGGREGATIONS = {
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "target_reward", "watch_syncs", "backend", "generator",
-             "output_dir", "torch_threads", "save_total_limit", "log_completions",
+             "ray_weights", "output_dir", "torch_threads", "save_total_limit", "log_completions",
              "reward_timeout", "generation_timeout", "dtype",
              "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
 
@@ -174,6 +174,9 @@ class GRPOConfig:
     """generation workers with --backend ray (each generates whole batches)"""
     ray_address: str | None = None
     """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
+    ray_weights: str = "store"
+    """--backend ray: how weights reach the workers: "store" (one ray.put a version) or
+    "collective" (broadcast by gloo; a worker lost then ends the run)"""
     generator: str = "native"
     """what generates: "native" (nostall's engine) or "vllm" (a vLLM engine in the generating
     process, the rollout model's weights pushed into it every version; `pip install

@@ -20,6 +20,9 @@ def check_runtime(config, device: torch.device) -> None:
         raise ValueError(f"--num-workers must be at least 1, got {config.num_workers}")
     if config.num_workers > 1 and config.backend != "ray":
         raise ValueError("--num-workers > 1 needs --backend ray")
+    if config.ray_weights not in ("store", "collective"):
+        raise ValueError(f"--ray-weights must be store or collective, got "
+                         f"{config.ray_weights!r}")  # fmt: skip
     if config.backend == "ray" and config.inflight_weights:
         raise ValueError("--inflight-weights is not available with --backend ray (a worker "
                          "takes new weights between batches)")  # fmt: skip

@@ -267,6 +267,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         loop = RayLoop(slots, functools.partial(ray_generator, args, inputs), compute,
                        staleness=args.staleness, num_workers=args.num_workers,
                        address=args.ray_address, torch_threads=args.torch_threads,
+                       weights=args.ray_weights,
                        chunk_timeout_s=chunk_timeout + 60.0)  # fmt: skip
     elif args.backend == "process":
         loop = ProcessLoop(slots, functools.partial(build_generator, args, inputs=inputs), compute,

@@ -1,0 +1,37 @@
+"""vLLM engines in Ray workers, their weights sent by a gloo broadcast (`--ray-weights
+collective`) instead of the object store: the same run, reward for reward and weight for
+weight (staleness 0, float32)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from nostall.algos import grpo
+
+pytestmark = pytest.mark.vllm
+ray = pytest.importorskip("ray", reason="Ray is not installed in this venv")
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_broadcast_weights_train_the_run_the_object_store_trains(local_cluster, model_dir):
+    args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", backend="ray", staleness=0,
+                           dtype="float32", steps=4, max_new_tokens=5, learning_rate=1.1e-3,
+                           watch_syncs=False)  # fmt: skip
+    runs = []
+    for weights in ("store", "collective"):
+        run_args = dataclasses.replace(args, ray_weights=weights)
+        setup = grpo.build(run_args)
+        result = grpo.train(run_args, setup=setup)
+        runs.append((result.rewards, {k: v.clone() for k, v in setup.lm.model.state_dict().items()},
+                     result.weight_pushes))  # fmt: skip
+    (store_rewards, store_weights, pushes), (rewards, weights, _) = runs
+    assert rewards == store_rewards
+    assert all(torch.equal(weights[k], store_weights[k]) for k in weights)
+    assert pushes == 4
