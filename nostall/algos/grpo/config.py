@@ -29,8 +29,8 @@ AGGREGATIONS = {
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "target_reward", "watch_syncs", "backend", "generator",
-             "ray_weights", "output_dir", "torch_threads", "save_total_limit", "log_completions",
-             "reward_timeout", "generation_timeout", "dtype",
+             "ray_weights", "trainers", "output_dir", "torch_threads", "save_total_limit",
+             "log_completions", "reward_timeout", "generation_timeout", "dtype",
              "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
@@ -177,6 +177,10 @@ class GRPOConfig:
     ray_weights: str = "store"
     """--backend ray: how weights reach the workers: "store" (one ray.put a version) or
     "collective" (broadcast by gloo; a worker lost then ends the run)"""
+    trainers: int = 1
+    """trainer ranks (--backend ray): the model sharded over them by FSDP2 (gloo on CPUs,
+    NCCL on GPUs), each training on its share of every micro-batch (whole prompt groups);
+    rank 0 is this process, the others Ray actors. A checkpoint resumes at any count"""
     generator: str = "native"
     """what generates: "native" (nostall's engine) or "vllm" (a vLLM engine in the generating
     process, the rollout model's weights pushed into it every version; `pip install

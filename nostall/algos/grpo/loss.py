@@ -10,6 +10,7 @@ import nostall
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
+from nostall.lm.hf_decoder import HFDecoder
 from nostall.lm.rollout import LMBatch
 from nostall.lm.softcap import softcapped_token_entropy, softcapped_token_log_prob
 
@@ -19,8 +20,35 @@ def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
     """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
     model's, at `temperature`, over the tokens the sampler may draw: `vocab`, None for all);
     each group's prompt is run once."""
-    head = policy_head(decoder, batch, temperature, vocab, group_size)
-    return head_log_probs(decoder, *head, temperature)
+    return policy_terms(decoder, batch, temperature, vocab, group_size)[0]
+
+
+def policy_terms(decoder, batch: LMBatch, temperature: float, vocab: SampledVocab | None,
+                 group_size: int, entropy: bool = False):  # fmt: skip
+    """(log-probs [B, C], the sampling distribution's entropies [B, C] or None without
+    `entropy`) of the completion tokens: policy_head's states, then the chunked head. A
+    PolicyTerms module computes them in one call of its own forward."""
+    if isinstance(decoder, PolicyTerms):
+        return decoder(batch, temperature, vocab, group_size, entropy)
+    hidden, weight, tokens = policy_head(decoder, batch, temperature, vocab, group_size)
+    log_prob = head_log_probs(decoder, hidden, weight, tokens, temperature)
+    entropies = head_entropy(decoder, hidden, weight, temperature) if entropy else None
+    return log_prob, entropies
+
+
+class PolicyTerms(torch.nn.Module):
+    """policy_terms as one module's forward, over a model's own forward (HFDecoder): what
+    FSDP2 shards as its root, since a sharded module's parameters are whole only inside its
+    forward (and backward), and the output weight is read beside the base model's call."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.decoder = HFDecoder(model, static_cache=False)  # (training only: no cache)
+
+    def forward(self, batch: LMBatch, temperature: float, vocab: SampledVocab | None,
+                group_size: int, entropy: bool = False):  # fmt: skip
+        return policy_terms(self.decoder, batch, temperature, vocab, group_size, entropy)
 
 
 def head_log_probs(decoder: Decoder, hidden: torch.Tensor, weight: torch.Tensor,

@@ -85,6 +85,7 @@ class GRPOResult(TrainResult):
             "generator": args.get("generator", "native"),
             "weight_pushes": self.weight_pushes,
             "weight_push_ms": rounded(self.weight_push_ms),
+            "trainers": args.get("trainers", 1),
             # TRL's figures too (reward_std, completions/...); NaN (no value) as null.
             "last_logged": {k: None if v != v else v for k, v in self.metrics.items()},
         }
@@ -114,7 +115,7 @@ class GRPOResult(TrainResult):
             f"; learning rate {summary['learning_rate']}",
             f"  {reached}; final reward {summary['final_reward']}",
             f"  generation {summary['generation_ms_per_step']} ms/step, update "
-            f"{summary['update_ms_per_step']} ms/step, mean version lag "
+            f"{summary['update_ms_per_step']} ms/step{_ranks(summary)}, mean version lag "
             f"{summary['mean_version_lag']}{inflight}",
             f"  unintended host-device syncs: {summary['syncs_per_update']} per update, "
             f"{summary['syncs_per_decode_step']} per decode step",
@@ -128,6 +129,11 @@ class GRPOResult(TrainResult):
         steps = [float(i) for i in range(1, len(self.rewards) + 1)]
         return Curve(steps, list(self.rewards), "step (generation batch)", "reward",
                      "batch mean reward", target=self.args["target_reward"], smooth=10)  # fmt: skip
+
+
+def _ranks(summary: dict) -> str:
+    trainers = summary.get("trainers", 1)
+    return f" on {trainers} FSDP2 ranks" if trainers > 1 else ""
 
 
 def _logp_gap(summary: dict) -> str:

@@ -23,6 +23,7 @@ def check_runtime(config, device: torch.device) -> None:
     if config.ray_weights not in ("store", "collective"):
         raise ValueError(f"--ray-weights must be store or collective, got "
                          f"{config.ray_weights!r}")  # fmt: skip
+    _check_trainers(config)
     if config.backend == "ray" and config.inflight_weights:
         raise ValueError("--inflight-weights is not available with --backend ray (a worker "
                          "takes new weights between batches)")  # fmt: skip
@@ -30,6 +31,27 @@ def check_runtime(config, device: torch.device) -> None:
         raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
                          "no weights are published while a batch is generated)")  # fmt: skip
     _check_generator(config)
+
+
+def _check_trainers(config) -> None:
+    if config.trainers < 1:
+        raise ValueError(f"--trainers must be at least 1, got {config.trainers}")
+    if config.trainers == 1:
+        return
+    if config.backend != "ray":
+        raise ValueError("--trainers > 1 needs --backend ray (ranks 1.. are Ray actors)")
+    if config.micro_batches < 1:
+        return  # (named by the micro-batch checks)
+    groups = config.num_prompts // config.micro_batches
+    if groups % config.trainers:
+        raise ValueError(f"--trainers {config.trainers} must divide the {groups} prompt groups "
+                         "of a micro-batch (each rank trains on whole groups): change "
+                         "--num-prompts or --steps-per-generation")  # fmt: skip
+    for flag, given in (("--beta", config.beta > 0), ("--lora-r", config.lora_r > 0),
+                        ("--gradient-checkpointing", config.gradient_checkpointing)):  # fmt: skip
+        if given:
+            raise ValueError(f"--trainers > 1 does not take {flag} yet (the ranks shard the "
+                             "policy model alone, without adapters or checkpointing)")  # fmt: skip
 
 
 def _check_generator(config) -> None:

@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,6 +45,9 @@ from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.process_loop import ProcessLoop
 from nostall.runtime.ray_loop import RayLoop
 from nostall.runtime.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from nostall.algos.grpo.ranks import GRPORanks
 
 
 @dataclass
@@ -152,6 +156,9 @@ class Setup:
     # Around each optimizer step: the thread backend's generation may read these very weights
     # (RolloutLoop.writing); the other backends generate from copies of their own.
     writing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # --trainers M > 1: the ranks that update the model (the optimizer then holds their state
+    # only at checkpoints)
+    ranks: GRPORanks | None = None
 
     def device_tensors(self) -> list[torch.Tensor]:
         """The run's standing tensors on its device besides the model's parameters and buffers
@@ -316,10 +323,17 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         dataset = f"train_dataset ({len(source.rows)} rows)"
     else:
         dataset = args.dataset or f"task {args.task}"
+    corrects = corrects_behaviour(args, dtype)
+    ranks = None
+    if args.trainers > 1:  # (FSDP2's modules take 0.4 s to import: only for ranks)
+        from nostall.algos.grpo.ranks import GRPORanks
+
+        ranks = GRPORanks(args, model, compute, optimizer, dtype, vocab, lm.eos_token_id,
+                          corrects)  # fmt: skip
     return_free_memory()  # (what loading, packing and copying the model freed)
     return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference,
-                 rewards.names, dataset, compute, precision,
-                 corrects_behaviour(args, dtype), writing)  # fmt: skip
+                 rewards.names, dataset, compute, precision, corrects, writing,
+                 ranks)  # fmt: skip
 
 
 def snapshot(setup: Setup, step: int, result: GRPOResult) -> dict:

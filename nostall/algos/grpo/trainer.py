@@ -117,6 +117,8 @@ class GRPOTrainer:
         stack.enter_context(frozen_heap())
         # (A rollout process is ready when the loop's block begins: the clock starts after it.)
         stack.enter_context(self.runtime)
+        if self.setup.ranks is not None:  # (on the cluster the runtime brought up)
+            stack.enter_context(self.setup.ranks)
         return stack
 
     def begin_step(self, step: int) -> None:
@@ -128,6 +130,8 @@ class GRPOTrainer:
 
     def update(self, batch, step: int) -> dict[str, torch.Tensor]:
         setup = self.setup
+        if setup.ranks is not None:
+            return setup.ranks.update(batch, setup.optimizer.param_groups[0]["lr"])
         return grpo_update(setup.decoder, setup.stepper, batch, self.config, setup.vocab,
                            setup.reference, setup.corrects, setup.group_index,
                            eos_token_id=setup.lm.eos_token_id, writing=setup.writing)  # fmt: skip
@@ -154,6 +158,8 @@ class GRPOTrainer:
         self.result.note_target(self.config.target_reward)
 
     def snapshot(self, step: int) -> dict:
+        if self.setup.ranks is not None:  # the optimizer's state, whole, from the ranks
+            self.setup.ranks.sync_optimizer()
         return snapshot(self.setup, step, self.result)
 
     def checkpoint_path(self, step: int) -> str:

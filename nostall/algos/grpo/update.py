@@ -13,16 +13,9 @@ from collections.abc import Callable
 import torch
 
 import nostall
-from nostall.algos.grpo.config import GRPOConfig
+from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
 from nostall.algos.grpo.explicit_update import explicit_update
-from nostall.algos.grpo.loss import (
-    grpo_loss,
-    head_entropy,
-    head_log_probs,
-    policy_head,
-    policy_log_probs,
-    token_mean,
-)
+from nostall.algos.grpo.loss import grpo_loss, policy_log_probs, policy_terms, token_mean
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.precision import MasterWeights
@@ -50,17 +43,45 @@ def micro_batches(batch: LMBatch, count: int) -> list[LMBatch]:
             for i in range(count)]  # fmt: skip
 
 
+def rank_rows(tensor: torch.Tensor, count: int, rank: tuple[int, int]) -> torch.Tensor:
+    """Rank r of M's rows of a batch tensor: its r-th M-th of each of the `count` micro-batches,
+    in order (so its own micro-batches are its shares of the whole batch's)."""
+    r, M = rank
+    rows = tensor.shape[0] // count
+    share = rows // M
+    return torch.cat([tensor[i * rows + r * share : i * rows + (r + 1) * share]
+                      for i in range(count)])  # fmt: skip
+
+
+def rank_weights(loss_mask: torch.Tensor, count: int, rank: tuple[int, int], loss_type: str):
+    """Per micro-batch, the factors (loss, token mean) by which a rank's share of a loss
+    averaged over the ranks becomes the whole micro-batch's: M x its share of the tokens for a
+    mean over the micro-batch's tokens (its own mean is over its own), 1 for a mean over rows
+    (equal shares). Device tensors: nothing is read."""
+    M = rank[1]
+    tokens = loss_mask.sum(1).float()
+    whole = tokens.view(count, -1).sum(1).clamp(min=1)
+    own = rank_rows(tokens, count, rank).view(count, -1).sum(1)
+    token_factor = M * own / whole
+    if AGGREGATIONS[loss_type] == "token_mean":
+        return list(zip(token_factor.unbind(), token_factor.unbind(), strict=True))
+    return [(1.0, f) for f in token_factor.unbind()]
+
+
 def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch: LMBatch,
                 args: GRPOConfig, vocab: SampledVocab | None, reference: Decoder | None,
                 decoupled: bool, group_index: torch.Tensor, autograd: bool = False,
                 eos_token_id: int | None = None,
                 writing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                ) -> dict[str, torch.Tensor]:  # fmt: skip
+                rank: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:  # fmt: skip
     """updates_per_batch passes over one batch; metrics as tensors (not read here), means over
     the micro-batches. By explicit adjoints where they apply, else through autograd
     (`autograd=True` asks for it: the tests compare the two). `eos_token_id` is needed with
     args.mask_truncated_completions. Each optimizer step runs inside `writing()` (a generation
-    side that reads these very weights waits for it, and it for generation)."""
+    side that reads these very weights waits for it, and it for generation). `rank` (r, M) of
+    M data-parallel trainer ranks whose optimizer averages their gradients: this one trains on
+    its share of every micro-batch (whole prompt groups; advantages from the whole batch), its
+    losses weighted so that the average is the whole micro-batch's gradient."""
     advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
                                          args.scale_rewards)  # fmt: skip
     loss_mask = batch.completion_mask
@@ -68,8 +89,15 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch:
         if eos_token_id is None:
             raise ValueError("mask_truncated_completions needs the model's eos_token_id")
         loss_mask = loss_mask & ended_rows(batch, eos_token_id)[:, None]
-    explicit = None if autograd else explicit_update(decoder, optimizer, reference)
+    # (Ranks train through autograd: their forward is the sharded module's.)
+    explicit = None if autograd or rank[1] > 1 else explicit_update(decoder, optimizer, reference)
     G, count = args.num_generations, args.micro_batches
+    weights = [(1.0, 1.0)] * count
+    if rank[1] > 1:
+        weights = rank_weights(loss_mask, count, rank, args.loss_type)
+        batch = dataclasses.replace(batch, **{name: rank_rows(t, count, rank)
+                                              for name, t in batch.tensors().items()})  # fmt: skip
+        advantage, loss_mask = rank_rows(advantage, count, rank), rank_rows(loss_mask, count, rank)
     accumulate = args.gradient_accumulation_steps
     parts = micro_batches(batch, count)
     rows = batch.completion_ids.shape[0] // count
@@ -95,7 +123,7 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch:
             first_of_step = i % accumulate == 0
             values = _micro_batch(decoder, optimizer, explicit, part, advantages[i], masks[i],
                                   args, vocab, decoupled, old_log_probs, i, ref_log_probs[i],
-                                  scale, first_of_step)  # fmt: skip
+                                  scale, first_of_step, weights[i])  # fmt: skip
             if (i + 1) % accumulate == 0:
                 with writing():
                     optimizer.apply_gradients()
@@ -127,10 +155,12 @@ def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float) -> dic
 
 
 def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args, vocab,
-                 decoupled, old_log_probs, i, ref_log_prob, scale,
-                 first_of_step) -> list[torch.Tensor]:  # fmt: skip
+                 decoupled, old_log_probs, i, ref_log_prob, scale, first_of_step,
+                 weights=(1.0, 1.0)) -> list[torch.Tensor]:  # fmt: skip
     """One micro-batch's gradients, times `scale`, added to the optimizer's (set, on the first
-    of an optimizer step); returns its metrics. Fills old_log_probs[i] on its first pass."""
+    of an optimizer step); returns its metrics. Fills old_log_probs[i] on its first pass.
+    `weights`: the factors of its loss and of its token means in the gradient (a trainer
+    rank's, rank_weights; the metrics are its own share's)."""
     old_log_prob = old_log_probs[i]
     if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
         log_prob, loss, clip_fraction, approx_kl, entropy = explicit.gradients(
@@ -141,20 +171,22 @@ def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args,
         optimizer.collect_gradients()  # (master weights: into their float32 sum)
     else:
         G = args.num_generations
-        hidden, weight, tokens = policy_head(decoder, part, args.temperature, vocab, G)
-        log_prob = head_log_probs(decoder, hidden, weight, tokens, args.temperature)
+        log_prob, entropies = policy_terms(decoder, part, args.temperature, vocab, G,
+                                           bool(args.entropy_coef))  # fmt: skip
         loss, clip_fraction, approx_kl, kl = grpo_loss(
             log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
             advantage, loss_mask, args, part.log_probs if decoupled else None, ref_log_prob,
         )  # fmt: skip
+        loss_weight, token_weight = weights
+        objective = loss * loss_weight
         entropy = None
         if args.entropy_coef:
-            entropy = token_mean(head_entropy(decoder, hidden, weight, args.temperature),
-                                 loss_mask)  # fmt: skip
+            entropy = token_mean(entropies, loss_mask)
             loss = loss - args.entropy_coef * entropy
+            objective = objective - args.entropy_coef * token_weight * entropy
         if first_of_step:
             optimizer.zero_grad()
-        (loss * scale).backward()
+        (objective * scale).backward()
         optimizer.collect_gradients()  # (master weights: into their float32 sum)
     if old_log_prob is None:  # the proximal policy: the weights before this update
         old_log_probs[i] = log_prob.detach()

@@ -1,0 +1,210 @@
+"""GRPO's `--trainers M`: rank 0 in the driver, beside the run's loop, and ranks 1..M-1 as Ray
+actors on the run's cluster, each a ShardedTrainer (sharded.py) joined by torch.distributed
+(gloo on CPUs, NCCL on GPUs).
+
+Every update the driver puts the batch in the object store once; every rank runs GRPO's
+update on its share of each micro-batch, FSDP averaging the gradients, then all of them gather
+the new weights whole, which rank 0 writes into the driver's model: the one the loop publishes
+to generation, the checkpoints save and `save_pretrained` writes, so everything outside the
+update is the single-rank run's. Before a checkpoint the optimizer's sharded state is gathered
+the same way into the driver's ClippedAdam, whose state_dict the checkpoint holds: a run
+resumes at any M (one included), and the ranks start from that optimizer's state."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+import torch.distributed as dist
+
+from nostall.algos.grpo.config import GRPOConfig
+from nostall.algos.grpo.sharded import MOMENTS, ShardedTrainer
+from nostall.lm.generation import SampledVocab
+from nostall.lm.rollout import LMBatch
+from nostall.optim import ClippedAdam
+from nostall.runtime import distributed
+
+
+def _whole_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` on the host whose parameters own their storage (the driver's are
+    views of the optimizer's flat buffer)."""
+    copied = copy.deepcopy(model).cpu()  # sync: once, at start, the ranks' starting weights
+    with torch.no_grad():
+        for param in copied.parameters():
+            param.data = param.data.clone()
+    return copied
+
+
+class _Rank:
+    """Trainer rank r > 0 (a Ray actor)."""
+
+    def __init__(self, args: GRPOConfig, start: dict, rank: int, world: int, address: str):
+        torch.set_num_threads(args.torch_threads)
+        self.args, self.start, self.rank, self.world = args, start, rank, world
+        self.address = address
+        self.trainer: ShardedTrainer | None = None
+
+    def join(self) -> int:
+        distributed.join(self.address, self.rank, self.world, self.start["backend"])
+        self.trainer = _trainer(self.args, self.start, self.rank, self.world)
+        self.start = None
+        return self.rank
+
+    def update(self, tensors: dict, lr: float) -> None:
+        self.trainer.update(LMBatch(**tensors), lr)
+        self.trainer.full_weights()  # (the gather rank 0 keeps)
+
+    def optimizer_state(self) -> None:
+        self.trainer.full_optimizer_state()  # (the gather rank 0 keeps)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _trainer(args: GRPOConfig, start: dict, rank: int, world: int) -> ShardedTrainer:
+    device = torch.device(args.device)
+    vocab = start["vocab"]
+    if vocab is not None:
+        vocab = SampledVocab(vocab.ids.to(device), vocab.index.to(device))
+    trainer = ShardedTrainer(start["model"].to(device), args, rank, world, start["dtype"], vocab,
+                             start["eos_token_id"], start["decoupled"])  # fmt: skip
+    trainer.load_optimizer_state(start["optimizer"])
+    return trainer
+
+
+class GRPORanks:
+    """The M ranks of a run (M >= 2), started inside the run's loop (Ray up) by `with`."""
+
+    def __init__(self, args: GRPOConfig, model: torch.nn.Module, compute: torch.nn.Module,
+                 optimizer: ClippedAdam, compute_dtype: torch.dtype,
+                 vocab: SampledVocab | None, eos_token_id: int | None,
+                 decoupled: bool):  # fmt: skip
+        if args.trainers < 2:
+            raise ValueError(f"GRPORanks needs at least 2 ranks, got {args.trainers}")
+        self.args, self.world = args, args.trainers
+        self.model, self.compute, self.optimizer = model, compute, optimizer
+        self._static = {"dtype": compute_dtype, "eos_token_id": eos_token_id,
+                        "decoupled": decoupled,
+                        "backend": "nccl" if torch.device(args.device).type == "cuda"
+                        else "gloo"}  # fmt: skip
+        self._vocab = vocab
+        names = {id(p): name for name, p in model.named_parameters()}
+        self.names = [names[id(p)] for p in optimizer.parameters_in_order]
+        self.ray = None
+        self.ranks: list = []
+        self.local: ShardedTrainer | None = None
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def _start_state(self) -> dict:
+        """What every rank starts from: the driver's model, its optimizer's state (a resumed
+        run's), the sampler's vocabulary, the run's dtype and behaviour correction."""
+        vocab = self._vocab
+        if vocab is not None:
+            vocab = SampledVocab(vocab.ids.cpu(), vocab.index.cpu())  # sync: once, at start
+        return {**self._static, "model": _whole_copy(self.model), "vocab": vocab,
+                "optimizer": self._optimizer_state()}  # fmt: skip
+
+    def _optimizer_state(self) -> dict:
+        saved = self.optimizer.state_dict()["state"]
+        state = {}
+        for index, name in enumerate(self.names):
+            entry = saved.get(index)
+            # sync: once, at start (has the optimizer stepped: a resumed run's state)
+            if entry and float(entry["step"]) > 0:
+                state[name] = {"step": entry["step"].cpu(),
+                               **{k: entry[k].cpu() for k in MOMENTS}}  # fmt: skip
+        return state
+
+    def __enter__(self) -> GRPORanks:
+        import ray  # (the loop's start brought Ray up)
+
+        self.ray = ray
+        cpus = float(self.args.torch_threads)
+        address = f"tcp://{ray.util.get_node_ip_address()}:{distributed.free_port()}"
+        start = self._start_state()
+        start_ref = ray.put(start)
+        rank_class = ray.remote(_Rank).options(num_cpus=cpus, max_restarts=0)
+        self.ranks = [rank_class.remote(self.args, start_ref, r, self.world, address)
+                      for r in range(1, self.world)]  # fmt: skip
+        joined = [rank.join.remote() for rank in self.ranks]
+        try:
+            distributed.join(address, 0, self.world, start["backend"])  # once all have joined
+            self.local = _trainer(self.args, start, 0, self.world)
+            ray.get(joined, timeout=distributed.JOIN_TIMEOUT_S)
+        except BaseException as e:
+            self.close()
+            raise RuntimeError(f"--trainers {self.world}: the ranks did not start "
+                               f"({self._cause(joined, e)})") from e  # fmt: skip
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for rank in self.ranks:
+            with contextlib.suppress(Exception):
+                self.ray.kill(rank)
+        self.ranks = []
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        self.local = None
+
+    # -- the update ----------------------------------------------------------------------------
+    def update(self, batch: LMBatch, lr: float) -> dict[str, torch.Tensor]:
+        """GRPO's update of the driver's model on `batch` by the M ranks; its metrics."""
+        # sync: none on the CPU (host tensors); the ranks take the batch from the store
+        ref = self.ray.put({name: t.cpu() for name, t in batch.tensors().items()})
+        pending = [rank.update.remote(ref, lr) for rank in self.ranks]
+        try:
+            metrics = self.local.update(batch, lr)
+            whole = self.local.full_weights()
+        except BaseException as e:
+            raise RuntimeError(f"a trainer rank failed: {self._cause(pending, e)}") from e
+        with torch.no_grad():  # the whole weights into the model generation and saving read
+            for name, param in self.model.named_parameters():
+                param.copy_(whole[name])
+            if self.compute is not self.model:
+                for name, param in self.compute.named_parameters():
+                    param.copy_(whole[name])
+        self._wait(pending)
+        return metrics
+
+    def sync_optimizer(self) -> None:
+        """The ranks' optimizer state, whole, into the driver's optimizer (for a checkpoint)."""
+        pending = [rank.optimizer_state.remote() for rank in self.ranks]
+        try:
+            state = self.local.full_optimizer_state()
+        except BaseException as e:
+            raise RuntimeError(f"a trainer rank failed: {self._cause(pending, e)}") from e
+        self._wait(pending)
+        if not state:
+            return
+        saved = self.optimizer.state_dict()
+        saved["state"] = {index: state[name] for index, name in enumerate(self.names)}
+        self.optimizer.load_state_dict(saved)
+
+    def _wait(self, pending: list) -> None:
+        try:
+            self.ray.get(pending, timeout=distributed.JOIN_TIMEOUT_S)
+        except Exception as e:
+            raise RuntimeError(f"a trainer rank failed: {self._cause(pending, e)}") from e
+
+    def _cause(self, pending: list, error: BaseException) -> str:
+        """The first failed rank's error where one has (rank 0's is then only its consequence:
+        a collective with a rank missing), else `error`: the rank and the first line."""
+        done, _ = self.ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        for rank, ref in enumerate(pending, start=1):
+            if ref not in done:
+                continue
+            try:
+                self.ray.get(ref)
+            except Exception as e:
+                return f"rank {rank}: {_first_line(e)}"
+        return f"rank 0: {_first_line(error)}"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")

@@ -1,0 +1,150 @@
+"""One trainer rank of GRPO's `--trainers M`: the model sharded by FSDP2 over the M ranks,
+the update on this rank's share of every micro-batch.
+
+Each decoder layer is a `fully_shard` unit, and the root unit is a PolicyTerms module around
+the whole model (embeddings, final norm and the output weight, tied or not), whose forward
+runs the model's own forward (HFDecoder) to the final hidden states and the chunked head to
+the log-probs: a sharded module's parameters are whole only inside its forward and backward,
+and GRPO's head reads the output weight beside the base model's call. Parameters, gradients
+and the optimizer's moments are each held 1/M a rank; with a bf16 run the layers are gathered
+and computed in bf16 over float32 shards, gradients reduced in float32 (FSDP2's mixed
+precision: the sharded counterpart of the single rank's master weights).
+
+A step is GRPO's update (grpo_update with `rank`), its gradients averaged over the ranks by
+FSDP's reduce-scatter, then clipped by their global norm and stepped by torch's AdamW:
+ClippedAdam's arithmetic (decoupled decay, then Adam with its eps and betas), with its
+state_dict's per-parameter entries, so checkpoints move between M ranks and one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import distribute_tensor
+
+from nostall.algos.grpo.config import GRPOConfig
+from nostall.algos.grpo.loss import PolicyTerms
+from nostall.algos.grpo.update import grpo_update
+from nostall.lm.generation import SampledVocab
+from nostall.lm.rollout import LMBatch
+
+# Adam's per-parameter state, as ClippedAdam's state_dict holds it.
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks, each an FSDP unit: the classes transformers names as not to
+    be split (`_no_split_modules`, every decoder layer)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"--trainers: cannot find the decoder layers of {type(model).__name__} "
+                         "(it names no _no_split_modules) to shard")  # fmt: skip
+    return layers
+
+
+class ShardedAdam:
+    """The optimizer interface grpo_update steps, over sharded parameters: the global
+    gradient norm clipped (clip_grad_norm_ over every rank's shards), then torch's AdamW."""
+
+    def __init__(self, params: list[torch.nn.Parameter], args: GRPOConfig):
+        self.params = params
+        self.max_grad_norm = args.max_grad_norm
+        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate_at(1), foreach=True,
+                                           weight_decay=args.weight_decay)  # fmt: skip
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def collect_gradients(self) -> None:
+        """(The gradients land reduced in the shards' .grad: nothing to collect.)"""
+
+    def apply_gradients(self) -> None:
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+        self.optimizer.step()
+
+
+def _reduce_op(name: str):
+    if name.endswith("/max"):
+        return dist.ReduceOp.MAX
+    if name.endswith("/min"):
+        return dist.ReduceOp.MIN
+    return dist.ReduceOp.SUM
+
+
+class ShardedTrainer:
+    """This process's rank of `world` (torch.distributed's default group joined already):
+    `model` (a whole float32 or master-dtype copy, sharded in place), its optimizer, and the
+    update of its share of a batch."""
+
+    def __init__(self, model: torch.nn.Module, args: GRPOConfig, rank: int, world: int,
+                 compute_dtype: torch.dtype, vocab: SampledVocab | None,
+                 eos_token_id: int | None, decoupled: bool):  # fmt: skip
+        self.args, self.rank, self.world = args, rank, world
+        self.vocab, self.eos_token_id, self.decoupled = vocab, eos_token_id, decoupled
+        device = torch.device(args.device)
+        mesh = init_device_mesh(device.type, (world,))
+        master = next(model.parameters()).dtype
+        mixed = MixedPrecisionPolicy(param_dtype=compute_dtype if compute_dtype != master
+                                     else None, reduce_dtype=torch.float32)  # fmt: skip
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=mixed)
+        self.terms = fully_shard(PolicyTerms(model), mesh=mesh, mp_policy=mixed)
+        # The model's own parameter names (the root's "model." prefix off), in one order on
+        # every rank: the collectives below go through them in it.
+        self.named = [(name.removeprefix("model."), p) for name, p in self.terms.named_parameters()]
+        self.optimizer = ShardedAdam([p for _, p in self.named], args)
+        self.group_index = torch.arange(args.num_prompts, device=device).repeat_interleave(
+            args.num_generations)  # fmt: skip
+
+    def update(self, batch: LMBatch, lr: float) -> dict[str, torch.Tensor]:
+        """GRPO's update on this rank's share of `batch` (the whole batch, on every rank);
+        the metrics over every rank's share (means; maxima and minima of /max and /min)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        metrics = grpo_update(self.terms, self.optimizer, batch, self.args, self.vocab, None,
+                              self.decoupled, self.group_index, autograd=True,
+                              eos_token_id=self.eos_token_id,
+                              rank=(self.rank, self.world))  # fmt: skip
+        reduced = {}
+        for name, value in metrics.items():
+            value = value.detach().float().clone()
+            dist.all_reduce(value, op=_reduce_op(name))
+            reduced[name] = value / self.world if _reduce_op(name) == dist.ReduceOp.SUM else value
+        return reduced
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter whole (an all-gather each: every rank calls it), by name."""
+        with torch.no_grad():
+            return {name: p.full_tensor() for name, p in self.named}
+
+    def full_optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Adam's state of every parameter, whole (every rank calls it), by name; empty before
+        the first step."""
+        state = {}
+        for name, p in self.named:
+            entry = self.optimizer.optimizer.state.get(p)
+            if entry:
+                state[name] = {"step": entry["step"].clone(),
+                               **{k: entry[k].full_tensor() for k in MOMENTS}}  # fmt: skip
+        return state
+
+    def load_optimizer_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """full_optimizer_state's form (whole tensors, on every rank): each rank keeps its
+        shard of each (no communication)."""
+        for name, p in self.named:
+            if name not in state:
+                continue
+            entry = state[name]
+            self.optimizer.optimizer.state[p] = {
+                "step": entry["step"].detach().clone().float().cpu(),
+                **{k: distribute_tensor(entry[k].to(p.device, p.dtype), p.device_mesh,
+                                        p.placements, src_data_rank=None)
+                   for k in MOMENTS},
+            }  # fmt: skip

@@ -1,0 +1,101 @@
+"""GRPO with `--trainers M` (FSDP2 ranks on Ray, nostall/algos/grpo/ranks.py), on a local
+cluster: two ranks train the one-rank run (rewards equal, weights within Adam's rounding);
+checkpoints resume at another rank count, both ways, from the k-th checkpoint; staleness 1
+trains; a rank killed mid-run ends the run within seconds, naming the rank's failure."""
+
+import dataclasses
+import time
+
+import pytest
+import torch
+
+from nostall.algos import grpo
+
+ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
+
+FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2,
+            staleness=0, backend="ray")  # fmt: skip
+# Adam's normalised step moves an element with near-zero gradients by a fraction of the
+# learning rate (1.1e-3) when the gradient's rounding changes: sharded sums round otherwise.
+WEIGHT_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _weights(setup) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()}
+
+
+def _close(a: dict, b: dict) -> None:
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=WEIGHT_ATOL)
+
+
+def _run(args):
+    setup = grpo.build(args)
+    trainer = grpo.GRPOTrainer(args=args, setup=setup)
+    return trainer.train(), _weights(setup), trainer
+
+
+def test_two_trainer_ranks_train_the_one_rank_run(local_cluster, tmp_path):
+    one, one_weights, _ = _run(grpo.GRPOConfig(**FAST))
+    two, two_weights, trainer = _run(grpo.GRPOConfig(**FAST, trainers=2,
+                                                     output_dir=str(tmp_path)))  # fmt: skip
+    assert two.rewards == one.rewards
+    _close(two_weights, one_weights)
+    assert "on 2 FSDP2 ranks" in trainer.report
+
+
+@pytest.mark.parametrize("saved, resumed, k", [(2, 1, 2), (1, 2, 4)])
+def test_a_checkpoint_resumes_at_another_rank_count(local_cluster, tmp_path, saved, resumed, k):
+    args = grpo.GRPOConfig(**FAST, trainers=saved, checkpoint=str(tmp_path / "ckpt-{step}.pt"),
+                           checkpoint_every=2)  # fmt: skip
+    full, full_weights, _ = _run(args)
+    again = dataclasses.replace(args, trainers=resumed, resume=str(tmp_path / f"ckpt-{k}.pt"),
+                                checkpoint=None)  # fmt: skip
+    result, weights, _ = _run(again)
+    assert result.rewards == full.rewards
+    _close(weights, full_weights)
+
+
+def test_staleness_one_trains_on_two_ranks(local_cluster):
+    result, _, _ = _run(grpo.GRPOConfig(**dict(FAST, staleness=1), trainers=2))
+    assert len(result.rewards) == FAST["steps"]
+    assert result.mean_lag is not None and result.mean_lag <= 1
+
+
+def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
+    args = grpo.GRPOConfig(**dict(FAST, steps=20, log_interval=1), trainers=2)
+    setup = grpo.build(args)
+    killed = {}
+
+    def kill_at_step_two(step, metrics):
+        if step == 2:
+            ray.kill(setup.ranks.ranks[0])
+            killed["at"] = time.perf_counter()
+
+    with pytest.raises(RuntimeError, match="a trainer rank failed"):
+        grpo.GRPOTrainer(args=args, setup=setup).train(log=kill_at_step_two)
+    assert time.perf_counter() - killed["at"] < 10.0
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(trainers=0), "--trainers must be at least 1"),
+        (dict(trainers=2, backend="thread"), "--trainers > 1 needs --backend ray"),
+        (dict(trainers=3, backend="ray"), "--trainers 3 must divide the 4 prompt groups"),
+        (dict(trainers=2, backend="ray", steps_per_generation=4),
+         "--trainers 2 must divide the 1 prompt groups"),
+        (dict(trainers=2, backend="ray", beta=0.1), "does not take --beta yet"),
+        (dict(trainers=2, backend="ray", lora_r=4), "does not take --lora-r yet"),
+    ],
+)  # fmt: skip
+def test_settings_the_ranks_cannot_train_are_named(settings, message):
+    with pytest.raises(ValueError, match=message):
+        grpo.GRPOConfig(**dict(num_prompts=4, num_generations=4), **settings).check()
