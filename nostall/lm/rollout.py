@@ -248,6 +248,11 @@ class GroupGenerator:
                 "sync_sites": list(self.sync_sites), "swaps": self.swaps,
                 **self.engine.stats()}  # fmt: skip
 
+    @property
+    def slot_device(self) -> torch.device:
+        """Where the batches it fills should live: its model's device (a Ray worker's slot)."""
+        return next(self.model.parameters()).device
+
     def close(self) -> None:
         """Lets the engine go (a vLLM engine shuts down)."""
         self.engine.close()

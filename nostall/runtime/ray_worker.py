@@ -47,19 +47,23 @@ def from_array(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 def copy_numpy(tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray]) -> None:
-    """Copies arrays (read-only views of the object store) into host tensors of the same
-    names and shapes."""
+    """Copies arrays (read-only views of the object store) into tensors of the same names and
+    shapes: host ones in place, device ones (a GPU run's slots and worker models) through a
+    host copy."""
     for name, tensor in tensors.items():
-        np.copyto(as_array(tensor), arrays[name])  # sync: none, host tensors
+        if tensor.device.type == "cpu":
+            np.copyto(as_array(tensor), arrays[name])  # sync: none, host tensors
+        else:  # sync: a chunk or a version's weights onto the device, once each
+            tensor.copy_(from_array(arrays[name], tensor.dtype))
 
 
-def _empty_like(slot: Any) -> Any:
-    """A slot of the same layout with its own storage (for a worker)."""
+def _empty_like(slot: Any, device: torch.device | str = "cpu") -> Any:
+    """A slot of the same layout with its own storage on `device` (for a worker)."""
     import copy
 
     fresh = copy.copy(slot)
     for name, tensor in slot.tensors().items():
-        setattr(fresh, name, torch.zeros_like(tensor, device="cpu"))
+        setattr(fresh, name, torch.zeros_like(tensor, device=device))
     return fresh
 
 
@@ -72,7 +76,8 @@ class Worker:
         self.side = make_side(worker)
         if hasattr(self.side, "watchdog"):  # its steps' limits, checked around each fill
             self.side.watchdog = Watchdog()
-        self.slot = _empty_like(slot)
+        # On the device the side fills from (a GPU generator's batches: its own GPU).
+        self.slot = _empty_like(slot, getattr(self.side, "slot_device", "cpu"))
         self.version = -1  # the side's own initial weights, not yet any published version
         self.receiver = None  # with weights="collective": collective_weights.Receiver
 
@@ -115,16 +120,19 @@ class Worker:
         stats = self.side.stats() if hasattr(self.side, "stats") else {}
         return {
             "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,
-            "tensors": {k: v.numpy() for k, v in self.slot.tensors().items()},  # sync: none
+            # sync: none for a host slot; a device one's chunk to the host, once a fill
+            "tensors": {k: v.cpu().numpy() for k, v in self.slot.tensors().items()},
             "host": self.slot.host_state(), "stats": stats,
         }  # fmt: skip
 
     def state(self) -> dict:
         """Between fills (actor calls run in order): what resumes this worker exactly."""
         model = self.side.model
+        # (on the host: a checkpoint loads on any machine)
+        weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         return {
             "side": self.side.state_dict(),
-            "rollout_weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "rollout_weights": weights,
             "rollout_version": max(self.version, 0),
         }
 

@@ -85,3 +85,14 @@ def test_bad_ray_arguments_are_named():
         grpo.GRPOConfig(num_workers=2).check()
     with pytest.raises(ValueError, match="--inflight-weights is not available with --backend ray"):
         grpo.GRPOConfig(backend="ray", staleness=1, inflight_weights=True).check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
+def test_a_worker_on_the_gpu_trains_the_thread_backends_run(local_cluster):
+    """--device cuda: the worker generates on the GPU it reserves (here the trainer's too), its
+    batches on that GPU until they travel through the store; the thread backend's run."""
+    args = grpo.GRPOConfig(**dict(FAST, steps=4), device="cuda", dtype="float32")
+    expected = grpo.train(args)
+    result = grpo.train(dataclasses.replace(args, backend="ray"))
+    assert result.rewards == expected.rewards

@@ -94,6 +94,10 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
          "--trainers 2 must divide the 1 prompt groups"),
         (dict(trainers=2, backend="ray", beta=0.1), "does not take --beta yet"),
         (dict(trainers=2, backend="ray", lora_r=4), "does not take --lora-r yet"),
+        (dict(trainers=2, backend="ray", device="cuda"), "trains on the CPU for now|no CUDA"),
+        (dict(backend="ray", device="cuda", gpus_per_worker=0),
+         "--gpus-per-worker must be above 0|no CUDA"),
+        (dict(backend="ray", gpus_per_worker=-1), "--gpus-per-worker must be a finite number"),
     ],
 )  # fmt: skip
 def test_settings_the_ranks_cannot_train_are_named(settings, message):

@@ -45,3 +45,32 @@ def test_colocated_engine_sleeps_between_batches_and_wakes_with_new_weights(mode
                                    rtol=0)  # fmt: skip
     finally:
         setup.loop.close()
+
+
+def _ray_run(model_dir, **settings):
+    ray = pytest.importorskip("ray", reason="Ray is not installed in this venv")
+    ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", device="cuda",
+                               backend="ray", dtype="float32", staleness=0, steps=4,
+                               max_new_tokens=5, learning_rate=1.1e-3, log_interval=2,
+                               watch_syncs=False, **settings)  # fmt: skip
+        return grpo.train(args)
+    finally:
+        ray.shutdown()
+
+
+def test_a_ray_worker_generates_with_vllm_on_a_gpu_from_each_version(model_dir):
+    """A worker reserving the GPU (shared with the trainer: the object store's weights) gets
+    every version: its behaviour log-probs are the trainer's at the batch's first step."""
+    result = _ray_run(model_dir, vllm_gpu_memory_utilization=0.2)
+    assert len(result.rewards) == 4 and result.weight_pushes == 4
+    assert result.metrics["sampling/sampling_logp_difference/max"] < 1e-3
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL weights need two CUDA devices "
+                    "(the trainer's and the worker's: NCCL takes one device a rank)")  # fmt: skip
+def test_nccl_weights_train_the_run_the_object_store_trains(model_dir):
+    store = _ray_run(model_dir)
+    nccl = _ray_run(model_dir, ray_weights="collective")
+    assert nccl.rewards == store.rewards

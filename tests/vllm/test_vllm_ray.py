@@ -35,3 +35,22 @@ def test_broadcast_weights_train_the_run_the_object_store_trains(local_cluster, 
     assert rewards == store_rewards
     assert all(torch.equal(weights[k], store_weights[k]) for k in weights)
     assert pushes == 4
+
+
+def test_two_trainer_ranks_train_the_one_rank_run_with_vllm_generating(local_cluster, model_dir):
+    """--trainers 2 (FSDP2 ranks, the driver and a Ray actor) with a vLLM worker: the
+    one-rank run, reward for reward, weights within Adam's rounding of a sharded gradient."""
+    args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", backend="ray", staleness=0,
+                           dtype="float32", steps=3, max_new_tokens=5, learning_rate=1.1e-3,
+                           watch_syncs=False)  # fmt: skip
+    runs = []
+    for trainers in (1, 2):
+        run_args = dataclasses.replace(args, trainers=trainers)
+        setup = grpo.build(run_args)
+        result = grpo.train(run_args, setup=setup)
+        weights = {k: v.clone() for k, v in setup.lm.model.state_dict().items()}
+        runs.append((result.rewards, weights))
+    (one_rewards, one_weights), (rewards, weights) = runs
+    assert rewards == one_rewards
+    for name, value in weights.items():
+        torch.testing.assert_close(value, one_weights[name], rtol=1e-3, atol=1e-4)

@@ -29,8 +29,9 @@ AGGREGATIONS = {
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
              "stop_when_solved", "target_reward", "watch_syncs", "backend", "generator",
-             "ray_weights", "trainers", "output_dir", "torch_threads", "save_total_limit",
-             "log_completions", "reward_timeout", "generation_timeout", "dtype",
+             "ray_weights", "gpus_per_worker", "trainers", "output_dir", "torch_threads",
+             "save_total_limit", "log_completions", "reward_timeout", "generation_timeout",
+             "dtype",
              "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
@@ -169,14 +170,17 @@ class GRPOConfig:
     backend: str = "thread"
     """where generation runs: "thread" (beside the trainer, in this process), "process" (its
     own process, CPU only: no GIL shared with the trainer) or "ray" (worker actors on a Ray
-    cluster, CPU only)"""
+    cluster, each generating on its own GPU with --device cuda)"""
     num_workers: int = 1
     """generation workers with --backend ray (each generates whole batches)"""
     ray_address: str | None = None
     """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
     ray_weights: str = "store"
     """--backend ray: how weights reach the workers: "store" (one ray.put a version) or
-    "collective" (broadcast by gloo; a worker lost then ends the run)"""
+    "collective" (broadcast by gloo, NCCL between GPUs; a worker lost then ends the run)"""
+    gpus_per_worker: float | None = None
+    """--backend ray: GPUs each generation worker reserves (default 1 with --device cuda, 0 on
+    the CPU; NCCL weights need each worker on a GPU of its own, not the trainer's)"""
     trainers: int = 1
     """trainer ranks (--backend ray): the model sharded over them by FSDP2 (gloo on CPUs,
     NCCL on GPUs), each training on its share of every micro-batch (whole prompt groups);

@@ -13,9 +13,10 @@ def check_runtime(config, device: torch.device) -> None:
     """ValueError naming the flag for a runtime setting `config` (a GRPOConfig) cannot run."""
     if config.backend not in BACKENDS:
         raise ValueError(f"--backend must be thread, process or ray, got {config.backend!r}")
-    if config.backend in ("process", "ray") and device.type != "cpu":
-        raise ValueError(f"--backend {config.backend} generates on the CPU; with --device "
-                         f"{config.device} use --backend thread")  # fmt: skip
+    if config.backend == "process" and device.type != "cpu":
+        raise ValueError(f"--backend process generates on the CPU; with --device "
+                         f"{config.device} use --backend thread or ray")  # fmt: skip
+    _check_worker_gpus(config, device)
     if config.num_workers < 1:
         raise ValueError(f"--num-workers must be at least 1, got {config.num_workers}")
     if config.num_workers > 1 and config.backend != "ray":
@@ -33,6 +34,24 @@ def check_runtime(config, device: torch.device) -> None:
     _check_generator(config)
 
 
+def worker_gpus(config, device: torch.device) -> float:
+    """The GPUs a Ray generation worker reserves: --gpus-per-worker, or one a worker on a GPU
+    run (Ray hides the GPUs from an actor that reserves none)."""
+    if config.gpus_per_worker is not None:
+        return config.gpus_per_worker
+    return 1.0 if device.type == "cuda" else 0.0
+
+
+def _check_worker_gpus(config, device: torch.device) -> None:
+    gpus = config.gpus_per_worker
+    if gpus is not None and not 0 <= gpus < float("inf"):
+        raise ValueError(f"--gpus-per-worker must be a finite number >= 0, got {gpus}")
+    if config.backend == "ray" and device.type == "cuda" and worker_gpus(config, device) == 0:
+        raise ValueError("--device cuda with --backend ray generates on the workers' GPUs: "
+                         "--gpus-per-worker must be above 0 (a Ray actor that reserves no GPU "
+                         "sees none)")  # fmt: skip
+
+
 def _check_trainers(config) -> None:
     if config.trainers < 1:
         raise ValueError(f"--trainers must be at least 1, got {config.trainers}")
@@ -40,6 +59,10 @@ def _check_trainers(config) -> None:
         return
     if config.backend != "ray":
         raise ValueError("--trainers > 1 needs --backend ray (ranks 1.. are Ray actors)")
+    if config.device != "cpu":
+        raise ValueError("--trainers > 1 trains on the CPU for now: on GPUs the ranks' devices "
+                         "are Ray's to assign, and one may be the driver's (NCCL refuses two "
+                         "ranks on one GPU)")  # fmt: skip
     if config.micro_batches < 1:
         return  # (named by the micro-batch checks)
     groups = config.num_prompts // config.micro_batches

@@ -18,6 +18,7 @@ import torch
 
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.result import GRPOResult
+from nostall.algos.grpo.runtime_options import worker_gpus
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import GenerationEngine, SampledVocab, SamplingConfig
 from nostall.lm.hf_decoder import checkpointed, make_decoder
@@ -274,7 +275,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         loop = RayLoop(slots, functools.partial(ray_generator, args, inputs), compute,
                        staleness=args.staleness, num_workers=args.num_workers,
                        address=args.ray_address, torch_threads=args.torch_threads,
-                       weights=args.ray_weights,
+                       weights=args.ray_weights, gpus_per_worker=worker_gpus(args, device),
                        chunk_timeout_s=chunk_timeout + 60.0)  # fmt: skip
     elif args.backend == "process":
         loop = ProcessLoop(slots, functools.partial(build_generator, args, inputs=inputs), compute,
