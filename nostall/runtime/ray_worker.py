@@ -120,16 +120,20 @@ class Worker:
         stats = self.side.stats() if hasattr(self.side, "stats") else {}
         return {
             "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,
-            # sync: none for a host slot; a device one's chunk to the host, once a fill
-            "tensors": {k: v.cpu().numpy() for k, v in self.slot.tensors().items()},
+            # (A host slot's tensors as they are; a device slot's copied to the host.)
+            "tensors": {k: v.cpu().numpy()  # sync: a device slot's chunk, once a fill
+                        for k, v in self.slot.tensors().items()},
             "host": self.slot.host_state(), "stats": stats,
         }  # fmt: skip
 
     def state(self) -> dict:
         """Between fills (actor calls run in order): what resumes this worker exactly."""
         model = self.side.model
-        # (on the host: a checkpoint loads on any machine)
-        weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        # On the host: a checkpoint loads on any machine.
+        weights = {
+            k: v.detach().cpu().clone()  # sync: a checkpoint's, between fills
+            for k, v in model.state_dict().items()
+        }
         return {
             "side": self.side.state_dict(),
             "rollout_weights": weights,

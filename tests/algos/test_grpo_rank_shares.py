@@ -7,24 +7,16 @@ the ranks run one after the other on one model, and their gradients are averaged
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from nostall.algos import grpo
 from nostall.algos.grpo.loss import PolicyTerms
 from nostall.algos.grpo.update import grpo_update, rank_rows
 from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
+from tests.lm.test_explicit_update import _llama as _model  # (2 layers, grouped-query)
 
 # float32: the same ops on fewer rows, summed in another order.
 RTOL, ATOL = 1e-4, 1e-6
-
-
-def _model(tied: bool = False) -> torch.nn.Module:
-    config = LlamaConfig(vocab_size=22, hidden_size=32, intermediate_size=48,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=32, tie_word_embeddings=tied)  # fmt: skip
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
 
 
 def _batch(Bp: int, G: int, P: int = 5, C: int = 6, seed: int = 0) -> LMBatch:

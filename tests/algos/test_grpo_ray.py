@@ -18,13 +18,6 @@ FAST = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def local_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _parameters(setup) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in setup.lm.model.state_dict().items()}
 

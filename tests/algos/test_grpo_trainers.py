@@ -20,11 +20,8 @@ FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_in
 WEIGHT_ATOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def local_cluster():
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+# Ray's CPUs for the module's local cluster (tests/conftest.py's local_cluster).
+RAY_CPUS = 3
 
 
 def _weights(setup) -> dict[str, torch.Tensor]:

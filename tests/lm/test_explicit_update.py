@@ -25,10 +25,10 @@ RTOL, ATOL = 1e-4, 1e-6
 EOS = 5
 
 
-def _llama() -> torch.nn.Module:
+def _llama(tied: bool = False) -> torch.nn.Module:
     config = LlamaConfig(vocab_size=22, hidden_size=32, intermediate_size=48,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=32, tie_word_embeddings=False)  # fmt: skip
+                         max_position_embeddings=32, tie_word_embeddings=tied)  # fmt: skip
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 

@@ -22,13 +22,6 @@ from nostall.runtime.ray_runtime import RayRuntime  # noqa: E402
 FAST = dict(watch_syncs=False, log_interval=1)
 
 
-@pytest.fixture(scope="module")
-def local_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _make_env(seed):
     return make_env("CartPole-v1", 4, seed=seed)
 

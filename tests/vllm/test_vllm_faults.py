@@ -38,13 +38,6 @@ def test_a_killed_driver_leaves_nothing_running(model_dir):
     print(f"nothing left {seconds:.1f} s after the kill")
 
 
-@pytest.fixture(scope="module")
-def local_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def test_a_killed_vllm_worker_is_restarted_and_its_batch_dropped(local_cluster, model_dir):
     args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", backend="ray", staleness=1,
                            steps=8, max_new_tokens=48, learning_rate=1.1e-3,

@@ -13,13 +13,6 @@ pytestmark = pytest.mark.vllm
 ray = pytest.importorskip("ray", reason="Ray is not installed in this venv")
 
 
-@pytest.fixture(scope="module")
-def local_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def test_broadcast_weights_train_the_run_the_object_store_trains(local_cluster, model_dir):
     args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", backend="ray", staleness=0,
                            dtype="float32", steps=4, max_new_tokens=5, learning_rate=1.1e-3,

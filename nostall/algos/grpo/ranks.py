@@ -111,10 +111,9 @@ class GRPORanks:
         state = {}
         for index, name in enumerate(self.names):
             entry = saved.get(index)
-            # sync: once, at start (has the optimizer stepped: a resumed run's state)
-            if entry and float(entry["step"]) > 0:
-                state[name] = {"step": entry["step"].cpu(),
-                               **{k: entry[k].cpu() for k in MOMENTS}}  # fmt: skip
+            # (Only an optimizer that has stepped, a resumed run's, has state to hand on.)
+            if entry and float(entry["step"]) > 0:  # sync: once, at start
+                state[name] = {k: entry[k].cpu() for k in ("step", *MOMENTS)}  # sync: once
         return state
 
     def __enter__(self) -> GRPORanks:
@@ -154,8 +153,8 @@ class GRPORanks:
     # -- the update ----------------------------------------------------------------------------
     def update(self, batch: LMBatch, lr: float) -> dict[str, torch.Tensor]:
         """GRPO's update of the driver's model on `batch` by the M ranks; its metrics."""
-        # sync: none on the CPU (host tensors); the ranks take the batch from the store
-        ref = self.ray.put({name: t.cpu() for name, t in batch.tensors().items()})
+        # The ranks take the batch from the store (host tensors: the ranks train on the CPU).
+        ref = self.ray.put(batch.tensors())
         pending = [rank.update.remote(ref, lr) for rank in self.ranks]
         try:
             metrics = self.local.update(batch, lr)

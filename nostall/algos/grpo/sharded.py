@@ -143,7 +143,7 @@ class ShardedTrainer:
                 continue
             entry = state[name]
             self.optimizer.optimizer.state[p] = {
-                "step": entry["step"].detach().clone().float().cpu(),
+                "step": entry["step"].float().clone(),  # (a host scalar, as AdamW keeps it)
                 **{k: distribute_tensor(entry[k].to(p.device, p.dtype), p.device_mesh,
                                         p.placements, src_data_rank=None)
                    for k in MOMENTS},
