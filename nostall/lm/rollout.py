@@ -44,6 +44,9 @@ class LMBatch:
     stats: dict[str, float] = field(default_factory=dict)
     # With log_completions: each row's prompt, completion and reward (texts, on the host).
     samples: list[dict] = field(default_factory=list)
+    # [start, end] by the wall clock of the weight push into the engine that generated it
+    # (vLLM takes a new version before a batch); empty when it pushed none.
+    weight_push: list[float] = field(default_factory=list)
 
     @classmethod
     def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
@@ -74,7 +77,7 @@ class LMBatch:
         """What the batch holds on the host (a process transport sends it with the slot)."""
         return {"reward_mean": self.reward_mean, "tokens": self.tokens,
                 "token_versions": list(self.token_versions), "stats": dict(self.stats),
-                "samples": list(self.samples)}  # fmt: skip
+                "samples": list(self.samples), "weight_push": list(self.weight_push)}  # fmt: skip
 
     def load_host_state(self, state: dict) -> None:
         self.reward_mean = float(state["reward_mean"])
@@ -82,6 +85,7 @@ class LMBatch:
         self.token_versions = [int(v) for v in state["token_versions"]]
         self.stats = {str(k): float(v) for k, v in state.get("stats", {}).items()}
         self.samples = [{str(k): v for k, v in row.items()} for row in state.get("samples", [])]
+        self.weight_push = [float(t) for t in state.get("weight_push", [])]
 
     def mean_token_lag(self, version: int) -> float:
         """How many versions behind `version` the batch's tokens were sampled, on average over
@@ -284,6 +288,8 @@ class GroupGenerator:
         else:
             self.engine.generate(batch.completions(), self.generator, self.num_generations,
                                  between_tokens, on_step)  # fmt: skip
+        pushed = getattr(self.engine, "last_push", None)  # (vLLM's; the native engine's none)
+        batch.weight_push = list(pushed) if pushed is not None else []
         if self.release is not None:
             self.release()
         texts, lengths, ended = self.decode(batch)

@@ -100,6 +100,9 @@ class VLLMEngine:
         self.weights_taken: Callable[[], None] | None = None
         self.pushes = 0
         self.push_seconds = 0.0
+        # The last generate call's push, (start, end) by the wall clock (the trainer, maybe in
+        # another process, compares it with its update's time); None: that call pushed none.
+        self.last_push: tuple[float, float] | None = None
         self._pushed_version: int | None = None
         self.sleep = sleep and weight.device.type == "cuda"
         self._asleep = False
@@ -135,13 +138,15 @@ class VLLMEngine:
 
     def push_weights(self) -> None:
         """The rollout model's weights into the engine, in place."""
-        start = time.perf_counter()
+        start, wall = time.perf_counter(), time.time()
         state = [(k, v.detach()) for k, v in self.model.state_dict().items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": state})
         # Cached prompt blocks hold keys and values of the old weights: none reused after.
         self.llm.reset_prefix_cache()
         self.pushes += 1
-        self.push_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.push_seconds += seconds
+        self.last_push = (wall, wall + seconds)
 
     def _push_if_new(self) -> None:
         if self._asleep:  # (level 1 kept the weights in host memory; they come back first)
@@ -180,6 +185,7 @@ class VLLMEngine:
             raise ValueError(f"a batch of {B} rows is not groups of {group_size}")
         if on_step is not None:
             on_step(0)
+        self.last_push = None
         self._push_if_new()
         if self.weights_taken is not None:
             self.weights_taken()

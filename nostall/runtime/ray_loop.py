@@ -304,9 +304,7 @@ class RayLoop:
         self.trained.append((slot.worker, slot.seq))
         self._stats = result.get("stats") or self._stats
         if "start" in result:  # filled in this run (not restored from a checkpoint)
-            offset = time.time() - time.perf_counter() + self.timeline.origin
-            self.timeline.spans.append(("rollout", result["start"] - offset,
-                                        result["end"] - offset))  # fmt: skip
+            self.timeline.record_wall("rollout", result["start"], result["end"])
         return index, slot
 
     @staticmethod

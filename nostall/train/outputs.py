@@ -93,6 +93,12 @@ def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float =
             bars = [(start - origin, end - start) for s, start, end in spans
                     if s == side and origin <= start <= origin + window_s]  # fmt: skip
             ax.broken_barh(bars, (row - 0.4, 0.8), color=color)
+        # Weight pushes into a generation engine, inside the rollout side's spans.
+        pushes = [(start - origin, end - start) for s, start, end in spans
+                  if s == "push" and origin <= start <= origin + window_s]  # fmt: skip
+        if pushes:
+            ax.broken_barh(pushes, (0.6, 0.8), color="tab:green", label="weight push")
+            ax.legend(loc="upper right", fontsize="small")
         ax.set_yticks([0, 1], ["trainer", rollout_label])
         ax.set_xlim(0, window_s)
     ax.set_xlabel(f"seconds after the first 12 spans of work (a {window_s:g} s window)")

@@ -24,6 +24,10 @@ def test_broadcast_weights_train_the_run_the_object_store_trains(local_cluster, 
         result = grpo.train(run_args, setup=setup)
         runs.append((result.rewards, {k: v.clone() for k, v in setup.lm.model.state_dict().items()},
                      result.weight_pushes))  # fmt: skip
+        # The worker's pushes, timed by its wall clock, on the driver's timeline: at staleness
+        # 0 each lies between updates.
+        assert sum(side == "push" for side, _, _ in result.timeline) == 4
+        assert result.weight_push_overlap == 0.0
     (store_rewards, store_weights, pushes), (rewards, weights, _) = runs
     assert rewards == store_rewards
     assert all(torch.equal(weights[k], store_weights[k]) for k in weights)

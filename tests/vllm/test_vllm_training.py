@@ -41,6 +41,8 @@ def test_learns_copy_with_vllm_generating(model_dir, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["generator"] == "vllm" and "vLLM generating" in result.stdout
     assert report["weight_pushes"] == 150  # one a version: the start's, then one an update
+    # At staleness 0 the engine takes each version between updates: none of it overlaps one.
+    assert report["weight_push_overlap"] == 0.0
     assert report["final_reward"] > 0.5, report["final_reward"]
 
 
@@ -74,9 +76,15 @@ def test_each_batch_is_generated_by_the_weights_it_is_tagged_with(model_dir):
         return update(batch, step)
 
     trainer.update = checked
-    trainer.train()
+    result = trainer.train()
     assert len(gaps) == 30 and max(gaps) < 1e-5, gaps
     assert sum(lags) > 20  # generation did run a version behind
+    # Every push the engine made is on the timeline, inside its batch's generation span.
+    pushes = [(s, e) for side, s, e in result.timeline if side == "push"]
+    generation = [(s, e) for side, s, e in result.timeline if side == "rollout"]
+    assert len(pushes) == result.weight_pushes
+    assert all(any(a - 1e-3 <= s and e <= b + 1e-3 for a, b in generation) for s, e in pushes)
+    assert 0.0 <= result.weight_push_overlap <= 1.0
 
 
 def test_the_rollout_process_holds_the_engine(model_dir, tmp_path):

@@ -28,6 +28,8 @@ class GRPOResult(TrainResult):
     weight_swaps: int = 0  # in-flight weight swaps the generator made
     weight_pushes: int = 0  # weights pushed into a vLLM engine (--generator vllm)
     weight_push_ms: float | None = None  # the time of one push, on average
+    # The part of the pushes' time during which the trainer was updating (None: no push timed).
+    weight_push_overlap: float | None = None
     reward_functions: list[str] = field(default_factory=list)
     dataset: str = ""  # what the prompts came from
     compute_dtype: str = "float32"  # the update's and generation's arithmetic (--dtype)
@@ -85,6 +87,7 @@ class GRPOResult(TrainResult):
             "generator": args.get("generator", "native"),
             "weight_pushes": self.weight_pushes,
             "weight_push_ms": rounded(self.weight_push_ms),
+            "weight_push_overlap": rounded(self.weight_push_overlap),
             "trainers": args.get("trainers", 1),
             # TRL's figures too (reward_std, completions/...); NaN (no value) as null.
             "last_logged": {k: None if v != v else v for k, v in self.metrics.items()},
@@ -103,8 +106,8 @@ class GRPOResult(TrainResult):
                         f"{summary['weight_swaps']} in-flight weight swaps)")  # fmt: skip
         generator = ""
         if summary["generator"] == "vllm":
-            generator = (f", vLLM generating ({summary['weight_pushes']} weight pushes, "
-                         f"{summary['weight_push_ms']} ms each)")  # fmt: skip
+            pushes = f"{summary['weight_pushes']} weight pushes, {summary['weight_push_ms']} ms"
+            generator = f", vLLM generating ({pushes} each{_push_overlap(summary)})"
         return [
             f"nostall train grpo: {summary['model']} on {summary['task']} (seed "
             f"{summary['seed']}, staleness {summary['staleness']}, loss {summary['loss_type']}, "
@@ -134,6 +137,11 @@ class GRPOResult(TrainResult):
 def _ranks(summary: dict) -> str:
     trainers = summary.get("trainers", 1)
     return f" on {trainers} FSDP2 ranks" if trainers > 1 else ""
+
+
+def _push_overlap(summary: dict) -> str:
+    overlap = summary.get("weight_push_overlap")
+    return "" if overlap is None else f", {100 * overlap:.0f}% of that during an update"
 
 
 def _logp_gap(summary: dict) -> str:

@@ -35,6 +35,7 @@ from nostall.algos.grpo.update import grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.tasks import load_reward
 from nostall.runtime.heap import frozen_heap
+from nostall.runtime.rollout import overlap_fraction
 from nostall.train import checkpoint, loop
 from nostall.train.loop import Clock, LogFn
 from nostall.train.outputs import write_outputs
@@ -144,6 +145,8 @@ class GRPOTrainer:
         self._new_tokens += batch.tokens
         for name, value in batch.stats.items():
             self._stats.setdefault(name, []).append(value)
+        if batch.weight_push:  # timed where the engine runs: by the wall clock
+            self.runtime.timeline.record_wall("push", *batch.weight_push)
         if logging and batch.samples:  # log_completions: the logged step's texts
             with open(Path(self.config.output_dir) / "completions.jsonl", "a") as f:
                 for row in batch.samples:
@@ -201,6 +204,7 @@ class GRPOTrainer:
         result.weight_swaps = stats.get("swaps", 0)
         result.weight_pushes = stats.get("weight_pushes", 0)
         result.weight_push_ms = stats.get("weight_push_ms")
+        result.weight_push_overlap = overlap_fraction(result.timeline, "push", "train")
         result.generation_ms = result.side_ms("rollout")
         result.update_ms = result.side_ms("train")
         return result
