@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from nostall.runtime.gpus import hidden_from_ray, physical_gpu
 from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState
 from nostall.runtime.ray_losses import WorkerLoss, await_restart
@@ -81,13 +82,16 @@ class RayLoop:
         torch_threads: int = 1,
         weights: str = "store",
         chunk_timeout_s: float = 3600.0,
+        private_gpu: bool = False,
     ):
         """`slots`: the trainer's (at least 2; received slots are copied into them).
         `chunk_timeout_s`: the longest the trainer waits for a chunk from any worker (one hung
         whole; a step a worker's own watchdog finds hung comes back as its error).
         `address`: None starts a local cluster, "auto" joins a running one. `weights`:
         "store" (each version `ray.put` once) or "collective" (broadcast by gloo or NCCL,
-        collective_weights.py; a worker lost then ends the run, as it cannot rejoin)."""
+        collective_weights.py; a worker lost then ends the run, as it cannot rejoin).
+        `private_gpu`: the driver has NCCL peers of its own on the cluster (trainer ranks), so
+        a local cluster leaves its GPU out, as it does for a collective broadcast (gpus.py)."""
         if weights not in ("store", "collective"):
             raise ValueError(f"weights must be store or collective, got {weights!r}")
         check_slots(staleness, max(len(slots), staleness + 2))
@@ -102,6 +106,8 @@ class RayLoop:
         self._chunk_timeout_s = chunk_timeout_s
         self._collective = weights == "collective"
         self._max_restarts = 0 if self._collective else max_restarts
+        self._private_gpu = private_gpu or self._collective
+        self._hidden_gpu: str | None = None  # the driver's, left out of a local cluster
         self._sender = None  # with weights="collective": collective_weights.Sender
         self._published: dict[str, torch.Tensor] | None = None  # its newest, for checkpoints
         self._resources = {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker}
@@ -132,20 +138,24 @@ class RayLoop:
         ray = self.ray
         if not ray.is_initialized():
             _probe(self._address)  # Ray itself retries an unreachable address for ever
+            if self._private_gpu and self._address is None:
+                self._hidden_gpu = physical_gpu(next(self._trainer_model.parameters()).device)
             try:
-                ray.init(address=self._address, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)  # fmt: skip
+                with hidden_from_ray(self._hidden_gpu):
+                    ray.init(address=self._address, include_dashboard=False,
+                             log_to_driver=False, configure_logging=False)  # fmt: skip
             except ConnectionError as e:
                 raise RuntimeError(f"cannot reach the Ray cluster at {self._address!r}: {e}") from e
             self._started_ray = True
-        need = self._resources["num_cpus"] * self.num_workers
-        have = ray.cluster_resources().get("CPU", 0.0)
-        if need > have:
-            self.close()
-            raise ValueError(
-                f"{self.num_workers} workers x {self._resources['num_cpus']:g} CPUs need "
-                f"{need:g} CPUs; the Ray cluster has {have:g}"
-            )
+        for kind, resource in (("CPUs", "CPU"), ("GPUs", "GPU")):
+            each = self._resources[f"num_{resource.lower()}s"]
+            need, have = each * self.num_workers, ray.cluster_resources().get(resource, 0.0)
+            if need > have:
+                self.close()
+                raise ValueError(
+                    f"{self.num_workers} workers x {each:g} {kind} need {need:g} "
+                    f"{kind}; the Ray cluster has {have:g}{self._besides()}"
+                )
         worker_class = ray.remote(Worker).options(
             max_restarts=self._max_restarts, max_task_retries=0, **self._resources
         )
@@ -168,6 +178,11 @@ class RayLoop:
             self._put_weights(self._trainer_model, 0)
         self._issue()
         return self
+
+    def _besides(self) -> str:
+        if self._hidden_gpu is None:
+            return ""
+        return f" besides the driver's GPU {self._hidden_gpu} (NCCL needs a GPU a process)"
 
     def _join_collective(self) -> None:
         from nostall.runtime.collective_weights import Sender

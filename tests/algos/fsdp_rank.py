@@ -22,7 +22,7 @@ def main(rank: int, world: int, address: str, out: str, tied: bool, device: str)
     distributed.join(address, rank, world, "nccl" if device == "cuda" else "gloo")
     args = fsdp_args(device)
     trainer = ShardedTrainer(_model(tied).to(device), args, rank, world, torch.float32, None,
-                             None, True)  # fmt: skip
+                             None, True, torch.device(device))  # fmt: skip
     step = trainer.optimizer.apply_gradients
     recorded = []
     trainer.optimizer.apply_gradients = lambda: recorded.append(

@@ -91,7 +91,6 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
          "--trainers 2 must divide the 1 prompt groups"),
         (dict(trainers=2, backend="ray", beta=0.1), "does not take --beta yet"),
         (dict(trainers=2, backend="ray", lora_r=4), "does not take --lora-r yet"),
-        (dict(trainers=2, backend="ray", device="cuda"), "trains on the CPU for now|no CUDA"),
         (dict(backend="ray", device="cuda", gpus_per_worker=0),
          "--gpus-per-worker must be above 0|no CUDA"),
         (dict(backend="ray", gpus_per_worker=-1), "--gpus-per-worker must be a finite number"),
@@ -100,3 +99,15 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
 def test_settings_the_ranks_cannot_train_are_named(settings, message):
     with pytest.raises(ValueError, match=message):
         grpo.GRPOConfig(**dict(num_prompts=4, num_generations=4), **settings).check()
+
+
+def test_ranks_the_cluster_cannot_hold_are_named_before_they_start(local_cluster):
+    """Three ranks of one CPU each beside the worker's on three CPUs: named at once, not
+    after the join's timeout."""
+    with pytest.raises(ValueError, match=r"ranks 1\.\.3 need 3 CPUs .* has 2 free"):
+        _run(grpo.GRPOConfig(**FAST, trainers=4))
+
+
+def test_workers_on_gpus_the_cluster_lacks_are_named_before_they_start(local_cluster):
+    with pytest.raises(ValueError, match="1 workers x 1 GPUs need 1 GPUs; the Ray cluster has 0"):
+        _run(grpo.GRPOConfig(**FAST, gpus_per_worker=1))

@@ -24,6 +24,7 @@ from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
 from nostall.optim import ClippedAdam
 from nostall.runtime import distributed
+from nostall.runtime.gpus import check_distinct, gpu_uuid
 
 
 def _whole_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -37,22 +38,27 @@ def _whole_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class _Rank:
-    """Trainer rank r > 0 (a Ray actor)."""
+    """Trainer rank r > 0 (a Ray actor; on GPUs it sees the one Ray assigned it)."""
 
     def __init__(self, args: GRPOConfig, start: dict, rank: int, world: int, address: str):
         torch.set_num_threads(args.torch_threads)
         self.args, self.start, self.rank, self.world = args, start, rank, world
         self.address = address
+        self.device = torch.device("cuda" if start["backend"] == "nccl" else "cpu")
         self.trainer: ShardedTrainer | None = None
+
+    def gpu(self) -> str:
+        return gpu_uuid(self.device)
 
     def join(self) -> int:
         distributed.join(self.address, self.rank, self.world, self.start["backend"])
-        self.trainer = _trainer(self.args, self.start, self.rank, self.world)
+        self.trainer = _trainer(self.args, self.start, self.rank, self.world, self.device)
         self.start = None
         return self.rank
 
     def update(self, tensors: dict, lr: float) -> None:
-        self.trainer.update(LMBatch(**tensors), lr)
+        batch = LMBatch(**{k: v.to(self.device) for k, v in tensors.items()})
+        self.trainer.update(batch, lr)
         self.trainer.full_weights()  # (the gather rank 0 keeps)
 
     def optimizer_state(self) -> None:
@@ -63,13 +69,13 @@ class _Rank:
             dist.destroy_process_group()
 
 
-def _trainer(args: GRPOConfig, start: dict, rank: int, world: int) -> ShardedTrainer:
-    device = torch.device(args.device)
+def _trainer(args: GRPOConfig, start: dict, rank: int, world: int,
+             device: torch.device) -> ShardedTrainer:  # fmt: skip
     vocab = start["vocab"]
     if vocab is not None:
         vocab = SampledVocab(vocab.ids.to(device), vocab.index.to(device))
     trainer = ShardedTrainer(start["model"].to(device), args, rank, world, start["dtype"], vocab,
-                             start["eos_token_id"], start["decoupled"])  # fmt: skip
+                             start["eos_token_id"], start["decoupled"], device)  # fmt: skip
     trainer.load_optimizer_state(start["optimizer"])
     return trainer
 
@@ -85,10 +91,15 @@ class GRPORanks:
             raise ValueError(f"GRPORanks needs at least 2 ranks, got {args.trainers}")
         self.args, self.world = args, args.trainers
         self.model, self.compute, self.optimizer = model, compute, optimizer
-        self._static = {"dtype": compute_dtype, "eos_token_id": eos_token_id,
-                        "decoupled": decoupled,
-                        "backend": "nccl" if torch.device(args.device).type == "cuda"
-                        else "gloo"}  # fmt: skip
+        self.device = next(compute.parameters()).device  # rank 0's: the driver's
+        self.on_gpu = self.device.type == "cuda"
+        self._static = {
+            "dtype": compute_dtype,
+            "eos_token_id": eos_token_id,
+            "decoupled": decoupled,
+            "backend": "nccl" if self.on_gpu else "gloo",
+        }
+
         self._vocab = vocab
         names = {id(p): name for name, p in model.named_parameters()}
         self.names = [names[id(p)] for p in optimizer.parameters_in_order]
@@ -120,23 +131,42 @@ class GRPORanks:
         import ray  # (the loop's start brought Ray up)
 
         self.ray = ray
-        cpus = float(self.args.torch_threads)
+        resources = {"num_cpus": float(self.args.torch_threads), "num_gpus": float(self.on_gpu)}
+        self._check_resources(resources)
         address = f"tcp://{ray.util.get_node_ip_address()}:{distributed.free_port()}"
         start = self._start_state()
         start_ref = ray.put(start)
-        rank_class = ray.remote(_Rank).options(num_cpus=cpus, max_restarts=0)
+        rank_class = ray.remote(_Rank).options(max_restarts=0, **resources)
         self.ranks = [rank_class.remote(self.args, start_ref, r, self.world, address)
                       for r in range(1, self.world)]  # fmt: skip
-        joined = [rank.join.remote() for rank in self.ranks]
+        joined = []
         try:
+            if self.on_gpu:  # one GPU a rank, or NCCL's first collective fails obscurely
+                uuids = ray.get([rank.gpu.remote() for rank in self.ranks],
+                                timeout=distributed.JOIN_TIMEOUT_S)  # fmt: skip
+                check_distinct([gpu_uuid(self.device), *uuids])
+            joined = [rank.join.remote() for rank in self.ranks]
             distributed.join(address, 0, self.world, start["backend"])  # once all have joined
-            self.local = _trainer(self.args, start, 0, self.world)
+            self.local = _trainer(self.args, start, 0, self.world, self.device)
             ray.get(joined, timeout=distributed.JOIN_TIMEOUT_S)
         except BaseException as e:
             self.close()
             raise RuntimeError(f"--trainers {self.world}: the ranks did not start "
                                f"({self._cause(joined, e)})") from e  # fmt: skip
         return self
+
+    def _check_resources(self, resources: dict) -> None:
+        """Enough free CPUs and GPUs for ranks 1..M-1, now that the workers have theirs."""
+        free = self.ray.available_resources()
+        for kind, resource in (("CPUs", "CPU"), ("GPUs", "GPU")):
+            need = resources[f"num_{resource.lower()}s"] * (self.world - 1)
+            if need > free.get(resource, 0.0):
+                raise ValueError(
+                    f"--trainers {self.world}: ranks 1..{self.world - 1} need {need:g} {kind} "
+                    f"({resources}), the Ray cluster has {free.get(resource, 0.0):g} free "
+                    "besides the generation workers'"
+                    + (" and the driver's GPU" if resource == "GPU" else "")
+                )
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -153,8 +183,11 @@ class GRPORanks:
     # -- the update ----------------------------------------------------------------------------
     def update(self, batch: LMBatch, lr: float) -> dict[str, torch.Tensor]:
         """GRPO's update of the driver's model on `batch` by the M ranks; its metrics."""
-        # The ranks take the batch from the store (host tensors: the ranks train on the CPU).
-        ref = self.ray.put(batch.tensors())
+        # The ranks take the batch from the store, on the host: a rank's GPU is not the driver's.
+        tensors = batch.tensors()
+        if self.on_gpu:
+            tensors = {k: v.cpu() for k, v in tensors.items()}  # sync: the batch, once an update
+        ref = self.ray.put(tensors)
         pending = [rank.update.remote(ref, lr) for rank in self.ranks]
         try:
             metrics = self.local.update(batch, lr)

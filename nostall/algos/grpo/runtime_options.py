@@ -59,10 +59,6 @@ def _check_trainers(config) -> None:
         return
     if config.backend != "ray":
         raise ValueError("--trainers > 1 needs --backend ray (ranks 1.. are Ray actors)")
-    if config.device != "cpu":
-        raise ValueError("--trainers > 1 trains on the CPU for now: on GPUs the ranks' devices "
-                         "are Ray's to assign, and one may be the driver's (NCCL refuses two "
-                         "ranks on one GPU)")  # fmt: skip
     if config.micro_batches < 1:
         return  # (named by the micro-batch checks)
     groups = config.num_prompts // config.micro_batches

@@ -272,11 +272,13 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     if args.backend == "ray":
         # A worker's own watchdog names a hang; this bounds a worker hung whole.
         chunk_timeout = args.generation_timeout + len(rewards.functions) * args.reward_timeout
+        # With trainer ranks (NCCL peers of the driver on GPUs) no worker gets the driver's GPU.
         loop = RayLoop(slots, functools.partial(ray_generator, args, inputs), compute,
                        staleness=args.staleness, num_workers=args.num_workers,
                        address=args.ray_address, torch_threads=args.torch_threads,
                        weights=args.ray_weights, gpus_per_worker=worker_gpus(args, device),
-                       chunk_timeout_s=chunk_timeout + 60.0)  # fmt: skip
+                       chunk_timeout_s=chunk_timeout + 60.0,
+                       private_gpu=args.trainers > 1)  # fmt: skip
     elif args.backend == "process":
         loop = ProcessLoop(slots, functools.partial(build_generator, args, inputs=inputs), compute,
                            staleness=args.staleness, inflight=args.inflight_weights,

@@ -85,10 +85,13 @@ class ShardedTrainer:
 
     def __init__(self, model: torch.nn.Module, args: GRPOConfig, rank: int, world: int,
                  compute_dtype: torch.dtype, vocab: SampledVocab | None,
-                 eos_token_id: int | None, decoupled: bool):  # fmt: skip
+                 eos_token_id: int | None, decoupled: bool, device: torch.device):  # fmt: skip
         self.args, self.rank, self.world = args, rank, world
         self.vocab, self.eos_token_id, self.decoupled = vocab, eos_token_id, decoupled
-        device = torch.device(args.device)
+        if device.type == "cuda":  # (the mesh would pick rank % GPUs seen, not this one)
+            index = torch.cuda.current_device() if device.index is None else device.index
+            device = torch.device("cuda", index)
+            torch.cuda.set_device(device)
         mesh = init_device_mesh(device.type, (world,))
         master = next(model.parameters()).dtype
         mixed = MixedPrecisionPolicy(param_dtype=compute_dtype if compute_dtype != master
