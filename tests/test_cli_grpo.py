@@ -33,6 +33,8 @@ def test_short_run_writes_report_plots_logs_and_model(tmp_path):
                 "mean_version_lag"):  # fmt: skip
         assert key in report, key
     assert report["steps"] == 12 and report["syncs_per_update"] == 0
+    assert 0 <= report["update_overlap"] <= 1
+    assert "generation ran during" in (out / "report.txt").read_text()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(out / "model", local_files_only=True)

@@ -31,6 +31,8 @@ def test_short_training_run_writes_report_plots_and_logs(tmp_path):
     assert list((out / "tensorboard").iterdir())
     report = json.loads((out / "report.json").read_text())
     assert report["env_steps"] == 8192 and report["syncs_per_update"] == 0
+    assert 0 <= report["update_overlap"] <= 1
+    assert "rollout ran during" in (out / "report.txt").read_text()
 
 
 def test_appo_runs_from_the_command_line(tmp_path):

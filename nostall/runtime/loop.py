@@ -36,8 +36,8 @@ import torch
 
 from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import BoundedQueue, RuntimeStopped, SideChannel
-from nostall.runtime.rollout import Timeline
 from nostall.runtime.shared_weights import SharedWeights
+from nostall.runtime.timeline import Timeline
 from nostall.runtime.watchdog import HangError, Watchdog
 from nostall.runtime.weights import WeightBuffer
 

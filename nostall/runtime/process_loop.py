@@ -35,7 +35,7 @@ from nostall.runtime.child import POLL_S, ChildProcess, Heartbeat, run_child
 from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import RuntimeStopped
-from nostall.runtime.rollout import Timeline
+from nostall.runtime.timeline import Timeline
 
 _LOCK_TIMEOUT_S = 5.0
 

@@ -43,7 +43,7 @@ from nostall.runtime.protocol import LoopState
 from nostall.runtime.ray_losses import WorkerLoss, await_restart
 from nostall.runtime.ray_worker import Worker, copy_numpy, from_array, ray_module, to_arrays
 from nostall.runtime.reaper import Reaper, descendants
-from nostall.runtime.rollout import Timeline
+from nostall.runtime.timeline import Timeline
 from nostall.runtime.watchdog import HangError
 
 # How long workers may take to be placed, start, or save and load their state.

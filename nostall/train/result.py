@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from nostall.runtime.timeline import overlap_fraction
+
 
 @dataclass
 class Curve:
@@ -45,8 +47,16 @@ class TrainResult:
         spans = [end - start for s, start, end in self.timeline if s == side]
         return 1e3 * sum(spans) / len(spans) if spans else None
 
+    @property
+    def update_overlap(self) -> float | None:
+        """The part of the updates' time during which the rollout side worked too: what
+        staleness >= 1 buys (near 0 where the two take turns: only the publish and a checkpoint
+        after an update overlap the next chunk's start)."""
+        return overlap_fraction(self.timeline, "train", "rollout")
+
     def summary(self) -> dict:
         """report.json: the figures every algorithm reports; subclasses add their own."""
+        overlap = self.update_overlap
         return {
             "algorithm": self.algorithm,
             "seed": self.args.get("seed"),
@@ -58,11 +68,16 @@ class TrainResult:
             "dropped_chunks": self.dropped_chunks,
             "dropped_causes": self.dropped_causes,
             "peak_memory_mib": dict(self.peak_memory_mib),
+            "update_overlap": None if overlap is None else round(overlap, 3),
         }
 
     def summary_lines(self, summary: dict) -> list[str]:
         """report.txt's lines after the algorithm's own."""
         lines = []
+        overlap = summary.get("update_overlap")
+        if overlap is not None:
+            share = f"{100 * overlap:.0f}%"
+            lines.append(f"  {self.rollout_label} ran during {share} of the updates' time")
         peak = summary.get("peak_memory_mib") or {}
         if peak:
             lines.append("  peak memory: " + ", ".join(f"{k} {v} MiB" for k, v in peak.items()))

@@ -1,13 +1,15 @@
 """The timeline's figures: how much of one side's time another side was busy (the weight
-pushes' overlap with the update), against a count of unit cells, and spans timed by the wall
-clock in another process placed on this one's timeline."""
+pushes' overlap with the update, the rollout side's with the updates in every report), against
+a count of unit cells, and spans timed by the wall clock in another process placed on this
+one's timeline."""
 
 import time
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nostall.runtime.rollout import Timeline, overlap_fraction
+from nostall.runtime.timeline import Timeline, overlap_fraction
+from nostall.train.result import TrainResult
 
 
 def test_overlap_counts_each_moment_once():
@@ -43,3 +45,11 @@ def test_wall_clock_spans_land_where_the_local_clock_puts_them():
     [(side, start, end)] = timeline.spans
     assert side == "push" and abs(start - (local - timeline.origin)) < 5e-3
     assert abs(end - start - 0.5) < 1e-6
+
+
+def test_every_report_gives_the_updates_overlap_with_the_rollout_side():
+    result = TrainResult(timeline=[("train", 0.0, 1.0), ("rollout", 0.75, 2.0), ("train", 2, 3)])
+    summary = result.summary()
+    assert summary["update_overlap"] == 0.125
+    assert "rollout ran during 12% of the updates' time" in "\n".join(result.summary_lines(summary))
+    assert TrainResult().summary()["update_overlap"] is None  # no update timed

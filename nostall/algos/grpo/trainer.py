@@ -35,7 +35,7 @@ from nostall.algos.grpo.update import grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.tasks import load_reward
 from nostall.runtime.heap import frozen_heap
-from nostall.runtime.rollout import overlap_fraction
+from nostall.runtime.timeline import overlap_fraction
 from nostall.train import checkpoint, loop
 from nostall.train.loop import Clock, LogFn
 from nostall.train.outputs import write_outputs
