@@ -1,5 +1,6 @@
 """GRPO with `--trainers M` (FSDP2 ranks on Ray, nostall/algos/grpo/ranks.py), on a local
-cluster: two ranks train the one-rank run (rewards equal, weights within Adam's rounding);
+cluster: two ranks train the one-rank run (rewards equal, weights within Adam's rounding), with
+and without a KL penalty to the reference model;
 checkpoints resume at another rank count, both ways, from the k-th checkpoint; staleness 1
 trains; a rank killed mid-run ends the run within seconds, naming the rank's failure."""
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from nostall.algos import grpo
+from nostall.algos.grpo.update import METRICS
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
 
@@ -48,10 +50,29 @@ def test_two_trainer_ranks_train_the_one_rank_run(local_cluster, tmp_path):
     assert "on 2 FSDP2 ranks" in trainer.report
 
 
+def test_a_kl_penalty_to_the_reference_trains_the_one_rank_run(local_cluster):
+    """--beta: each rank's share of the reference log-probs from the reference model, sharded
+    as the policy is; every figure reported (the k3 KL among them) is the one rank's."""
+    args = grpo.GRPOConfig(**FAST, beta=0.5)
+    one, one_weights, _ = _run(args)
+    two, two_weights, _ = _run(dataclasses.replace(args, trainers=2))
+    assert two.rewards == one.rewards
+    _close(two_weights, one_weights)
+    assert two.metrics["kl"] > 0
+    # The figures logged at the last step: each rank's weighted as its loss is (its tokens'
+    # share of a token mean), so their mean is the whole batch's.
+    update = [k for k in one.metrics if k in METRICS or k.startswith("sampling/")]
+    assert len(update) == len(METRICS) + 5
+    for name in update:
+        value = one.metrics[name]
+        assert abs(two.metrics[name] - value) <= 1e-4 + 1e-3 * abs(value), name
+
+
 @pytest.mark.parametrize("saved, resumed, k", [(2, 1, 2), (1, 2, 4)])
 def test_a_checkpoint_resumes_at_another_rank_count(local_cluster, tmp_path, saved, resumed, k):
+    # (--beta: the reference model the ranks shard is the checkpoint's, not the resumed model)
     args = grpo.GRPOConfig(**FAST, trainers=saved, checkpoint=str(tmp_path / "ckpt-{step}.pt"),
-                           checkpoint_every=2)  # fmt: skip
+                           checkpoint_every=2, beta=0.5)  # fmt: skip
     full, full_weights, _ = _run(args)
     again = dataclasses.replace(args, trainers=resumed, resume=str(tmp_path / f"ckpt-{k}.pt"),
                                 checkpoint=None)  # fmt: skip
@@ -89,7 +110,6 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
         (dict(trainers=3, backend="ray"), "--trainers 3 must divide the 4 prompt groups"),
         (dict(trainers=2, backend="ray", steps_per_generation=4),
          "--trainers 2 must divide the 1 prompt groups"),
-        (dict(trainers=2, backend="ray", beta=0.1), "does not take --beta yet"),
         (dict(trainers=2, backend="ray", lora_r=4), "does not take --lora-r yet"),
         (dict(backend="ray", device="cuda", gpus_per_worker=0),
          "--gpus-per-worker must be above 0|no CUDA"),

@@ -75,7 +75,8 @@ def _trainer(args: GRPOConfig, start: dict, rank: int, world: int,
     if vocab is not None:
         vocab = SampledVocab(vocab.ids.to(device), vocab.index.to(device))
     trainer = ShardedTrainer(start["model"].to(device), args, rank, world, start["dtype"], vocab,
-                             start["eos_token_id"], start["decoupled"], device)  # fmt: skip
+                             start["eos_token_id"], start["decoupled"], device,
+                             start["reference"])  # fmt: skip
     trainer.load_optimizer_state(start["optimizer"])
     return trainer
 
@@ -86,11 +87,13 @@ class GRPORanks:
     def __init__(self, args: GRPOConfig, model: torch.nn.Module, compute: torch.nn.Module,
                  optimizer: ClippedAdam, compute_dtype: torch.dtype,
                  vocab: SampledVocab | None, eos_token_id: int | None,
-                 decoupled: bool):  # fmt: skip
+                 decoupled: bool, reference: torch.nn.Module | None = None):  # fmt: skip
+        """`reference`: --beta's reference model (the driver's, whole), sharded on the ranks."""
         if args.trainers < 2:
             raise ValueError(f"GRPORanks needs at least 2 ranks, got {args.trainers}")
         self.args, self.world = args, args.trainers
         self.model, self.compute, self.optimizer = model, compute, optimizer
+        self.reference = reference  # (a resumed run's is loaded before the ranks start)
         self.device = next(compute.parameters()).device  # rank 0's: the driver's
         self.on_gpu = self.device.type == "cuda"
         self._static = {
@@ -110,12 +113,14 @@ class GRPORanks:
     # -- lifetime ------------------------------------------------------------------------------
     def _start_state(self) -> dict:
         """What every rank starts from: the driver's model, its optimizer's state (a resumed
-        run's), the sampler's vocabulary, the run's dtype and behaviour correction."""
+        run's), the reference model (--beta), the sampler's vocabulary, the run's dtype and
+        behaviour correction."""
         vocab = self._vocab
         if vocab is not None:
             vocab = SampledVocab(vocab.ids.cpu(), vocab.index.cpu())  # sync: once, at start
+        reference = None if self.reference is None else _whole_copy(self.reference)
         return {**self._static, "model": _whole_copy(self.model), "vocab": vocab,
-                "optimizer": self._optimizer_state()}  # fmt: skip
+                "optimizer": self._optimizer_state(), "reference": reference}  # fmt: skip
 
     def _optimizer_state(self) -> dict:
         saved = self.optimizer.state_dict()["state"]

@@ -332,7 +332,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         from nostall.algos.grpo.ranks import GRPORanks
 
         ranks = GRPORanks(args, model, compute, optimizer, dtype, vocab, lm.eos_token_id,
-                          corrects)  # fmt: skip
+                          corrects, None if reference is None else reference.model)  # fmt: skip
     return_free_memory()  # (what loading, packing and copying the model freed)
     return Setup(lm, decoder, generator, loop, optimizer, vocab, group_index, reference,
                  rewards.names, dataset, compute, precision, corrects, writing,

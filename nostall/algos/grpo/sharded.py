@@ -81,11 +81,12 @@ def _reduce_op(name: str):
 class ShardedTrainer:
     """This process's rank of `world` (torch.distributed's default group joined already):
     `model` (a whole float32 or master-dtype copy, sharded in place), its optimizer, and the
-    update of its share of a batch."""
+    update of its share of a batch; `reference` (--beta's, a whole copy) is sharded too."""
 
     def __init__(self, model: torch.nn.Module, args: GRPOConfig, rank: int, world: int,
                  compute_dtype: torch.dtype, vocab: SampledVocab | None,
-                 eos_token_id: int | None, decoupled: bool, device: torch.device):  # fmt: skip
+                 eos_token_id: int | None, decoupled: bool, device: torch.device,
+                 reference: torch.nn.Module | None = None):  # fmt: skip
         self.args, self.rank, self.world = args, rank, world
         self.vocab, self.eos_token_id, self.decoupled = vocab, eos_token_id, decoupled
         if device.type == "cuda":  # (the mesh would pick rank % GPUs seen, not this one)
@@ -99,6 +100,14 @@ class ShardedTrainer:
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mixed)
         self.terms = fully_shard(PolicyTerms(model), mesh=mesh, mp_policy=mixed)
+        # --beta's reference model, frozen, sharded the same way (in the compute dtype already):
+        # each rank holds 1/M of it, and its forward gathers a layer at a time.
+        self.reference = None
+        if reference is not None:
+            reference = reference.to(device).requires_grad_(False)
+            for layer in decoder_layers(reference):
+                fully_shard(layer, mesh=mesh)
+            self.reference = fully_shard(PolicyTerms(reference), mesh=mesh)
         # The model's own parameter names (the root's "model." prefix off), in one order on
         # every rank: the collectives below go through them in it.
         self.named = [(name.removeprefix("model."), p) for name, p in self.terms.named_parameters()]
@@ -111,7 +120,8 @@ class ShardedTrainer:
         the metrics over every rank's share (means; maxima and minima of /max and /min)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        metrics = grpo_update(self.terms, self.optimizer, batch, self.args, self.vocab, None,
+        metrics = grpo_update(self.terms, self.optimizer, batch, self.args, self.vocab,
+                              self.reference,
                               self.decoupled, self.group_index, autograd=True,
                               eos_token_id=self.eos_token_id,
                               rank=(self.rank, self.world))  # fmt: skip

@@ -93,8 +93,11 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch:
     explicit = None if autograd or rank[1] > 1 else explicit_update(decoder, optimizer, reference)
     G, count = args.num_generations, args.micro_batches
     weights = [(1.0, 1.0)] * count
+    share = 1.0  # this rank's tokens over the mean rank's (the behaviour figures' weight)
     if rank[1] > 1:
         weights = rank_weights(loss_mask, count, rank, args.loss_type)
+        mask = batch.completion_mask
+        share = rank[1] * rank_rows(mask, count, rank).sum() / mask.sum().clamp(min=1)
         batch = dataclasses.replace(batch, **{name: rank_rows(t, count, rank)
                                               for name, t in batch.tensors().items()})  # fmt: skip
         advantage, loss_mask = rank_rows(advantage, count, rank), rank_rows(loss_mask, count, rank)
@@ -130,15 +133,17 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch:
             totals += torch.stack(values)
     totals /= args.updates_per_batch * count
     metrics = dict(zip(names, totals.unbind(), strict=True))
-    metrics.update(behaviour_mismatch(torch.cat(old_log_probs), batch, args.is_cap))
+    metrics.update(behaviour_mismatch(torch.cat(old_log_probs), batch, args.is_cap, share))
     return metrics
 
 
-def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float) -> dict:
+def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float,
+                       share: float | torch.Tensor = 1.0) -> dict:  # fmt: skip
     """How far generation's log-probs of the completion tokens are from the trainer's at the
     batch's first step (its proximal policy), under TRL's names: |difference| mean and max,
     and the importance ratio trainer / generation, capped (the weight the decoupled objective
-    and the engine correction apply), min, mean and max. Tensors: nothing is read here."""
+    and the engine correction apply), min, mean and max. Tensors: nothing is read here. The
+    means are weighted by `share` (a trainer rank's tokens over the mean rank's)."""
     mask = batch.completion_mask
     count = mask.sum().clamp(min=1)
     delta = trainer - batch.log_probs
@@ -146,10 +151,12 @@ def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float) -> dic
     zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
     gap = torch.where(mask, delta.abs(), zero)
     return {
-        "sampling/sampling_logp_difference/mean": gap.sum() / count,
+        "sampling/sampling_logp_difference/mean": share * gap.sum() / count,
         "sampling/sampling_logp_difference/max": gap.amax(),
         "sampling/importance_sampling_ratio/min": torch.where(mask, ratio, cap).amin(),
-        "sampling/importance_sampling_ratio/mean": torch.where(mask, ratio, zero).sum() / count,
+        "sampling/importance_sampling_ratio/mean": share
+        * torch.where(mask, ratio, zero).sum()
+        / count,
         "sampling/importance_sampling_ratio/max": torch.where(mask, ratio, zero).amax(),
     }
 
@@ -188,6 +195,10 @@ def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args,
             optimizer.zero_grad()
         (objective * scale).backward()
         optimizer.collect_gradients()  # (master weights: into their float32 sum)
+        # A rank's metrics weighted as its loss is: the ranks' mean is the whole micro-batch's.
+        loss, kl = objective, kl * loss_weight
+        clip_fraction, approx_kl = clip_fraction * token_weight, approx_kl * token_weight
+        entropy = None if entropy is None else entropy * token_weight
     if old_log_prob is None:  # the proximal policy: the weights before this update
         old_log_probs[i] = log_prob.detach()
     values = [loss.detach(), clip_fraction, approx_kl, kl.detach()]
