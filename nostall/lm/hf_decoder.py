@@ -174,8 +174,13 @@ class HFDecoder:
 
 
 def checkpointed(model: torch.nn.Module) -> HFDecoder:
-    """The model's own forward with transformers' gradient checkpointing (which acts in
-    training mode: every dropout is set to 0 so the trainer's log-probs stay the generator's)."""
+    """The model's own forward with transformers' gradient checkpointing."""
+    return HFDecoder(enable_checkpointing(model))
+
+
+def enable_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with transformers' gradient checkpointing on (which acts in training mode:
+    every dropout is set to 0 so the trainer's log-probs stay the generator's)."""
     inner = model.get_base_model() if is_peft(model) else model
     if not getattr(inner, "supports_gradient_checkpointing", False):
         raise ValueError(f"--gradient-checkpointing: {type(inner).__name__} does not support it")
@@ -188,7 +193,7 @@ def checkpointed(model: torch.nn.Module) -> HFDecoder:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    return HFDecoder(model)
+    return model
 
 
 def make_decoder(model: torch.nn.Module) -> Decoder | HFDecoder:

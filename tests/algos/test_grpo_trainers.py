@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nostall.algos import grpo
+from nostall.algos.grpo import sharded
 from nostall.algos.grpo.update import METRICS
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
@@ -66,6 +67,20 @@ def test_a_kl_penalty_to_the_reference_trains_the_one_rank_run(local_cluster):
     for name in update:
         value = one.metrics[name]
         assert abs(two.metrics[name] - value) <= 1e-4 + 1e-3 * abs(value), name
+
+
+def test_gradient_checkpointing_trains_the_one_rank_run(local_cluster, monkeypatch):
+    """--gradient-checkpointing: each layer recomputed inside its FSDP unit in the backward."""
+    args = grpo.GRPOConfig(**FAST, gradient_checkpointing=True)
+    one, one_weights, _ = _run(args)
+    enabled = []
+    enable = sharded.enable_checkpointing
+    monkeypatch.setattr(sharded, "enable_checkpointing", lambda m: enabled.append(enable(m)))
+    two, two_weights, _ = _run(dataclasses.replace(args, trainers=2))
+    assert two.rewards == one.rewards
+    _close(two_weights, one_weights)
+    [model] = enabled  # (rank 0's, in this process)
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
 
 
 @pytest.mark.parametrize("saved, resumed, k", [(2, 1, 2), (1, 2, 4)])

@@ -28,6 +28,7 @@ from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.loss import PolicyTerms
 from nostall.algos.grpo.update import grpo_update
 from nostall.lm.generation import SampledVocab
+from nostall.lm.hf_decoder import enable_checkpointing
 from nostall.lm.rollout import LMBatch
 
 # Adam's per-parameter state, as ClippedAdam's state_dict holds it.
@@ -93,6 +94,8 @@ class ShardedTrainer:
             index = torch.cuda.current_device() if device.index is None else device.index
             device = torch.device("cuda", index)
             torch.cuda.set_device(device)
+        if args.gradient_checkpointing:  # (each layer's recompute inside its FSDP unit)
+            enable_checkpointing(model)
         mesh = init_device_mesh(device.type, (world,))
         master = next(model.parameters()).dtype
         mixed = MixedPrecisionPolicy(param_dtype=compute_dtype if compute_dtype != master
