@@ -11,11 +11,12 @@ def is_peft(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
-def apply_lora(model: torch.nn.Module, r: int, alpha: float,
-               target_modules: str) -> torch.nn.Module:  # fmt: skip
+def apply_lora(model: torch.nn.Module, r: int, alpha: float, target_modules: str,
+               seed: int = 0) -> torch.nn.Module:  # fmt: skip
     """`model` with LoRA adapters of rank `r` on `target_modules` ("all-linear", or names
     comma-separated: "q_proj,v_proj"); no dropout, so the trainer's log-probs are the
-    generator's."""
+    generator's. The adapters' initial weights are drawn from `seed` alone (not from whatever
+    the process drew before), so a seed gives one run."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -26,6 +27,10 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: float,
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets,
                         task_type="CAUSAL_LM")  # fmt: skip
     try:
-        return get_peft_model(model, config)
+        # (manual_seed seeds every GPU too: the model's are forked with the host's)
+        gpus = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+        with torch.random.fork_rng(devices=gpus):
+            torch.manual_seed(seed)
+            return get_peft_model(model, config)
     except ValueError as e:  # target modules the model does not have
         raise ValueError(f"--lora-target-modules {target_modules!r}: {e}") from None

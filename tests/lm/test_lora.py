@@ -62,3 +62,18 @@ def test_a_lora_run_resumes_exactly_from_the_kth_checkpoint(tmp_path, k):
         args, resume=str(tmp_path / f"c-{k}.pt"), checkpoint=str(tmp_path / "r-{step}.pt"))
     ).train()  # fmt: skip
     assert resumed.rewards == straight.rewards
+
+
+def test_the_seed_alone_draws_the_adapters():
+    """Two builds with one seed start from one set of adapters whatever the process drew
+    between them (a model directory loads without drawing: the adapters were all it drew)."""
+
+    def adapters(seed):
+        setup = grpo.build(grpo.GRPOConfig(**FAST, seed=seed))
+        return {k: v.clone() for k, v in setup.lm.model.state_dict().items() if "lora_A" in k}
+
+    first = adapters(3)
+    torch.rand(100)
+    again, other = adapters(3), adapters(4)
+    assert first and all(torch.equal(first[k], again[k]) for k in first)
+    assert not any(torch.equal(first[k], other[k]) for k in first)

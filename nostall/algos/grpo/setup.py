@@ -96,7 +96,8 @@ def _with_lora(lm: LanguageModel, args: GRPOConfig) -> LanguageModel:
     """The model with LoRA adapters (args.lora_r > 0; none added to a model that has some)."""
     if not args.lora_r or is_peft(lm.model):
         return lm
-    model = apply_lora(lm.model, args.lora_r, args.lora_alpha, args.lora_target_modules)
+    model = apply_lora(lm.model, args.lora_r, args.lora_alpha, args.lora_target_modules,
+                       args.seed)  # fmt: skip
     return LanguageModel(model, lm.tokenizer, lm.name)
 
 
