@@ -5,7 +5,8 @@ the GPUs its node was started with, and knows nothing of the driver's. Two proce
 GPU are fine for the object store, but NCCL refuses them ("Duplicate GPU detected"). So a
 local cluster that the run starts for NCCL peers of the driver (FSDP2 trainer ranks, a weight
 broadcast) is started with the driver's GPU hidden from it, and the ranks' GPUs are compared
-by UUID before they join, which also finds a collision on a cluster the run joined."""
+by UUID before they join, which also finds a collision on a cluster the run joined. Whether
+the cluster holds the actors' CPUs and GPUs at all is checked before any is started."""
 
 from __future__ import annotations
 
@@ -72,3 +73,16 @@ def check_distinct(uuids: list[str], what: str = "rank") -> None:
                 "cluster the run starts itself leaves the driver's out)"
             )
         first[uuid] = rank
+
+
+def check_fits(have: dict[str, float], each: dict[str, float], count: int, what: str,
+               where: str = "") -> None:  # fmt: skip
+    """Raises naming the shortfall where `count` actors (`what`, counted) of `each`'s resources
+    ({"num_cpus", "num_gpus"}) need more CPUs or GPUs than `have` (Ray's names) holds: before
+    any starts, not a placement Ray waits on for ever. `where` qualifies the cluster's count."""
+    for kind, resource in (("CPUs", "CPU"), ("GPUs", "GPU")):
+        per_actor = each[f"num_{resource.lower()}s"]
+        need, held = per_actor * count, have.get(resource, 0.0)
+        if need > held:
+            raise ValueError(f"{what} x {per_actor:g} {kind} need {need:g} {kind}; "
+                             f"the Ray cluster has {held:g}{where}")  # fmt: skip

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from nostall.runtime.gpus import hidden_from_ray, physical_gpu
+from nostall.runtime.gpus import check_fits, hidden_from_ray, physical_gpu
 from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState
 from nostall.runtime.ray_losses import WorkerLoss, await_restart
@@ -147,15 +147,14 @@ class RayLoop:
             except ConnectionError as e:
                 raise RuntimeError(f"cannot reach the Ray cluster at {self._address!r}: {e}") from e
             self._started_ray = True
-        for kind, resource in (("CPUs", "CPU"), ("GPUs", "GPU")):
-            each = self._resources[f"num_{resource.lower()}s"]
-            need, have = each * self.num_workers, ray.cluster_resources().get(resource, 0.0)
-            if need > have:
-                self.close()
-                raise ValueError(
-                    f"{self.num_workers} workers x {each:g} {kind} need {need:g} "
-                    f"{kind}; the Ray cluster has {have:g}{self._besides()}"
-                )
+        hidden = self._hidden_gpu  # (NCCL needs a GPU a process)
+        besides = "" if hidden is None else f" besides the driver's GPU {hidden}"
+        try:
+            check_fits(ray.cluster_resources(), self._resources, self.num_workers,
+                       f"{self.num_workers} workers", besides)  # fmt: skip
+        except ValueError:
+            self.close()
+            raise
         worker_class = ray.remote(Worker).options(
             max_restarts=self._max_restarts, max_task_retries=0, **self._resources
         )
@@ -178,11 +177,6 @@ class RayLoop:
             self._put_weights(self._trainer_model, 0)
         self._issue()
         return self
-
-    def _besides(self) -> str:
-        if self._hidden_gpu is None:
-            return ""
-        return f" besides the driver's GPU {self._hidden_gpu} (NCCL needs a GPU a process)"
 
     def _join_collective(self) -> None:
         from nostall.runtime.collective_weights import Sender

@@ -139,7 +139,7 @@ def test_settings_the_ranks_cannot_train_are_named(settings, message):
 def test_ranks_the_cluster_cannot_hold_are_named_before_they_start(local_cluster):
     """Three ranks of one CPU each beside the worker's on three CPUs: named at once, not
     after the join's timeout."""
-    with pytest.raises(ValueError, match=r"ranks 1\.\.3 need 3 CPUs .* has 2 free"):
+    with pytest.raises(ValueError, match=r"ranks 1\.\.3 x 1 CPUs need 3 CPUs; .* has 2 free"):
         _run(grpo.GRPOConfig(**FAST, trainers=4))
 
 

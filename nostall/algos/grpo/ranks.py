@@ -24,7 +24,7 @@ from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
 from nostall.optim import ClippedAdam
 from nostall.runtime import distributed
-from nostall.runtime.gpus import check_distinct, gpu_uuid
+from nostall.runtime.gpus import check_distinct, check_fits, gpu_uuid
 
 
 def _whole_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -137,7 +137,11 @@ class GRPORanks:
 
         self.ray = ray
         resources = {"num_cpus": float(self.args.torch_threads), "num_gpus": float(self.on_gpu)}
-        self._check_resources(resources)
+        # (Free now that the workers have theirs; the driver's GPU is not the cluster's.)
+        besides = " and the driver's GPU" if self.on_gpu else ""
+        check_fits(ray.available_resources(), resources, self.world - 1,
+                   f"--trainers {self.world}: ranks 1..{self.world - 1}",
+                   f" free besides the generation workers'{besides}")  # fmt: skip
         address = f"tcp://{ray.util.get_node_ip_address()}:{distributed.free_port()}"
         start = self._start_state()
         start_ref = ray.put(start)
@@ -159,19 +163,6 @@ class GRPORanks:
             raise RuntimeError(f"--trainers {self.world}: the ranks did not start "
                                f"({self._cause(joined, e)})") from e  # fmt: skip
         return self
-
-    def _check_resources(self, resources: dict) -> None:
-        """Enough free CPUs and GPUs for ranks 1..M-1, now that the workers have theirs."""
-        free = self.ray.available_resources()
-        for kind, resource in (("CPUs", "CPU"), ("GPUs", "GPU")):
-            need = resources[f"num_{resource.lower()}s"] * (self.world - 1)
-            if need > free.get(resource, 0.0):
-                raise ValueError(
-                    f"--trainers {self.world}: ranks 1..{self.world - 1} need {need:g} {kind} "
-                    f"({resources}), the Ray cluster has {free.get(resource, 0.0):g} free "
-                    "besides the generation workers'"
-                    + (" and the driver's GPU" if resource == "GPU" else "")
-                )
 
     def __exit__(self, *exc) -> None:
         self.close()
