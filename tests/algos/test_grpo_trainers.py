@@ -69,6 +69,15 @@ def test_a_kl_penalty_to_the_reference_trains_the_one_rank_run(local_cluster):
         assert abs(two.metrics[name] - value) <= 1e-4 + 1e-3 * abs(value), name
 
 
+def test_lora_adapters_train_the_one_rank_run(local_cluster):
+    """--lora-r: the frozen base weights sharded beside the adapters, only these stepped."""
+    args = grpo.GRPOConfig(**FAST, lora_r=4)
+    one, one_weights, _ = _run(args)
+    two, two_weights, _ = _run(dataclasses.replace(args, trainers=2))
+    assert two.rewards == one.rewards
+    _close(two_weights, one_weights)
+
+
 def test_gradient_checkpointing_trains_the_one_rank_run(local_cluster, monkeypatch):
     """--gradient-checkpointing: each layer recomputed inside its FSDP unit in the backward."""
     args = grpo.GRPOConfig(**FAST, gradient_checkpointing=True)
@@ -125,7 +134,6 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
         (dict(trainers=3, backend="ray"), "--trainers 3 must divide the 4 prompt groups"),
         (dict(trainers=2, backend="ray", steps_per_generation=4),
          "--trainers 2 must divide the 1 prompt groups"),
-        (dict(trainers=2, backend="ray", lora_r=4), "does not take --lora-r yet"),
         (dict(backend="ray", device="cuda", gpus_per_worker=0),
          "--gpus-per-worker must be above 0|no CUDA"),
         (dict(backend="ray", gpus_per_worker=-1), "--gpus-per-worker must be a finite number"),

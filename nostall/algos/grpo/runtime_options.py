@@ -66,9 +66,6 @@ def _check_trainers(config) -> None:
         raise ValueError(f"--trainers {config.trainers} must divide the {groups} prompt groups "
                          "of a micro-batch (each rank trains on whole groups): change "
                          "--num-prompts or --steps-per-generation")  # fmt: skip
-    if config.lora_r > 0:
-        raise ValueError("--trainers > 1 does not take --lora-r yet (the ranks shard the "
-                         "policy model alone, without adapters)")  # fmt: skip
 
 
 def _check_generator(config) -> None:
