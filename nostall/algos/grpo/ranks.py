@@ -191,11 +191,10 @@ class GRPORanks:
         except BaseException as e:
             raise RuntimeError(f"a trainer rank failed: {self._cause(pending, e)}") from e
         with torch.no_grad():  # the whole weights into the model generation and saving read
-            for name, param in self.model.named_parameters():
-                param.copy_(whole[name])
-            if self.compute is not self.model:
-                for name, param in self.compute.named_parameters():
-                    param.copy_(whole[name])
+            for model in {id(m): m for m in (self.model, self.compute)}.values():
+                params = dict(model.named_parameters())
+                for name, value in whole.items():  # (the trained ones: LoRA's adapters alone)
+                    params[name].copy_(value)
         self._wait(pending)
         return metrics
 

@@ -136,9 +136,10 @@ class ShardedTrainer:
         return reduced
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Every parameter whole (an all-gather each: every rank calls it), by name."""
+        """Every trained parameter whole (an all-gather each: every rank calls it), by name;
+        frozen ones (LoRA's base weights) never change, so are not gathered."""
         with torch.no_grad():
-            return {name: p.full_tensor() for name, p in self.named}
+            return {name: p.full_tensor() for name, p in self.named if p.requires_grad}
 
     def full_optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Adam's state of every parameter, whole (every rank calls it), by name; empty before
