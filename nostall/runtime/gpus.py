@@ -62,15 +62,15 @@ def gpu_uuid(device: torch.device) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
 
 
-def check_distinct(uuids: list[str], what: str = "rank") -> None:
+def check_distinct(uuids: list[str]) -> None:
     """Raises naming the first two of `uuids` (one a process, by rank) that are one GPU."""
     first: dict[str, int] = {}
     for rank, uuid in enumerate(uuids):
         if uuid in first:
             raise RuntimeError(
-                f"{what}s {first[uuid]} and {rank} are on one GPU ({uuid}): NCCL needs a GPU "
-                f"a {what}. Give the Ray cluster a GPU for each besides the driver's (a "
-                "cluster the run starts itself leaves the driver's out)"
+                f"ranks {first[uuid]} and {rank} are on one GPU ({uuid}): NCCL needs a GPU a "
+                "rank. Give the Ray cluster a GPU for each besides the driver's (a cluster the "
+                "run starts itself leaves the driver's out)"
             )
         first[uuid] = rank
 

@@ -106,6 +106,9 @@ class GRPORanks:
         self._vocab = vocab
         names = {id(p): name for name, p in model.named_parameters()}
         self.names = [names[id(p)] for p in optimizer.parameters_in_order]
+        # Where each update's gathered weights go: the model and, with bf16 compute, its copy.
+        self._targets = [dict(m.named_parameters())
+                         for m in ((model,) if compute is model else (model, compute))]  # fmt: skip
         self.ray = None
         self.ranks: list = []
         self.local: ShardedTrainer | None = None
@@ -191,8 +194,7 @@ class GRPORanks:
         except BaseException as e:
             raise RuntimeError(f"a trainer rank failed: {self._cause(pending, e)}") from e
         with torch.no_grad():  # the whole weights into the model generation and saving read
-            for model in {id(m): m for m in (self.model, self.compute)}.values():
-                params = dict(model.named_parameters())
+            for params in self._targets:
                 for name, value in whole.items():  # (the trained ones: LoRA's adapters alone)
                     params[name].copy_(value)
         self._wait(pending)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from nostall.runtime.timeline import overlap_fraction
 from nostall.train.result import Curve, TrainResult, rounded
 
 
@@ -28,8 +29,6 @@ class GRPOResult(TrainResult):
     weight_swaps: int = 0  # in-flight weight swaps the generator made
     weight_pushes: int = 0  # weights pushed into a vLLM engine (--generator vllm)
     weight_push_ms: float | None = None  # the time of one push, on average
-    # The part of the pushes' time during which the trainer was updating (None: no push timed).
-    weight_push_overlap: float | None = None
     reward_functions: list[str] = field(default_factory=list)
     dataset: str = ""  # what the prompts came from
     compute_dtype: str = "float32"  # the update's and generation's arithmetic (--dtype)
@@ -38,6 +37,12 @@ class GRPOResult(TrainResult):
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def weight_push_overlap(self) -> float | None:
+        """The part of the vLLM weight pushes' time during which the trainer was updating
+        (None: no push timed)."""
+        return overlap_fraction(self.timeline, "push", "train")
 
     def note_target(self, target: float, window: int = 10) -> None:
         """Sets steps_to_target / time_to_target_s at the first step whose mean reward over

@@ -35,7 +35,6 @@ from nostall.algos.grpo.update import grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.tasks import load_reward
 from nostall.runtime.heap import frozen_heap
-from nostall.runtime.timeline import overlap_fraction
 from nostall.train import checkpoint, loop
 from nostall.train.loop import Clock, LogFn
 from nostall.train.outputs import write_outputs
@@ -204,7 +203,6 @@ class GRPOTrainer:
         result.weight_swaps = stats.get("swaps", 0)
         result.weight_pushes = stats.get("weight_pushes", 0)
         result.weight_push_ms = stats.get("weight_push_ms")
-        result.weight_push_overlap = overlap_fraction(result.timeline, "push", "train")
         result.generation_ms = result.side_ms("rollout")
         result.update_ms = result.side_ms("train")
         return result

@@ -150,14 +150,13 @@ def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float,
     ratio = delta.exp().clamp(max=cap)
     zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
     gap = torch.where(mask, delta.abs(), zero)
+    masked_ratio = torch.where(mask, ratio, zero)
     return {
         "sampling/sampling_logp_difference/mean": share * gap.sum() / count,
         "sampling/sampling_logp_difference/max": gap.amax(),
         "sampling/importance_sampling_ratio/min": torch.where(mask, ratio, cap).amin(),
-        "sampling/importance_sampling_ratio/mean": share
-        * torch.where(mask, ratio, zero).sum()
-        / count,
-        "sampling/importance_sampling_ratio/max": torch.where(mask, ratio, zero).amax(),
+        "sampling/importance_sampling_ratio/mean": share * masked_ratio.sum() / count,
+        "sampling/importance_sampling_ratio/max": masked_ratio.amax(),
     }
 
 
