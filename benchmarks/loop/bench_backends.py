@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
 import time
 import warnings
@@ -79,11 +78,7 @@ def ppo_speed(backend: str, workers: int, steps: int, native: bool) -> tuple[flo
     args = appo.APPOConfig(backend=backend, num_workers=workers, total_timesteps=steps,
                      native_rollout=native, watch_syncs=False, log_interval=1)  # fmt: skip
     result = appo.train(args)
-    spans = {"rollout": [], "train": []}
-    for side, start, end in result.timeline:
-        spans[side].append(1e3 * (end - start))
-    return (result.steady_steps_per_second, statistics.mean(spans["rollout"]),
-            statistics.mean(spans["train"]))  # fmt: skip
+    return result.steady_steps_per_second, result.side_ms("rollout"), result.side_ms("train")
 
 
 def main() -> None:

@@ -39,11 +39,14 @@ def main() -> None:
             native_rollout=cli.rollout == "native",
         )  # fmt: skip
         result = module.train(args)
+        timeline = result.timeline
+        if timeline.recorded > len(timeline.spans):
+            raise SystemExit(f"--iterations {cli.iterations}: more spans than the timeline keeps")
         spans: dict[str, list[float]] = {}
-        for side, start, end in result.timeline[2 * WARM_UP :]:
+        for side, start, end in timeline.spans[2 * WARM_UP :]:
             spans.setdefault(side, []).append((end - start) * 1e3)
         medians = ", ".join(f"{k} {statistics.median(v):.1f} ms" for k, v in sorted(spans.items()))
-        sps = steady_steps_per_second(result.timeline, args.batch_size)
+        sps = steady_steps_per_second(timeline.spans, args.batch_size)
         ratio = f"  ({sps / sync_sps:.2f}x synchronous)" if sync_sps else ""
         sync_sps = sync_sps or sps
         print(f"{module.__name__} ({backend}), {cli.rollout} rollout, {cli.update_epochs} epochs: "

@@ -1,7 +1,6 @@
 """RolloutLoop's interface with the rollout side on Ray: K worker actors, each building its
 side from a picklable recipe (`make_side(worker)`, as ProcessLoop's child does) and filling
-slots that reach the trainer through Ray's object store. Any fill runs on it: environment
-rollouts (RayRuntime) or a language model's generation (GRPO).
+slots (environment rollouts, or GRPO's generation) that reach the trainer through Ray's store.
 
 A side is a callable `side(slot)` that fills one slot, with `side.model` (the policy copy that
 published weights are loaded into), `side.state_dict()` / `side.load_state_dict()` (its
@@ -32,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -116,7 +116,7 @@ class RayLoop:
         self.loss = WorkerLoss()
         self.version = 0  # updates the trainer has published
         self.requested = 0  # requests made so far, over all workers: the next one's index
-        self.trained: list[tuple[int, int]] = []  # (worker, seq) of every slot handed over
+        self.trained: deque[tuple[int, int]] = deque(maxlen=10_000)  # the last (worker, seq)
         self._stats: dict = {}
         self._weights_ref = None  # the newest published version, put once
         self._weights_version, self._dtypes = 0, {}

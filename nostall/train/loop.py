@@ -107,7 +107,7 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
             hooks.interrupted()
             raise
         result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
-        result.timeline = list(runtime.timeline.spans)
+        result.timeline = runtime.timeline
         loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
         if loss is not None:
             result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)

@@ -64,12 +64,11 @@ def plot_learning_curve(result: TrainResult, path: Path, title: str) -> None:
     curve = result.learning_curve()
     fig, ax = figure((7, 4))
     if curve.x:
-        ax.plot(curve.x, curve.y, alpha=0.3 if curve.smooth else 1.0, label=curve.label)
+        x, y = downsampled(curve.x, curve.y)
+        ax.plot(x, y, alpha=0.3 if curve.smooth else 1.0, label=curve.label)
         if curve.smooth:
             n = curve.smooth
-            recent = [curve.y[max(0, i - n + 1) : i + 1] for i in range(len(curve.y))]
-            window = [sum(r) / len(r) for r in recent]
-            ax.plot(curve.x, window, label=f"mean of the last {n}")
+            ax.plot(*downsampled(curve.x, running_mean(curve.y, n)), label=f"mean of the last {n}")
         if curve.target is not None:
             ax.axhline(curve.target, color="gray", linestyle="--", linewidth=1, label="target")
     ax.set_xlabel(curve.xlabel)
@@ -81,10 +80,33 @@ def plot_learning_curve(result: TrainResult, path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+# Points a curve is drawn with at most: a 200,000-step run's per-step rewards drawn as they are
+# take seconds and look no different at the figure's width.
+CURVE_POINTS = 2000
+
+
+def running_mean(y: list[float], n: int) -> list[float]:
+    """The mean of each point and the n - 1 before it (fewer at the start), in one pass."""
+    sums = [0.0]
+    for value in y:
+        sums.append(sums[-1] + value)
+    return [(sums[i + 1] - sums[max(0, i - n + 1)]) / min(n, i + 1) for i in range(len(y))]
+
+
+def downsampled(x: list[float], y: list[float], points: int = CURVE_POINTS):
+    """At most `points` points: consecutive runs of equal length averaged (x and y alike)."""
+    if len(x) <= points:
+        return list(x), list(y)
+    size = -(-len(x) // points)
+    runs = range(0, len(x), size)
+    return ([sum(x[i : i + size]) / len(x[i : i + size]) for i in runs],
+            [sum(y[i : i + size]) / len(y[i : i + size]) for i in runs])  # fmt: skip
+
+
 def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float = 2.0,
                   rollout_label: str = "rollout") -> None:  # fmt: skip
     """`window_s` seconds after warm-up (the 12th span on): when each side was busy."""
-    spans = result.timeline
+    spans = result.timeline.spans  # the run's first spans: the window lies among them
     fig, ax = figure((9, 2.6))
     if spans:
         origin = spans[min(len(spans) - 1, 12)][1]  # past warm-up and the watched steps

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from nostall.runtime.timeline import overlap_fraction
+from nostall.runtime.timeline import Timeline
 
 
 @dataclass
@@ -35,24 +35,29 @@ class TrainResult:
     seconds: float = 0.0  # the run's wall time (a resumed run's own, not the earlier part's)
     syncs_per_update: float | None = None  # unintended trainer-side syncs, watched updates
     sync_sites: list[str] = field(default_factory=list)
-    timeline: list[tuple[str, float, float]] = field(default_factory=list)  # (side, start, end)
+    # When each side worked: running figures over the run and its first spans, for the plot
+    # (a list of (side, start, end) spans is taken too, and made one).
+    timeline: Timeline = field(default_factory=Timeline)
     metrics: dict[str, float] = field(default_factory=dict)  # the last logged values
     dropped_chunks: int = 0  # chunks lost with a rollout worker (Ray), never trained on
     dropped_causes: list[str] = field(default_factory=list)
     # Peak memory in MiB: "host" (this process's resident set), "device" (on a GPU).
     peak_memory_mib: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self):
+        if not isinstance(self.timeline, Timeline):
+            self.timeline = Timeline.of(self.timeline)
+
     def side_ms(self, side: str) -> float | None:
         """The mean span of one side's work ("rollout" or "train") in milliseconds."""
-        spans = [end - start for s, start, end in self.timeline if s == side]
-        return 1e3 * sum(spans) / len(spans) if spans else None
+        return self.timeline.mean_ms(side)
 
     @property
     def update_overlap(self) -> float | None:
         """The part of the updates' time during which the rollout side worked too: what
         staleness >= 1 buys (near 0 where the two take turns: only the publish and a checkpoint
         after an update overlap the next chunk's start)."""
-        return overlap_fraction(self.timeline, "train", "rollout")
+        return self.timeline.overlap("train", "rollout")
 
     def summary(self) -> dict:
         """report.json: the figures every algorithm reports; subclasses add their own."""
@@ -69,6 +74,8 @@ class TrainResult:
             "dropped_causes": self.dropped_causes,
             "peak_memory_mib": dict(self.peak_memory_mib),
             "update_overlap": None if overlap is None else round(overlap, 3),
+            # Time of spans too long for the overlap's folding, left out of it (0 in practice).
+            "timeline_late_s": round(self.timeline.late_s, 3),
         }
 
     def summary_lines(self, summary: dict) -> list[str]:
@@ -78,6 +85,9 @@ class TrainResult:
         if overlap is not None:
             share = f"{100 * overlap:.0f}%"
             lines.append(f"  {self.rollout_label} ran during {share} of the updates' time")
+        if summary.get("timeline_late_s"):
+            lines.append(f"  {summary['timeline_late_s']} s of spans began too far back to be "
+                         f"counted in the overlap")  # fmt: skip
         peak = summary.get("peak_memory_mib") or {}
         if peak:
             lines.append("  peak memory: " + ", ".join(f"{k} {v} MiB" for k, v in peak.items()))

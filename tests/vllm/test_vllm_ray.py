@@ -26,7 +26,7 @@ def test_broadcast_weights_train_the_run_the_object_store_trains(local_cluster, 
                      result.weight_pushes))  # fmt: skip
         # The worker's pushes, timed by its wall clock, on the driver's timeline: at staleness
         # 0 each lies between updates.
-        assert sum(side == "push" for side, _, _ in result.timeline) == 4
+        assert sum(side == "push" for side, _, _ in result.timeline.spans) == 4
         assert result.weight_push_overlap == 0.0
     (store_rewards, store_weights, pushes), (rewards, weights, _) = runs
     assert rewards == store_rewards

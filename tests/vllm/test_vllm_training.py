@@ -80,8 +80,8 @@ def test_each_batch_is_generated_by_the_weights_it_is_tagged_with(model_dir):
     assert len(gaps) == 30 and max(gaps) < 1e-5, gaps
     assert sum(lags) > 20  # generation did run a version behind
     # Every push the engine made is on the timeline, inside its batch's generation span.
-    pushes = [(s, e) for side, s, e in result.timeline if side == "push"]
-    generation = [(s, e) for side, s, e in result.timeline if side == "rollout"]
+    pushes = [(s, e) for side, s, e in result.timeline.spans if side == "push"]
+    generation = [(s, e) for side, s, e in result.timeline.spans if side == "rollout"]
     assert len(pushes) == result.weight_pushes
     assert all(any(a - 1e-3 <= s and e <= b + 1e-3 for a, b in generation) for s, e in pushes)
     assert 0.0 <= result.weight_push_overlap <= 1.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from nostall.runtime.timeline import overlap_fraction
 from nostall.train.result import Curve, TrainResult, rounded
 
 
@@ -42,7 +41,7 @@ class GRPOResult(TrainResult):
     def weight_push_overlap(self) -> float | None:
         """The part of the vLLM weight pushes' time during which the trainer was updating
         (None: no push timed)."""
-        return overlap_fraction(self.timeline, "push", "train")
+        return self.timeline.overlap("push", "train")
 
     def note_target(self, target: float, window: int = 10) -> None:
         """Sets steps_to_target / time_to_target_s at the first step whose mean reward over

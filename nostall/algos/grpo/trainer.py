@@ -75,8 +75,9 @@ class GRPOTrainer:
             self.result.find_target(args.target_reward)
             steps = self.result.step_times
             self._offset = steps[-1] if steps else 0.0
-        self._lags: list[int] = []
-        self._token_lags: list[float] = []
+        # Running sums (count, version lags, per-token version lags): a run keeps nothing per
+        # step for its mean lags.
+        self._lag_sums = [0, 0.0, 0.0]
         self._new_tokens = 0
         self._stats: dict[str, list[float]] = {}  # TRL's batch figures since the last log
         self.result.reward_functions = list(self.setup.reward_names)
@@ -137,8 +138,10 @@ class GRPOTrainer:
                            eos_token_id=setup.lm.eos_token_id, writing=setup.writing)  # fmt: skip
 
     def record(self, batch, lag: int, logging: bool) -> None:
-        self._lags.append(lag)
-        self._token_lags.append(batch.mean_token_lag(self.runtime.version))
+        sums = self._lag_sums
+        sums[0] += 1
+        sums[1] += lag
+        sums[2] += batch.mean_token_lag(self.runtime.version)
         self.result.rewards.append(batch.reward_mean)  # (host values: no sync)
         self.result.tokens += batch.tokens
         self._new_tokens += batch.tokens
@@ -197,9 +200,9 @@ class GRPOTrainer:
         stats = self.runtime.stats  # the generation side's figures
         result.syncs_per_decode_step = stats.get("syncs_per_decode_step")
         result.sync_sites += stats.get("sync_sites", [])
-        lags, token_lags = self._lags, self._token_lags
-        result.mean_lag = sum(lags) / len(lags) if lags else None
-        result.mean_token_lag = sum(token_lags) / len(token_lags) if token_lags else None
+        count, lags, token_lags = self._lag_sums
+        result.mean_lag = lags / count if count else None
+        result.mean_token_lag = token_lags / count if count else None
         result.weight_swaps = stats.get("swaps", 0)
         result.weight_pushes = stats.get("weight_pushes", 0)
         result.weight_push_ms = stats.get("weight_push_ms")
