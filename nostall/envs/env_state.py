@@ -15,6 +15,7 @@ checkpoint cannot hold: `EnvStateError` names it. An environment may instead giv
 from __future__ import annotations
 
 import collections
+import inspect
 import types
 
 import gymnasium as gym
@@ -30,6 +31,9 @@ _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 # NumPy dtypes a tensor can carry (the array travels as one).
 _ARRAY_DTYPES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32",
                  "float64", "complex64", "complex128"}  # fmt: skip
+
+
+_ABSENT = object()
 
 
 class EnvStateError(ValueError):
@@ -128,18 +132,60 @@ def env_state(env: gym.Env, name: str) -> list[dict]:
 
 
 def load_env_state(env: gym.Env, states: list[dict], name: str) -> None:
-    """Restores `env_state`'s data into a freshly made environment of the same chain."""
+    """Restores `env_state`'s data into a freshly made (and reset) environment of the same
+    chain; EnvStateError for an attribute it does not hold as data, or a value of another kind
+    than its own."""
     links = _chain(env)
     classes = [type(link).__qualname__ for link in links]
     saved = [s.get("class") for s in states] if isinstance(states, list) else None
     if saved != classes:
         raise EnvStateError(f"{name}: the checkpoint's environment is {saved}, this one "
                             f"{classes}")  # fmt: skip
-    for link, state in zip(links, states, strict=True):
-        if "own" in state:
-            link.load_state_dict(_decode(state["own"]))
-            continue
-        for attr, value in state["attributes"].items():
-            if attr in STRUCTURE or not attr.isidentifier() or attr.startswith("__"):
-                raise EnvStateError(f"{name}: the checkpoint sets {attr!r} of {state['class']}")
-            setattr(link, attr, _decode(value))
+    # Every value checked before any is set: a refused checkpoint leaves the environment as
+    # it was.
+    restored = [
+        (link, _checked(link, state, name)) for link, state in zip(links, states, strict=True)
+    ]
+    for link, values in restored:
+        if isinstance(values, dict):
+            for attr, value in values.items():
+                setattr(link, attr, value)
+        else:
+            link.load_state_dict(values[0])
+
+
+def _checked(link, state: dict, name: str) -> dict | tuple:
+    """A link's attributes to set ({name: value}), or (its own state,) for `load_state_dict`.
+    Only the data attributes the environment has (made and reset: its own, or its class's
+    default), each with a value of its kind: a checkpoint restores state, it does not add or
+    replace behaviour."""
+    if "own" in state:
+        return (_decode(state["own"]),)
+    values = {}
+    for attr, value in state["attributes"].items():
+        current = inspect.getattr_static(link, attr, _ABSENT)
+        if attr in STRUCTURE or current is _ABSENT or attr.startswith("__"):
+            raise EnvStateError(f"{name}: the checkpoint sets {attr!r} of {state['class']}, "
+                                f"which the environment does not hold as data")  # fmt: skip
+        decoded = _decode(value)
+        if not _same_kind(current, decoded):
+            raise EnvStateError(
+                f"{name}: the checkpoint sets {state['class']}.{attr} to a "
+                f"{type(decoded).__name__}, where the environment holds a "
+                f"{type(current).__name__}"
+            )
+        values[attr] = decoded
+    return values
+
+
+def _same_kind(current, value) -> bool:
+    """Whether a restored value may replace an attribute's: None on either side (set on reset,
+    or cleared), numbers for numbers, else the same type (a NumPy scalar as its Python kind)."""
+    if current is None or value is None:
+        return True
+    if callable(current) or isinstance(current, (*_STRUCTURE_TYPES, property, staticmethod)):
+        return False
+    number = (int, float, np.number, np.bool_)
+    if isinstance(current, number) and isinstance(value, number):
+        return not (isinstance(current, str) or isinstance(value, str))
+    return isinstance(value, type(current)) or isinstance(current, type(value))

@@ -9,7 +9,6 @@ side is unchanged."""
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from nostall.envs.frame_stack import StackFrames
 from nostall.envs.layout import slot_layout
 from nostall.envs.registry import ENVS
 from nostall.envs.vector import EnvStep
+from nostall.user_code import import_user_module
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def _env_factory(env_id: str) -> Callable[[], gym.Env]:
     if ":" in env_id and env_id not in gym.registry:
         module_name, _, class_name = env_id.partition(":")
         try:
-            module = importlib.import_module(module_name)
+            module = import_user_module(module_name)
         except ImportError as e:
             raise ValueError(f"environment {env_id!r}: cannot import {module_name!r} ({e})") from e
         env_class = getattr(module, class_name, None)
@@ -164,6 +164,9 @@ class GymnasiumVectorEnv:
                              "which this nostall does not load (it could run code): resume "
                              "from a checkpoint this version wrote")  # fmt: skip
         for env, saved in zip(self.envs.envs, state["envs"], strict=True):
+            # Reset once first, so that what an environment sets on reset exists to be
+            # restored into: a checkpoint sets no attribute the environment never has.
+            env.reset(seed=0)
             load_env_state(env, saved, self.info.id)
         # sync: none, the checkpoint's host tensor
         self.envs._autoreset_envs = state["autoreset"].numpy().astype(bool, copy=True)
