@@ -20,13 +20,14 @@ import argparse
 import contextlib
 import importlib
 import json
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from nostall import files
 from nostall.config_flags import add_flags, config_from
+from nostall.user_code import working_directory_last
 
 EXIT_SCRIPT_FAILED, EXIT_USAGE, EXIT_SYNC_FOUND = 1, 2, 3
 
@@ -81,6 +82,9 @@ def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
             sub.add_argument("--env", dest="env_id", help="alias of --env-id")
         sub.add_argument("--out", dest="output_dir", default=argparse.SUPPRESS,
                          help="alias of --output-dir")  # fmt: skip
+        sub.add_argument("--overwrite", action="store_true",
+                         help="write into an output folder that holds a previous run (refused "
+                              "otherwise, unless resuming)")  # fmt: skip
         sub.add_argument("--no-progress", action="store_true",
                          help="no progress bar (the TensorBoard logs are written all the "
                               "same)")  # fmt: skip
@@ -96,6 +100,9 @@ def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
         "--sample", action="store_true", help="sample actions as in training (default: argmax)"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default: 0)")
+    evaluate.add_argument("--env", default=None,
+                          help="the environment to act in (default: the one the policy file "
+                               "names, if registered; a module:Class only from here)")  # fmt: skip
     evaluate.add_argument("--record", default=None, help="write one episode to this .gif/.mp4")
     evaluate.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -238,16 +245,23 @@ def _trace(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from nostall.train.checkpoint import CheckpointError
-    from nostall.train.outputs import Progress
+    from nostall.train.outputs import Progress, previous_run
 
-    # "module:function" (a reward, an environment class) is imported as `python -m` would: the
-    # working directory first (a console script does not put it on the path).
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # "module:function" (a reward, an environment class) is found in the working directory
+    # too, after every installed module (nostall.user_code).
+    working_directory_last()
     config_class, trainer_class = _trainer(args.algorithm)
     config = config_from(args, config_class)
-    if config.output_dir is None:
+    if config.output_dir is None:  # the first of runs/NAME, runs/NAME-2, ... free of a run
         config.output_dir = f"runs/{args.algorithm}-{config.run_name}"
+        if not (config.resume or args.overwrite):
+            config.output_dir = _free_folder(config.output_dir, previous_run)
+    earlier = previous_run(config.output_dir)
+    if earlier and not (config.resume or args.overwrite):
+        print(f"nostall train {args.algorithm}: output folder {config.output_dir} holds a "
+              f"previous run ({', '.join(earlier)}); give another --out, --resume one of its "
+              "checkpoints, or --overwrite to replace it", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     try:
         trainer = trainer_class(args=config)  # every argument checked, the run built
     except ValueError as e:  # a bad argument, an unknown environment, a bad checkpoint
@@ -263,7 +277,7 @@ def _train(args: argparse.Namespace) -> int:
     except CheckpointError as e:
         print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as e:  # a checkpoint that cannot be written (a full disk, say)
+    except (OSError, FloatingPointError) as e:  # a checkpoint not written: a full disk, NaN
         print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
         return EXIT_SCRIPT_FAILED
     finally:
@@ -273,12 +287,26 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _free_folder(folder: str, previous_run) -> str:
+    """`folder`, or the first `folder-N` (N = 2, 3, ...) that holds no earlier run; says which
+    when it is not `folder`."""
+    candidate, n = folder, 1
+    while previous_run(candidate):
+        n += 1
+        candidate = f"{folder}-{n}"
+    if candidate != folder:
+        print(f"nostall: {folder} holds a previous run; this one writes to {candidate}",
+              file=sys.stderr)  # fmt: skip
+    return candidate
+
+
 def _eval(args: argparse.Namespace) -> int:
     from nostall.algos.ppo.evaluate import evaluate, format_eval, record
     from nostall.algos.ppo.policy import load_policy
 
     try:
-        policy = load_policy(args.run, deterministic=not args.sample, seed=args.seed)
+        policy = load_policy(args.run, deterministic=not args.sample, seed=args.seed,
+                             env_id=args.env)  # fmt: skip
         summary = evaluate(policy, args.episodes, seed=args.seed)
         if args.record:
             frames = record(policy, args.record, seed=args.seed)
@@ -288,7 +316,7 @@ def _eval(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     run = Path(args.run)
     if run.is_dir():
-        (run / "eval.json").write_text(json.dumps(summary, indent=2))
+        files.write_text(run / "eval.json", json.dumps(summary, indent=2))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -21,7 +21,6 @@ positions that match the answer, over the longer of completion and answer):
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import numbers
@@ -30,6 +29,8 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nostall.user_code import import_user_module
 
 RewardFn = Callable[..., list[float]]
 
@@ -194,11 +195,20 @@ def is_conversation(prompt) -> bool:
     ) and len(prompt) > 0  # fmt: skip
 
 
+# The reward functions' own arguments: a column of one of these names would reach them twice.
+REWARD_ARGUMENTS = ("prompts", "completions")
+
+
 def _checked(rows: list[dict], where: str) -> PromptSource:
     if not rows:
         raise ValueError(f"dataset {where!r} holds no rows")
     kinds = set()
     for number, row in enumerate(rows, 1):
+        taken = [name for name in REWARD_ARGUMENTS if name in row]
+        if taken:
+            raise ValueError(f"dataset {where}, row {number}: a column named {taken[0]!r} "
+                             f"would collide with the reward functions' argument "
+                             f"{taken[0]!r}; rename the column")  # fmt: skip
         prompt = row.get("prompt")
         if isinstance(prompt, str):
             kinds.add("text")
@@ -278,10 +288,10 @@ def load_reward(spec: str) -> RewardFn:
     if not sep or not module_name or not attr:
         raise ValueError(f"reward {spec!r} must be given as module:function")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ImportError as e:
-        raise ValueError(f"reward {spec!r}: cannot import {module_name!r} ({e}; looked in the "
-                         f"working directory and on sys.path)") from None  # fmt: skip
+        where = "looked among the installed modules, then in the working directory"
+        raise ValueError(f"reward {spec!r}: cannot import {module_name!r} ({e}; {where})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"reward {spec!r}: {module_name} has no function {attr!r}")

@@ -23,7 +23,7 @@ The guarantees of the local transports, across all workers:
   (worker 0's at the top level, every worker's under "workers"), so a one-worker checkpoint
   resumes on any transport and any checkpoint resumes exactly here;
 - **clean exits**: too few CPUs is an error at once; a run that started its own local cluster
-  leaves no Ray process behind however it ends (reaper.py).
+  leaves no Ray process behind however it ends, and kills none it did not start (reaper.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState
 from nostall.runtime.ray_losses import WorkerLoss, await_restart
 from nostall.runtime.ray_worker import Worker, copy_numpy, from_array, ray_module, to_arrays
-from nostall.runtime.reaper import Reaper, descendants
+from nostall.runtime.reaper import Reaper, children, descendants
 from nostall.runtime.timeline import Timeline
 from nostall.runtime.watchdog import HangError
 
@@ -111,8 +111,7 @@ class RayLoop:
         self._sender = None  # with weights="collective": collective_weights.Sender
         self._published: dict[str, torch.Tensor] | None = None  # its newest, for checkpoints
         self._resources = {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker}
-        self._free = list(range(len(slots)))
-        self.timeline = Timeline()
+        self._free, self.timeline = list(range(len(slots))), Timeline()
         self.loss = WorkerLoss()
         self.version = 0  # updates the trainer has published
         self.requested = 0  # requests made so far, over all workers: the next one's index
@@ -129,7 +128,7 @@ class RayLoop:
         self._held = False  # inside boundary(): no request is made
         self._resume: dict | None = None  # a checkpoint's state, applied at start
         self.limit: int | None = None  # chunks the trainer will take in all (expect)
-        self._started_ray = False
+        self._started_ray, self._spared = False, set()  # (the user's processes: never reaped)
         self._reaper: Reaper | None = None
         self.workers: list = []
 
@@ -140,6 +139,7 @@ class RayLoop:
             _probe(self._address)  # Ray itself retries an unreachable address for ever
             if self._private_gpu and self._address is None:
                 self._hidden_gpu = physical_gpu(next(self._trainer_model.parameters()).device)
+            self._spared = children(os.getpid())
             try:
                 with hidden_from_ray(self._hidden_gpu):
                     ray.init(address=self._address, include_dashboard=False,
@@ -165,9 +165,9 @@ class RayLoop:
         # Every worker placed and built before the run's clock: a failure now, with its cause.
         self._wait_all([w.ready.remote() for w in self.workers], "start")
         if self._started_ray:
-            # The local cluster's processes (the raylet's agents outlive a killed driver, and
-            # all exist once the workers do): killed by a watchdog whenever this process exits.
-            self._reaper = Reaper(descendants(os.getpid()))
+            # The local cluster's processes (its agents outlive a killed driver; all exist once
+            # the workers do), not the user's: killed by a watchdog whenever this one exits.
+            self._reaper = Reaper(descendants(os.getpid(), self._spared))
         if self._collective:
             self._join_collective()
         if self._resume is not None:

@@ -3,7 +3,9 @@ run is killed: a local Ray cluster's agents are children of its raylet, re-paren
 when the driver is SIGKILLed, and live on. The watchdog is a small process of its own holding
 the read end of a pipe; when the driver exits, however it exits, the pipe closes and the
 watchdog kills the processes it was told about (each checked by its start time, so a reused
-pid is never killed)."""
+pid is never killed). It is told only of what the run started: the driver's children from
+before the run (a user's TensorBoard, DataLoader workers, a notebook's helpers) and theirs are
+spared."""
 
 from __future__ import annotations
 
@@ -35,21 +37,33 @@ def _stat(pid: int) -> tuple[int, str] | None:
     return int(fields[1]), fields[19]
 
 
-def descendants(root: int) -> list[tuple[int, str]]:
-    """(pid, start time) of every live descendant of `root` (Linux /proc; [] elsewhere)."""
+def children(pid: int) -> set[tuple[int, str]]:
+    """(pid, start time) of `pid`'s live children: taken before a run starts its processes,
+    they are what the run must leave alone."""
+    return {(child, start) for child, start in descendants(pid, depth=1)}
+
+
+def descendants(root: int, spare: set[tuple[int, str]] = frozenset(),
+                depth: int | None = None) -> list[tuple[int, str]]:  # fmt: skip
+    """(pid, start time) of every live descendant of `root` (Linux /proc; [] elsewhere) but
+    those in `spare` and theirs; with `depth`, only that many generations down."""
     if not Path("/proc").is_dir():
         return []
-    children: dict[int, list[int]] = {}
+    below: dict[int, list[int]] = {}
     starts: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            children.setdefault(stat[0], []).append(int(entry))
+            below.setdefault(stat[0], []).append(int(entry))
             starts[int(entry)] = stat[1]
-    found, stack = [], [root]
+    found, stack = [], [(root, 0)]
     while stack:
-        for child in children.get(stack.pop(), []):
-            found.append((child, starts[child]))
-            stack.append(child)
+        parent, level = stack.pop()
+        if depth is not None and level >= depth:
+            continue
+        for child in below.get(parent, []):
+            if (child, starts[child]) not in spare:
+                found.append((child, starts[child]))
+                stack.append((child, level + 1))
     return found
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import re
 from pathlib import Path
 
 import torch
+
+from nostall import files
 
 FORMAT = "nostall-checkpoint"
 FORMAT_VERSION = 2
@@ -49,21 +49,65 @@ def check_path_template(path: str | None, flag: str, placeholder: str) -> None:
                          f"({type(e).__name__}: {e})") from None  # fmt: skip
 
 
-def prune(template: str, keep: int, placeholder: str = "step") -> list[Path]:
-    """Deletes all but the `keep` newest checkpoints (by the number in `{placeholder}`) that
-    the path template names, a resumed run's earlier ones included; returns what it deleted."""
-    path = Path(template)
-    parts = re.split(r"\{" + placeholder + r"(?::[^}]*)?\}", path.name)  # ({step:06d} too)
-    if len(parts) != 2:
-        raise ValueError(f"{template!r}: pruning needs {{{placeholder}}} once in the file name")
-    before, after = (part.replace("{{", "{").replace("}}", "}") for part in parts)
-    pattern = re.compile(re.escape(before) + r"(\d+)" + re.escape(after) + "$")
-    found = sorted((int(m.group(1)), p) for p in path.parent.glob("*")
-                   if (m := pattern.match(p.name)) and p.is_file())  # fmt: skip
-    old = [p for _, p in found[: max(0, len(found) - keep)]]
+def prune(written: list[str], keep: int) -> tuple[list[str], list[Path]]:
+    """Deletes all but the `keep` newest of the checkpoints this run's lineage wrote
+    (`written`, oldest first, the newest just saved whole); returns (the ones kept, the ones
+    deleted). Files it did not write (another run's, an abandoned longer run's with higher step
+    numbers) are never touched."""
+    if keep < 1:
+        raise ValueError(f"save_total_limit must be at least 1, got {keep}")
+    kept, old = written[-keep:], [Path(p) for p in written[:-keep]]
     for p in old:
-        p.unlink(missing_ok=True)
-    return old
+        # (A path written twice is kept once; a lineage read from a checkpoint names only
+        # files that are checkpoints: a crafted one cannot have another file deleted.)
+        if str(p) not in kept and is_checkpoint(p):
+            p.unlink(missing_ok=True)
+    return kept, old
+
+
+def lineage(state: dict, resumed_from: str) -> list[str]:
+    """The checkpoints a resumed run's lineage wrote, as its checkpoint lists them (one saved
+    before lineages were kept: itself)."""
+    written = state.get("checkpoints", [str(resumed_from)])
+    if not isinstance(written, list) or not all(isinstance(p, str) for p in written):
+        raise CheckpointError(f"checkpoint {resumed_from}: malformed list of checkpoints")
+    return list(written)
+
+
+def check_finite(weights: dict, path) -> None:
+    """CheckpointError naming the first tensor of `weights` holding NaN or inf."""
+    tensors = [(n, t) for n, t in weights.items() if t.is_floating_point()]
+    if not tensors:
+        return
+    finite = torch.stack([t.isfinite().all() for _, t in tensors])
+    if finite.all():  # sync: none, a checkpoint's tensors are on the host
+        return
+    name = next(n for (n, _), ok in zip(tensors, finite.tolist(), strict=True) if not ok)
+    raise CheckpointError(f"checkpoint {path}: {name} holds NaN or inf")
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether `path` is a regular file ending in a checkpoint's trailer."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            f.seek(max(0, size - _TRAILER))
+            return f.read().startswith(_MAGIC)
+    except OSError:
+        return False
+
+
+def nonfinite(model: torch.nn.Module) -> list[str]:
+    """The names of `model`'s parameters and buffers holding NaN or inf (none: [])."""
+    tensors = [(n, t) for n, t in model.state_dict().items() if t.is_floating_point()]
+    if not tensors:
+        return []
+    finite = torch.stack([t.detach().isfinite().all() for _, t in tensors])
+    if finite.all():  # sync: once a checkpoint, before it is written
+        return []
+    return [name for (name, _), ok in zip(tensors, finite.tolist(), strict=True) if not ok]
 
 
 class _HashingWriter:
@@ -122,7 +166,7 @@ def _deduplicated(state, seen: dict | None = None, weights: bool = False):
 
 
 def save(path: str | Path, algorithm: str, args: dict, state: dict) -> None:
-    """Writes atomically (beside, then renamed): a crash mid-write leaves the previous file
+    """Writes atomically (nostall.files.replaced): a crash mid-write leaves the previous file
     intact. The state's tensors are read where they lie, not copied."""
     record = {
         "format": FORMAT,
@@ -132,19 +176,13 @@ def save(path: str | Path, algorithm: str, args: dict, state: dict) -> None:
         "state": _deduplicated(state),
     }
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     writer = None
     try:
-        with open(tmp, "wb") as f:
+        with files.replaced(path) as f:
             writer = _HashingWriter(f)
             torch.save(record, writer)
             f.write(_MAGIC + writer.sha256.hexdigest().encode() + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
         failed = e if isinstance(e, OSError) else getattr(writer, "error", None)
         if failed is None:
             raise

@@ -149,10 +149,7 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
                 watch_scope.close()
                 hooks.at_boundary(step, clock)
                 if saving:
-                    checkpoint.save(hooks.checkpoint_path(step), hooks.algorithm,
-                                    asdict(config), hooks.snapshot(step))  # fmt: skip
-                    if getattr(config, "save_total_limit", None):  # (once the new one is whole)
-                        checkpoint.prune(config.checkpoint, config.save_total_limit)
+                    _save_checkpoint(hooks, step)
         if watch is not None:
             report = watch.report()
             syncs.append(report.unintended_count)
@@ -173,3 +170,27 @@ def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: C
     # process, shutting down a local Ray cluster) is not training time.
     end = time.perf_counter()
     return end
+
+
+def _save_checkpoint(hooks: Hooks, step: int) -> None:
+    """Saves this step's checkpoint, then prunes this run's older ones past save_total_limit
+    (once the new one is whole). A model holding NaN or inf is never saved: the run stops
+    naming the last good checkpoint, which stays."""
+    config, result = hooks.config, hooks.result
+    path = hooks.checkpoint_path(step)
+    bad = checkpoint.nonfinite(hooks.model)
+    if bad:
+        last = result.checkpoints[-1] if result.checkpoints else None
+        raise FloatingPointError(
+            f"step {step}: the model holds NaN or inf ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); checkpoint {path} not written, the last good "
+            f"one is {last or '(none yet)'}"
+        )
+    lineage = [p for p in result.checkpoints if p != path] + [path]
+    state = hooks.snapshot(step)
+    state["checkpoints"] = lineage
+    checkpoint.save(path, hooks.algorithm, asdict(config), state)
+    result.checkpoints = lineage
+    limit = getattr(config, "save_total_limit", None)
+    if limit:
+        result.checkpoints, _ = checkpoint.prune(lineage, limit)

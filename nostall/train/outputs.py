@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from nostall import files
 from nostall.train.result import TrainResult
 
 # The figures the bar shows, when a log line has them.
@@ -77,7 +78,8 @@ def plot_learning_curve(result: TrainResult, path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with files.replaced(path) as f:
+        fig.savefig(f, dpi=120, format="png")
 
 
 # Points a curve is drawn with at most: a 200,000-step run's per-step rewards drawn as they are
@@ -126,7 +128,19 @@ def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float =
     ax.set_xlabel(f"seconds after the first 12 spans of work (a {window_s:g} s window)")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with files.replaced(path) as f:
+        fig.savefig(f, dpi=120, format="png")
+
+
+# What a finished (or interrupted) run leaves in its output folder: a new run refuses to write
+# over them unless told to (`nostall train --overwrite`) or resuming.
+RUN_OUTPUTS = ("report.json", "report.txt", "policy.pt", "model")
+
+
+def previous_run(out_dir) -> list[str]:
+    """The outputs of an earlier run in `out_dir` (none: [])."""
+    out_dir = Path(out_dir)
+    return [name for name in RUN_OUTPUTS if (out_dir / name).exists()]
 
 
 def write_outputs(result: TrainResult, out_dir: Path, subject: str) -> str:
@@ -143,7 +157,7 @@ def write_outputs(result: TrainResult, out_dir: Path, subject: str) -> str:
     window_s = max(result.timeline_window_s, 4e-3 * max(spans))
     plot_timeline(result, out_dir / "timeline.png", f"{title}: {side} and training over time",
                   window_s=window_s, rollout_label=side)  # fmt: skip
-    (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
+    files.write_text(out_dir / "report.json", json.dumps(summary, indent=2))
     text = "\n".join(result.summary_lines(summary))
-    (out_dir / "report.txt").write_text(text + "\n")
+    files.write_text(out_dir / "report.txt", text + "\n")
     return text

@@ -43,6 +43,9 @@ class TrainResult:
     dropped_causes: list[str] = field(default_factory=list)
     # Peak memory in MiB: "host" (this process's resident set), "device" (on a GPU).
     peak_memory_mib: dict[str, float] = field(default_factory=dict)
+    # The checkpoints this run's lineage wrote (a resumed run's earlier ones first), oldest
+    # first: the only files save_total_limit may delete.
+    checkpoints: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if not isinstance(self.timeline, Timeline):

@@ -134,6 +134,22 @@ def test_dataset_files_and_folders_as_users_save_them(tmp_path):
         grpo.build(GRPOConfig(**FAST, dataset=str(tmp_path / "binary.jsonl")))
 
 
+@pytest.mark.parametrize("column", ["completions", "prompts"])
+def test_a_column_named_as_a_reward_argument_is_refused_at_load(tmp_path, column):
+    """It would reach the reward functions twice: a TypeError at the first reward call."""
+    rows = [{**row, column: "x"} if i == 2 else row for i, row in enumerate(ROWS)]
+    with pytest.raises(ValueError, match=f"row 3: a column named '{column}' would collide"):
+        GRPOTrainer(model="tiny", reward_funcs=_answer_or_none, train_dataset=rows,
+                    args=GRPOConfig(**FAST))  # fmt: skip
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = subprocess.run([sys.executable, "-m", "nostall.cli", "train", "grpo", "--model",
+                             "tiny", "--dataset", str(path), "--reward", "nostall.lm.tasks:"
+                             "answer_reward", "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert result.returncode == 2 and f"column named '{column}'" in result.stderr
+
+
 def test_a_prompt_the_tokenizer_cannot_read_is_refused():
     with pytest.raises(ValueError, match="prompt 'xyz=' has text the tokenizer does not know"):
         GRPOTrainer(model="tiny", reward_funcs=_answer_or_none,

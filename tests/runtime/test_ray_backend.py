@@ -279,3 +279,30 @@ def test_collective_weights_over_nccl_on_gpus():
     first = appo.train(appo.APPOConfig(**common))
     second = appo.train(appo.APPOConfig(**common, ray_weights="collective"))
     assert [c[2] for c in first.curve] == [c[2] for c in second.curve]
+
+
+SPARED = """
+import subprocess, sys
+from nostall.algos import ppo
+sleeper = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL)  # the user's own
+print(sleeper.pid, flush=True)
+ppo.train(ppo.PPOConfig(total_timesteps=2048, backend="ray", watch_syncs=False))
+print("alive" if sleeper.poll() is None else f"killed {sleeper.poll()}", flush=True)
+"""
+
+
+def test_a_run_that_started_its_cluster_reaps_only_what_it_started():
+    """Closing the run killed every descendant of the driver, the user's own among them."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SPARED], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    pid, verdict = done.stdout.split()[:2]
+    try:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert verdict == "alive", done.stdout
+        os.kill(int(pid), 0)  # and after the driver's exit too
+    finally:
+        with __import__("contextlib").suppress(OSError):
+            os.kill(int(pid), signal.SIGKILL)

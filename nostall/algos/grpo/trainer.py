@@ -66,7 +66,9 @@ class GRPOTrainer:
             for name, default in asdict(GRPOConfig()).items():  # saved before a setting existed:
                 saved_args.setdefault(name, default)  # it trained as the default
             checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
+            checkpoint.check_finite(state["model"], args.resume)
             saved_step = restore(self.setup, state, self.result)
+            self.result.checkpoints = checkpoint.lineage(state, args.resume)
             if args.steps <= saved_step:
                 raise ValueError(f"--steps {args.steps} is not past the checkpoint's step "
                                  f"{saved_step}: nothing would be trained (give --steps above "
@@ -150,7 +152,9 @@ class GRPOTrainer:
         if batch.weight_push:  # timed where the engine runs: by the wall clock
             self.runtime.timeline.record_wall("push", *batch.weight_push)
         if logging and batch.samples:  # log_completions: the logged step's texts
-            with open(Path(self.config.output_dir) / "completions.jsonl", "a") as f:
+            out_dir = Path(self.config.output_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)  # (the run's other outputs come later)
+            with open(out_dir / "completions.jsonl", "a") as f:
                 for row in batch.samples:
                     f.write(json.dumps({"step": len(self.result.rewards), **row}) + "\n")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nostall import files
 from nostall.algos.ppo.agent import ActorCritic
 from nostall.algos.ppo.conv_agent import ConvActorCritic
 
@@ -41,7 +42,10 @@ def policy_record(agent: ActorCritic, env, args) -> dict:
 
 
 def save_policy(record: dict, path: str | Path) -> None:
-    torch.save(record, path)
+    """Written whole or not at all (nostall.files): a second Ctrl-C or a SIGKILL mid-write
+    leaves the previous policy.pt."""
+    with files.replaced(path) as f:
+        torch.save(record, f)
 
 
 class Policy:
@@ -93,8 +97,14 @@ class Policy:
         return actions[0] if single else actions
 
 
-def load_policy(path: str | Path, deterministic: bool = True, seed: int = 0) -> Policy:
-    """The policy saved at `path` (a run's `policy.pt`, or the run directory itself)."""
+def load_policy(path: str | Path, deterministic: bool = True, seed: int = 0,
+                env_id: str | None = None) -> Policy:  # fmt: skip
+    """The policy saved at `path` (a run's `policy.pt`, or the run directory itself), acting
+    in the environment the file names or in `env_id`.
+
+    A file chooses no code: an environment it names as "module:Class" (which the adapter
+    would import and call) is refused unless the caller names it too, in `env_id` (the
+    command's `--env`); only registered ids are taken from a file."""
     path = Path(path)
     if path.is_dir():
         path = path / "policy.pt"
@@ -106,4 +116,19 @@ def load_policy(path: str | Path, deterministic: bool = True, seed: int = 0) -> 
         raise ValueError(f"{path} is not a nostall policy file ({type(e).__name__})") from e
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path} is not a nostall policy file")
+    named = record.get("env_id")
+    if env_id is not None:
+        record = {**record, "env_id": env_id}
+    elif not isinstance(named, str) or (":" in named and not _registered(named)):
+        raise ValueError(
+            f"{path} names the environment {named!r}, code to import: nostall takes only "
+            f"registered environment ids from a file; to run that code, name it yourself "
+            f"(nostall eval --env {named})"
+        )
     return Policy(record, deterministic=deterministic, seed=seed)
+
+
+def _registered(env_id: str) -> bool:
+    import gymnasium as gym  # (only for an id that names a module)
+
+    return env_id in gym.registry

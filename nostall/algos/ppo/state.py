@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from nostall.train import checkpoint
 
 # Arguments a resume may change; every other one must match the checkpoint's. The backend and
@@ -44,7 +42,5 @@ def load_checkpoint(path: str | Path, algorithm: str = "ppo", args=None) -> dict
     iteration = state["iteration"]
     if not isinstance(iteration, int) or iteration < 1:
         raise checkpoint.CheckpointError(f"checkpoint {path}: bad iteration {iteration!r}")
-    for name, value in state["agent"].items():
-        if not torch.isfinite(value).all():  # sync: loading a checkpoint, once
-            raise checkpoint.CheckpointError(f"checkpoint {path}: {name} holds NaN or inf")
+    checkpoint.check_finite(state["agent"], path)
     return state

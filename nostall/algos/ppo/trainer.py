@@ -30,7 +30,7 @@ from nostall.algos.ppo.update import AdvantageFn, gae_advantages, ppo_update
 from nostall.optim import ClippedAdam
 from nostall.profiler import allow
 from nostall.runtime.device import DeviceChunks
-from nostall.train import loop
+from nostall.train import checkpoint, loop
 from nostall.train.loop import Clock, LogFn
 from nostall.train.outputs import write_outputs
 
@@ -77,7 +77,9 @@ class PPOTrainer:
         self.result = PPOResult(self.algorithm, asdict(args))
         self.first_step, self.last_step = 1, args.num_iterations
         if args.resume:
-            self._restore(load_checkpoint(args.resume, self.algorithm, args))
+            state = load_checkpoint(args.resume, self.algorithm, args)
+            self._restore(state)
+            self.result.checkpoints = checkpoint.lineage(state, args.resume)
         self.ranks = TrainerRanks(args, self.agent, self.optimizer, self.generator,
                                   type(self).advantage_fn, self.env)  # fmt: skip
         self._lr_value = args.learning_rate
