@@ -108,10 +108,10 @@ def test_no_progress_keeps_tensorboard_and_two_runs_keep_two_logs(tmp_path):
         "    return [len(c) / 5 for c in completions]\n"
     )
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    for _ in range(2):
+    for again in ([], ["--overwrite"]):  # (a folder holding a run is written only if told)
         result = _nostall("train", "grpo", "--dataset", "data.jsonl", "--reward",
                           "my_rewards:length", "--steps", "4", "--num-prompts", "2",
-                          "--no-progress", "--out", "run", cwd=tmp_path)  # fmt: skip
+                          "--no-progress", "--out", "run", *again, cwd=tmp_path)  # fmt: skip
         assert result.returncode == 0, result.stderr
     runs = list((tmp_path / "run" / "tensorboard").iterdir())
     assert len(runs) == 2 and all(any(r.glob("events.*")) for r in runs)

@@ -284,7 +284,8 @@ def test_collective_weights_over_nccl_on_gpus():
 SPARED = """
 import subprocess, sys
 from nostall.algos import ppo
-sleeper = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL)  # the user's own
+# (the user's own process, started before the run; its pipes its own)
+sleeper = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print(sleeper.pid, flush=True)
 ppo.train(ppo.PPOConfig(total_timesteps=2048, backend="ray", watch_syncs=False))
 print("alive" if sleeper.poll() is None else f"killed {sleeper.poll()}", flush=True)
