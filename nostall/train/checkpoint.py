@@ -76,14 +76,9 @@ def lineage(state: dict, resumed_from: str) -> list[str]:
 
 def check_finite(weights: dict, path) -> None:
     """CheckpointError naming the first tensor of `weights` holding NaN or inf."""
-    tensors = [(n, t) for n, t in weights.items() if t.is_floating_point()]
-    if not tensors:
-        return
-    finite = torch.stack([t.isfinite().all() for _, t in tensors])
-    if finite.all():  # sync: none, a checkpoint's tensors are on the host
-        return
-    name = next(n for (n, _), ok in zip(tensors, finite.tolist(), strict=True) if not ok)
-    raise CheckpointError(f"checkpoint {path}: {name} holds NaN or inf")
+    bad = nonfinite(weights)
+    if bad:
+        raise CheckpointError(f"checkpoint {path}: {bad[0]} holds NaN or inf")
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -99,15 +94,16 @@ def is_checkpoint(path: Path) -> bool:
         return False
 
 
-def nonfinite(model: torch.nn.Module) -> list[str]:
-    """The names of `model`'s parameters and buffers holding NaN or inf (none: [])."""
-    tensors = [(n, t) for n, t in model.state_dict().items() if t.is_floating_point()]
+def nonfinite(weights: dict) -> list[str]:
+    """The names of the tensors in `weights` (a state dict) holding NaN or inf (none: [])."""
+    tensors = [(n, t) for n, t in weights.items() if t.is_floating_point()]
     if not tensors:
         return []
     finite = torch.stack([t.detach().isfinite().all() for _, t in tensors])
-    if finite.all():  # sync: once a checkpoint, before it is written
+    if finite.all():  # sync: once a checkpoint is saved or loaded, one flag for all tensors
         return []
-    return [name for (name, _), ok in zip(tensors, finite.tolist(), strict=True) if not ok]
+    flags = finite.tolist()  # sync: only when some tensor is not finite, to name it
+    return [name for (name, _), ok in zip(tensors, flags, strict=True) if not ok]
 
 
 class _HashingWriter:

@@ -178,7 +178,7 @@ def _save_checkpoint(hooks: Hooks, step: int) -> None:
     naming the last good checkpoint, which stays."""
     config, result = hooks.config, hooks.result
     path = hooks.checkpoint_path(step)
-    bad = checkpoint.nonfinite(hooks.model)
+    bad = checkpoint.nonfinite(hooks.model.state_dict())
     if bad:
         last = result.checkpoints[-1] if result.checkpoints else None
         raise FloatingPointError(
