@@ -235,7 +235,7 @@ def test_the_cnn_learns_from_pixels_kept_uint8_in_the_chunks(tmp_path):
     from nostall.algos.ppo.policy import Policy, save_policy
 
     save_policy(result.policy, tmp_path / "policy.pt")
-    policy = nostall.load_policy(tmp_path / "policy.pt")
+    policy = nostall.load_policy(tmp_path / "policy.pt", env_id=args.env_id)
     assert isinstance(policy, Policy) and isinstance(policy.agent, ConvActorCritic)
     lit_left = np.zeros((40, 40, 3), np.uint8)
     lit_left[:, :20] = 255
