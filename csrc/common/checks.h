@@ -60,6 +60,16 @@ inline void check_unit_interval(double x, const char* name) {
   STD_TORCH_CHECK(x >= 0.0 && x <= 1.0, name, " must lie in [0, 1], got ", x);
 }
 
+// a * b for a size, refused when int64 cannot hold it: a wrapped product would allocate or index
+// the wrong amount of memory (or pass a shape check by chance) instead of failing. `product` names
+// it in the arguments' words, e.g. "Bp * group_size".
+inline int64_t checked_product(int64_t a, int64_t b, const char* op, const char* product) {
+  int64_t out = 0;
+  STD_TORCH_CHECK(!__builtin_mul_overflow(a, b, &out), op, ": ", product, " = ", a, " * ", b,
+                  " overflows int64");
+  return out;
+}
+
 inline void check_positive(double x, const char* name) {
   STD_TORCH_CHECK(x > 0.0 && std::isfinite(x), name, " must be a positive finite number, got ", x);
 }

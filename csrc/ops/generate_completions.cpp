@@ -26,7 +26,8 @@ std::tuple<Tensor, Tensor, Tensor> generate_completions_cpu(
       prompt_ids.scalar_type() == ScalarType::Long && prompt_ids.dim() == 2 && prompt_ids.is_cpu(),
       op, ": prompt_ids must be a CPU int64 [Bp, P]");
   STD_TORCH_CHECK(group_size >= 1, op, ": group_size must be at least 1, got ", group_size);
-  const int64_t Bp = prompt_ids.size(0), P = prompt_ids.size(1), B = Bp * group_size;
+  const int64_t Bp = prompt_ids.size(0), P = prompt_ids.size(1);
+  const int64_t B = checked_product(Bp, group_size, op, "Bp * group_size");
   STD_TORCH_CHECK(prompt_mask.scalar_type() == ScalarType::Bool && prompt_mask.dim() == 2 &&
                       prompt_mask.size(0) == Bp && prompt_mask.size(1) == P && prompt_mask.is_cpu(),
                   op, ": prompt_mask must be a CPU bool [Bp, P] = [", Bp, ", ", P, "]");

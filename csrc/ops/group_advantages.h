@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "common/checks.h"
@@ -43,6 +44,10 @@ inline void check_group_advantages_args(const Tensor& reward, const Tensor& grou
   STD_TORCH_CHECK(group_index.device() == reward.device(),
                   "group_index must be on the device of reward");
   STD_TORCH_CHECK(num_groups >= 1, "num_groups must be >= 1, got ", num_groups);
+  // The statistics tables hold num_groups + 1 rows (the groups, then the batch) of at most 3
+  // doubles: a num_groups whose table size int64 cannot hold would wrap to a wrong allocation.
+  STD_TORCH_CHECK(num_groups < std::numeric_limits<int64_t>::max() / 3, "num_groups = ", num_groups,
+                  " is too large: (num_groups + 1) * 3 statistics overflow int64");
   STD_TORCH_CHECK(eps >= 0.0 && std::isfinite(eps), "eps must be a finite number >= 0, got ", eps);
 }
 

@@ -37,7 +37,7 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
   STD_TORCH_CHECK(group_size >= 1, "prefill_prompts: group_size must be at least 1, got ",
                   group_size);
   const int64_t G = group_size, S = w.slots, D = w.head_dim, V = w.vocab;
-  STD_TORCH_CHECK(w.cache_rows == Bp * G,
+  STD_TORCH_CHECK(w.cache_rows == checked_product(Bp, G, "prefill_prompts", "Bp * group_size"),
                   "prefill_prompts: keys must be [L, Bp * group_size, kv_heads, S, D] with "
                   "Bp * group_size = ",
                   Bp * G, ", got ", w.cache_rows, " rows");

@@ -9,6 +9,14 @@ import math
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
+INT64_MAX = 2**63 - 1
+
+
+def checked_product(a: int, b: int, op: str, product: str) -> int:
+    """a * b for a size, refused as the C++ checked_product refuses it (int64 would wrap)."""
+    if not -INT64_MAX - 1 <= a * b <= INT64_MAX:
+        _fail(f"{op}: {product} = {a} * {b} overflows int64")
+    return a * b
 
 
 def _fail(message: str) -> None:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from nostall.ops._checks import FLOAT_DTYPES, _fail
+from nostall.ops._checks import FLOAT_DTYPES, INT64_MAX, _fail
 from nostall.ops.losses import AGGREGATIONS, GROUP_SCALES
 
 Tensor = torch.Tensor
@@ -36,6 +36,9 @@ def _check_group_args(reward, group_index, num_groups, scale, eps):
     )
     _check(group_index.device == reward.device, "group_index must be on the device of reward")
     _check(num_groups >= 1, f"num_groups must be >= 1, got {num_groups}")
+    _check(num_groups < INT64_MAX // 3,
+           f"num_groups = {num_groups} is too large: (num_groups + 1) * 3 statistics overflow "
+           "int64")  # fmt: skip
     _check(eps >= 0.0 and math.isfinite(eps), f"eps must be a finite number >= 0, got {eps}")
     _check(scale in GROUP_SCALES, f"scale must be 'group', 'batch' or 'none', got '{scale}'")
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 from nostall.decoder_weights import DecoderWeights
-from nostall.ops._checks import FLOAT_DTYPES, _fail
+from nostall.ops._checks import FLOAT_DTYPES, _fail, checked_product
 
 NATIVE_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)  # (the logits are float32 either way)
 
@@ -65,8 +65,8 @@ def _prefill_prompts_fake(prompt_ids, prompt_mask, group_size, *args):
     _check(
         w.embed.dtype in NATIVE_WEIGHT_DTYPES, "prefill_prompts: embed must be float32 or bfloat16"
     )
-    return w.embed.new_empty(prompt_ids.shape[0] * group_size, lm_head.shape[0],
-                             dtype=torch.float32)  # fmt: skip
+    rows = checked_product(prompt_ids.shape[0], group_size, "prefill_prompts", "Bp * group_size")
+    return w.embed.new_empty(rows, lm_head.shape[0], dtype=torch.float32)
 
 
 @torch.library.register_fake("nostall::generate_completions")
@@ -76,7 +76,7 @@ def _generate_completions_fake(prompt_ids, prompt_mask, group_size, uniform, all
     _check(prompt_ids.dim() == 2, "generate_completions: prompt_ids must be a CPU int64 [Bp, P]")
     _check(group_size >= 1,
            f"generate_completions: group_size must be at least 1, got {group_size}")  # fmt: skip
-    B = prompt_ids.shape[0] * group_size
+    B = checked_product(prompt_ids.shape[0], group_size, "generate_completions", "Bp * group_size")
     _check(
         uniform.dim() == 3 and uniform.dtype == torch.float32 and uniform.shape[1] == B,
         f"generate_completions: uniform must be a CPU float32 [C, B, V] with C >= 1 and B = {B}",

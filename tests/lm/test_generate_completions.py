@@ -101,6 +101,8 @@ def test_generate_completions_errors(varied_tiny):
     C, B, V = head["uniform"].shape
     for change, message in [
         (dict(group_size=0), "group_size must be at least 1"),
+        # two prompts of 2**62 completions each: the row count would wrap int64
+        (dict(group_size=2**62), r"Bp \* group_size = 2 \* 4611686018427387904 overflows int64"),
         (dict(uniform=torch.rand(C, B + 1, V)), "uniform must be a CPU float32"),
         (dict(uniform=torch.rand(C, B, V, dtype=torch.float64)), "uniform must be a CPU float32"),
         (dict(uniform=torch.rand(C, B, V + 1)), "uniform must have the shape of logits"),

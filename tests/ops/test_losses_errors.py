@@ -40,6 +40,11 @@ BAD_GROUP = [
         "group_index must have the shape of reward",
     ),
     ("num_groups_zero", dict(num_groups=0), "num_groups must be >= 1"),
+    (
+        "num_groups_overflow",  # (2**62 + 1) * 3 statistics wrap int64
+        dict(num_groups=2**62),
+        r"num_groups = 4611686018427387904 is too large: \(num_groups \+ 1\) \* 3 statistics",
+    ),
     ("eps_negative", dict(eps=-1.0), "eps must be a finite number >= 0"),
     ("eps_nan", dict(eps=float("nan")), "eps must be a finite number >= 0"),
     ("scale_unknown", dict(scale="std"), "scale must be 'group', 'batch' or 'none', got 'std'"),
