@@ -37,8 +37,6 @@ from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.timeline import Timeline
 
-_LOCK_TIMEOUT_S = 5.0
-
 
 class _SharedWeights:
     """The published weights in shared memory, their version and the trainer's progress."""
@@ -53,15 +51,14 @@ class _SharedWeights:
         self.lock = ctx.Lock()
 
     @contextlib.contextmanager
-    def locked(self, alive: Callable[[], None] | None = None):
-        """The lock, waited for in slices (the other side may have died holding it)."""
-        waited = 0.0
+    def locked(self, alive: Callable[[], None]):
+        """The lock, waited for in slices with `alive()` called at each: it raises when the other
+        side died (it may have died holding the lock) or went silent, so no wait is ever bounded
+        by a guess of how long a copy takes. The trainer passes the child's check (its exit, its
+        error, its heartbeat, which `pull` keeps beating between tensors); the child passes its
+        heartbeat (which raises when the trainer is gone)."""
         while not self.lock.acquire(timeout=POLL_S):
-            if alive is not None:
-                alive()
-            waited += POLL_S
-            if waited > _LOCK_TIMEOUT_S:
-                raise RuntimeStopped("the weight lock was held too long by the other side")
+            alive()
         try:
             yield
         finally:
@@ -77,6 +74,7 @@ class _SharedWeights:
                 with torch.no_grad():
                     for name, value in module.state_dict().items():
                         value.copy_(self.tensors[name])
+                        alive()  # a large model's copy is progress, not silence
                 have = self.version.value
             return have
 
@@ -212,7 +210,7 @@ class ProcessLoop:
         self.version += 1
         shared = self._weights
         try:
-            with shared.locked(), torch.no_grad():
+            with shared.locked(self._child.check), torch.no_grad():
                 if weights:
                     # From a GPU this copy waits for the update: another process cannot wait on
                     # this one's CUDA stream, so the weights must be complete in shared memory.
@@ -261,7 +259,7 @@ class ProcessLoop:
             chunk.load_host_state(host_state)
             queued.append(clone_slot(chunk))
         shared = self._weights
-        with shared.locked():
+        with shared.locked(self._child.check):
             published = {k: v.clone() for k, v in shared.tensors.items()}
             weights_version = shared.version.value
         snapshot = self._snapshot
