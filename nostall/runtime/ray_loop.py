@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
-from nostall.runtime.gpus import check_fits, hidden_from_ray, physical_gpu
+from nostall.runtime.gpus import check_fits, physical_gpu
 from nostall.runtime.loop import check_slots
 from nostall.runtime.protocol import LoopState
+from nostall.runtime.ray_cluster import init_ray
 from nostall.runtime.ray_losses import WorkerLoss, await_restart
 from nostall.runtime.ray_worker import Worker, copy_numpy, from_array, ray_module, to_arrays
 from nostall.runtime.reaper import Reaper, children, descendants
@@ -48,20 +49,6 @@ from nostall.runtime.watchdog import HangError
 
 # How long workers may take to be placed, start, or save and load their state.
 PLACE_TIMEOUT_S = 60.0
-
-
-def _probe(address: str | None, timeout_s: float = 5.0) -> None:
-    """RuntimeError within `timeout_s` if a "host:port" cluster address does not answer."""
-    if address is None or address == "auto" or "://" in address:
-        return  # a local cluster, the running one (Ray says if there is none), or a client
-    import socket
-
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except (OSError, ValueError) as e:
-        raise RuntimeError(f"cannot reach the Ray cluster at {address!r}: {e}") from e
 
 
 class RayLoop:
@@ -136,16 +123,10 @@ class RayLoop:
     def start(self) -> RayLoop:
         ray = self.ray
         if not ray.is_initialized():
-            _probe(self._address)  # Ray itself retries an unreachable address for ever
             if self._private_gpu and self._address is None:
                 self._hidden_gpu = physical_gpu(next(self._trainer_model.parameters()).device)
             self._spared = children(os.getpid())
-            try:
-                with hidden_from_ray(self._hidden_gpu):
-                    ray.init(address=self._address, include_dashboard=False,
-                             log_to_driver=False, configure_logging=False)  # fmt: skip
-            except ConnectionError as e:
-                raise RuntimeError(f"cannot reach the Ray cluster at {self._address!r}: {e}") from e
+            init_ray(ray, self._address, self._hidden_gpu)
             self._started_ray = True
         hidden = self._hidden_gpu  # (NCCL needs a GPU a process)
         besides = "" if hidden is None else f" besides the driver's GPU {hidden}"
@@ -272,7 +253,7 @@ class RayLoop:
         (ref,) = waited
         worker, seq, index = self._pending.pop(ref)
         try:
-            self._ready[index] = ray.get(ref)
+            self._ready[index] = self.loss.delivered(ray.get(ref))
         except ray.exceptions.RayActorError as e:
             self._drop(worker, seq, index, e)
         except ray.exceptions.RayTaskError as e:  # the side's own code raised
@@ -282,13 +263,24 @@ class RayLoop:
             raise RuntimeError(f"Ray rollout worker {worker} failed:\n{e}") from e
 
     def _drop(self, worker: int, seq: int, index: int, error: Exception) -> None:
-        self._lost.add(index)
-        self.loss.dropped += 1
-        self.loss.causes.append(f"worker {worker} chunk {seq}: {type(error).__name__}")
+        """`worker` died: its other requests finished before (received) or were lost with it;
+        once Ray restarts it, its streams are restored to after its last delivered chunk."""
+        lost = [(seq, index, error)]
+        for ref, (w, s, i) in sorted(self._pending.items(), key=lambda item: item[1][1]):
+            if w == worker:  # (actor calls run in order: each is done or failed by now)
+                del self._pending[ref]
+                try:
+                    self._ready[i] = self.loss.delivered(self.ray.get(ref))
+                except self.ray.exceptions.RayActorError as e:
+                    lost.append((s, i, e))
+        for s, i, e in lost:
+            self._lost.add(i)
+            self.loss.lost(worker, s, e)
         self._worker_version[worker] = -1  # a restarted worker holds its initial weights
         if self.loss.dropped > (self._max_restarts + 1) * (self.staleness + 1):
             raise RuntimeError(f"Ray workers keep dying: {self.loss.causes[-3:]}") from error
         await_restart(self.ray, self.workers[worker], f"worker {worker}", PLACE_TIMEOUT_S)
+        self.loss.restore(self.ray, self.workers[worker], worker, PLACE_TIMEOUT_S)
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Any]:
@@ -434,6 +426,7 @@ class RayLoop:
     def _apply_resume(self, state: dict) -> None:
         pairs = zip(self.workers, state["workers"], strict=True)
         self._wait_all([worker.load.remote(saved) for worker, saved in pairs], "load its state")
+        self.loss.resumed(state["workers"])
         published = state["published_weights"]
         self._weights_version = int(state["weights_version"])
         if self._sender is not None:

@@ -80,6 +80,7 @@ class Worker:
         self.slot = _empty_like(slot, getattr(self.side, "slot_device", "cpu"))
         self.version = -1  # the side's own initial weights, not yet any published version
         self.receiver = None  # with weights="collective": collective_weights.Receiver
+        self.unsaved: str | None = None  # why the side's state cannot be taken, once known
 
     def join_weights(self, host: str, port: int, world: int, device: str) -> int:
         """Joins the trainer's weight broadcast (weights="collective") as rank worker + 1."""
@@ -124,7 +125,24 @@ class Worker:
             "tensors": {k: v.cpu().numpy()  # sync: a device slot's chunk, once a fill
                         for k, v in self.slot.tensors().items()},
             "host": self.slot.host_state(), "stats": stats,
+            "side": self._side_state(), "side_unsaved": self.unsaved,
         }  # fmt: skip
+
+    def _side_state(self) -> dict | None:
+        """The side's state after this fill (its prompt and environment streams, its sampling
+        generator: bytes to kilobytes, small beside the chunk), which the driver keeps so that,
+        should this actor die and Ray restart it, its streams go on from here. None for a side
+        that cannot be saved (an EnvPool environment), tried once."""
+        if self.unsaved is None:
+            try:
+                return self.side.state_dict()
+            except ValueError as e:  # the side's own message: what it holds that cannot be
+                self.unsaved = str(e)
+        return None
+
+    def restore_side(self, state: dict) -> None:
+        """After Ray restarted this actor: its side's streams as they stood (`_side_state`)."""
+        self.side.load_state_dict(state)
 
     def state(self) -> dict:
         """Between fills (actor calls run in order): what resumes this worker exactly."""

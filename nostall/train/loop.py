@@ -111,6 +111,7 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
         loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
         if loss is not None:
             result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
+            result.worker_restarts = list(loss.restarts)
         result = hooks.finish(clock, end)
         result.peak_memory_mib = peak_memory_mib(hooks.model)
         # Saved before the rollout side is closed: a close that fails (a worker's late error)

@@ -41,6 +41,7 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)  # the last logged values
     dropped_chunks: int = 0  # chunks lost with a rollout worker (Ray), never trained on
     dropped_causes: list[str] = field(default_factory=list)
+    worker_restarts: list[str] = field(default_factory=list)  # how each restarted worker went on
     # Peak memory in MiB: "host" (this process's resident set), "device" (on a GPU).
     peak_memory_mib: dict[str, float] = field(default_factory=dict)
     # The checkpoints this run's lineage wrote (a resumed run's earlier ones first), oldest
@@ -75,6 +76,7 @@ class TrainResult:
             "sync_sites": self.sync_sites,
             "dropped_chunks": self.dropped_chunks,
             "dropped_causes": self.dropped_causes,
+            "worker_restarts": self.worker_restarts,
             "peak_memory_mib": dict(self.peak_memory_mib),
             "update_overlap": None if overlap is None else round(overlap, 3),
             # Time of spans too long for the overlap's folding, left out of it (0 in practice).
@@ -97,6 +99,8 @@ class TrainResult:
         if summary.get("dropped_chunks"):
             lines.append(f"  chunks dropped with a lost worker: {summary['dropped_chunks']} "
                          f"({'; '.join(summary['dropped_causes'])})")  # fmt: skip
+        for restart in summary.get("worker_restarts") or []:
+            lines.append(f"  {restart}")
         return lines
 
     def learning_curve(self) -> Curve:

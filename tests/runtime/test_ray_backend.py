@@ -105,6 +105,36 @@ def test_a_killed_worker_loses_its_chunk_which_is_counted_and_the_run_goes_on(lo
         assert new_pid != pid  # restarted by Ray
 
 
+def _worker_zero_observations(chunks: int, kill_before: int | None) -> tuple[list, object]:
+    """Worker 0's chunks' observations over a run of `chunks`, its actor killed before the
+    `kill_before`-th; the weights never change, so its chunks depend on its streams alone."""
+    torch.manual_seed(0)  # the same template (the published weights) in every run
+    seen = []
+    with _runtime(2, 1, max_restarts=2) as runtime:
+        for i in range(chunks):
+            if i == kill_before:
+                pid, _node = ray.get(runtime.workers[0].where.remote())
+                os.kill(pid, signal.SIGKILL)
+            slot, chunk = runtime.next_chunk()
+            if chunk.worker == 0:
+                seen.append(chunk.obs.clone())
+            runtime.release(slot)
+            runtime.publish(runtime._template)
+        return seen, runtime.loss
+
+
+def test_a_restarted_worker_goes_on_with_its_streams_not_from_its_seed(local_cluster):
+    reference, _ = _worker_zero_observations(14, None)
+    killed, loss = _worker_zero_observations(14, kill_before=5)
+    assert loss.dropped >= 1, loss
+    assert any("worker 0 restarted; its streams resumed after chunk" in r for r in loss.restarts)
+    assert len(killed) >= 4  # chunks from before the kill and from the restarted worker
+    for i, (after_kill, unkilled) in enumerate(zip(killed, reference, strict=False)):
+        # Each chunk delivered is the one the unkilled worker delivered at that place in its
+        # stream: the lost ones filled again, none replayed from the start.
+        assert torch.equal(after_kill, unkilled), i
+
+
 def test_more_workers_than_the_cluster_can_place_fail_at_once(local_cluster):
     start = time.perf_counter()
     with pytest.raises(ValueError, match="3 workers x 1 CPUs need 3 CPUs; the Ray cluster has 2"):
