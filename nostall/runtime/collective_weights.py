@@ -29,9 +29,7 @@ def flat_size(model: torch.nn.Module) -> int:
     return sum(v.numel() for v in model.state_dict().values())
 
 
-def _group(host: str, port: int, rank: int, world: int, device: torch.device):
-    store = dist.TCPStore(host, port, world, rank == 0,
-                          timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))  # fmt: skip
+def _group(store: dist.TCPStore, rank: int, world: int, device: torch.device):
     if device.type == "cuda":
         return dist.ProcessGroupNCCL(store, rank, world)
     return dist.ProcessGroupGloo(store, rank, world)
@@ -46,9 +44,10 @@ def _broadcast(group, tensor: torch.Tensor) -> None:
 class Sender:
     """Rank 0: broadcasts each published version, in order, from a thread."""
 
-    def __init__(self, host: str, port: int, world: int, device: torch.device):
+    def __init__(self, store: dist.TCPStore, world: int, device: torch.device):
+        """`store`: distributed.open_store's, whose port the workers were given."""
         self.device = device
-        self._group = _group(host, port, 0, world, device)  # returns once all have joined
+        self._group = _group(store, 0, world, device)  # returns once all have joined
         self._queue: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="nostall-weights", daemon=True)
@@ -81,7 +80,9 @@ class Receiver:
 
     def __init__(self, host: str, port: int, rank: int, world: int, numel: int,
                  device: torch.device):  # fmt: skip
-        self._group = _group(host, port, rank, world, device)
+        store = dist.TCPStore(host, port, world, False,
+                              timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))  # fmt: skip
+        self._group = _group(store, rank, world, device)
         self._shape, self._device = (1 + numel,), device
         # Versions received and not yet passed by a load, and buffers free for the next ones:
         # a broadcast runs at most `staleness + 1` versions ahead of this worker's fills.

@@ -29,18 +29,34 @@ import torch.distributed as dist
 JOIN_TIMEOUT_S = 60.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def open_store(host: str, world: int) -> dist.TCPStore:
+    """Rank 0's TCPStore, listening on `host` (the address the cluster gives this node) at a
+    port the OS picks as it binds: no other process can take the port between its choice and
+    its use, as it could one found free and let go (a retry would only narrow that window).
+    Its port is `store.port`. Like every torch.distributed store it has no authentication: the
+    cluster's network must be trusted (docs/scaling.md)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.bind((host, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+    except OSError as e:
+        listener.close()
+        raise RuntimeError(f"cannot listen on {host} (this node's cluster address) for the "
+                           f"process group: {e}") from e  # fmt: skip
+    return dist.TCPStore(host, port, world, True, datetime.timedelta(seconds=JOIN_TIMEOUT_S),
+                         wait_for_workers=False, master_listen_fd=listener.detach())  # fmt: skip
 
 
-def join(address: str, rank: int, world: int, backend: str = "gloo") -> None:
-    """Joins the trainers' process group (tcp://host:port of rank 0)."""
-    dist.init_process_group(
-        backend, init_method=address, rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S),
-    )  # fmt: skip
+def join(address: str, rank: int, world: int, backend: str = "gloo",
+         store: dist.TCPStore | None = None) -> None:  # fmt: skip
+    """Joins the trainers' process group: rank 0 through its `open_store`, the others through
+    its address (tcp://host:port; a rank 0 given only the address listens there itself)."""
+    timeout = datetime.timedelta(seconds=JOIN_TIMEOUT_S)
+    if store is None:
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        store = dist.TCPStore(host, int(port), world, rank == 0, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def average_gradients(flat_grad: torch.Tensor) -> None:
@@ -91,11 +107,13 @@ class TrainerRanks:
         if world < 2:
             raise ValueError(f"TrainerRanks needs at least 2 ranks, got {world}")
         self.ray, self.world = ray, world
-        address = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+        host = ray.util.get_node_ip_address()
+        store = open_store(host, world)
+        address = f"tcp://{host}:{store.port}"
         rank_class = ray.remote(_Rank).options(num_cpus=cpus, max_restarts=0)
         self.ranks = [rank_class.remote(build, state, r, world, address) for r in range(1, world)]
         joined = [rank.join.remote() for rank in self.ranks]
-        join(address, 0, world)  # returns once every rank has joined
+        join(address, 0, world, store=store)  # returns once every rank has joined
         ray.get(joined, timeout=JOIN_TIMEOUT_S)
         optimizer.reduce_grad = average_gradients
         self._optimizer = optimizer

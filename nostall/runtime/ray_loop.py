@@ -161,14 +161,14 @@ class RayLoop:
 
     def _join_collective(self) -> None:
         from nostall.runtime.collective_weights import Sender
-        from nostall.runtime.distributed import free_port
+        from nostall.runtime.distributed import open_store
 
-        host, port = self.ray.util.get_node_ip_address(), free_port()
-        world = self.num_workers + 1
+        host, world = self.ray.util.get_node_ip_address(), self.num_workers + 1
+        store = open_store(host, world)  # (listening before any worker connects)
         device = str(next(self._trainer_model.parameters()).device)
-        joined = [w.join_weights.remote(host, port, world, device) for w in self.workers]
+        joined = [w.join_weights.remote(host, store.port, world, device) for w in self.workers]
         try:
-            self._sender = Sender(host, port, world, torch.device(device))
+            self._sender = Sender(store, world, torch.device(device))
         except Exception as e:
             self.close()
             raise RuntimeError(f"the workers could not join the weight broadcast: {e}") from e

@@ -5,6 +5,7 @@ loss and an entropy bonus, the output weight tied to the embeddings or not), and
 steps (decay, a clip that acts, AdamW) leave the single rank's ClippedAdam's weights and
 moments."""
 
+import socket
 import subprocess
 import sys
 
@@ -14,7 +15,6 @@ import torch
 from nostall.algos.grpo.loss import PolicyTerms
 from nostall.algos.grpo.update import grpo_update
 from nostall.optim import ClippedAdam
-from nostall.runtime.distributed import free_port
 from tests.algos.test_grpo_rank_shares import Recorder, _batch, _model, fsdp_args
 
 RTOL, ATOL = 1e-4, 1e-6
@@ -22,6 +22,14 @@ RTOL, ATOL = 1e-4, 1e-6
 # near zero the rounding of the reduction moves it by up to a fraction of the learning rate.
 WEIGHT_ATOL = 1e-2 * fsdp_args().learning_rate
 ROOT = __file__.rsplit("/tests/", 1)[0]
+
+
+def free_port() -> int:
+    """A port free now (the ranks are separate processes started with its address; in a run,
+    rank 0 listens before the others are given it: distributed.open_store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _sharded_run(tmp_path, tied: bool, device: str = "cpu") -> dict:

@@ -145,7 +145,9 @@ class GRPORanks:
         check_fits(ray.available_resources(), resources, self.world - 1,
                    f"--trainers {self.world}: ranks 1..{self.world - 1}",
                    f" free besides the generation workers'{besides}")  # fmt: skip
-        address = f"tcp://{ray.util.get_node_ip_address()}:{distributed.free_port()}"
+        host = ray.util.get_node_ip_address()
+        store = distributed.open_store(host, self.world)
+        address = f"tcp://{host}:{store.port}"
         start = self._start_state()
         start_ref = ray.put(start)
         rank_class = ray.remote(_Rank).options(max_restarts=0, **resources)
@@ -158,7 +160,7 @@ class GRPORanks:
                                 timeout=distributed.JOIN_TIMEOUT_S)  # fmt: skip
                 check_distinct([gpu_uuid(self.device), *uuids])
             joined = [rank.join.remote() for rank in self.ranks]
-            distributed.join(address, 0, self.world, start["backend"])  # once all have joined
+            distributed.join(address, 0, self.world, start["backend"], store)  # once all joined
             self.local = _trainer(self.args, start, 0, self.world, self.device)
             ray.get(joined, timeout=distributed.JOIN_TIMEOUT_S)
         except BaseException as e:
