@@ -16,6 +16,14 @@ import torch
 Tensor = torch.Tensor
 
 
+def _tensors(**named: object) -> None:
+    """Tensor arguments given as something else (None) would reach the dispatcher, whose error
+    ("tensor does not have a device") names none of them: each is refused by name."""
+    for name, value in named.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+
+
 def _scalar(x: float, name: str) -> float:
     # A tensor here would need float(tensor), a host-device sync on every call: refuse it.
     if isinstance(x, torch.Tensor):
@@ -47,6 +55,7 @@ def gae(
         `(advantage, value_target)`, each `[T, N]` with the dtype of `reward`, where
         `value_target = advantage + value`. Differentiable in reward, value and next_value.
     """
+    _tensors(reward=reward, value=value, next_value=next_value, done=done, terminated=terminated)
     return torch.ops.nostall.gae.default(
         reward,
         value,
@@ -79,6 +88,7 @@ def discounted_returns(
         `[T, N]` returns with the dtype of `reward`. Differentiable in reward and
         bootstrap_value. Equal to `gae(..., lmbda=1)[1]` with `next_value = bootstrap_value`.
     """
+    _tensors(reward=reward, done=done, terminated=terminated, bootstrap_value=bootstrap_value)
     return torch.ops.nostall.discounted_returns.default(
         reward, done, terminated, bootstrap_value, _scalar(gamma, "gamma")
     )
@@ -110,6 +120,15 @@ def vtrace(
         `(value_target, pg_advantage)`, each `[T, N]`: the V-trace targets v_s and the
         importance-weighted policy-gradient advantages. Not differentiable: both are targets.
     """
+    _tensors(
+        behavior_log_prob=behavior_log_prob,
+        target_log_prob=target_log_prob,
+        reward=reward,
+        value=value,
+        next_value=next_value,
+        done=done,
+        terminated=terminated,
+    )
     return torch.ops.nostall.vtrace.default(
         behavior_log_prob,
         target_log_prob,

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from nostall.ops.advantages import _scalar
+from nostall.ops.advantages import _scalar, _tensors
 
 Tensor = torch.Tensor
 
@@ -75,6 +75,7 @@ def group_advantages(
     Returns:
         `[N]` advantages; a group of one gets exactly 0. Differentiable in reward.
     """
+    _tensors(reward=reward, group_index=group_index)
     if isinstance(scale, bool):
         scale = "group" if scale else "none"
     return torch.ops.nostall.group_advantages.default(
@@ -93,6 +94,7 @@ def token_log_prob(logits: Tensor, tokens: Tensor) -> Tensor:
         `[B, T]` log-probabilities, float32 (float64 for float64 logits). Differentiable in
         logits; the backward writes `[B, T, V]` gradients directly, with no log-softmax saved.
     """
+    _tensors(logits=logits, tokens=tokens)
     return torch.ops.nostall.token_log_prob.default(logits, tokens)[0]
 
 
@@ -113,6 +115,7 @@ def token_log_prob_linear(
         the backward recomputes each chunk's logits, so peak memory stays near
         `chunk_size * V` instead of `B * T * V`.
     """
+    _tensors(hidden=hidden, weight=weight, tokens=tokens)
     if chunk_size is None:
         vocab = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() >= 1 else 1
         chunk_size = max(1, DEFAULT_CHUNK_LOGITS // max(1, vocab))
@@ -136,6 +139,7 @@ def token_entropy_linear(hidden: Tensor, weight: Tensor, chunk_size: int | None 
         `[B, T]` entropies in nats (float32, or float64). Differentiable in hidden and weight;
         the backward recomputes each chunk's logits, as :func:`token_log_prob_linear`'s does.
     """
+    _tensors(hidden=hidden, weight=weight)
     if chunk_size is None:
         vocab = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() >= 1 else 1
         chunk_size = max(1, DEFAULT_CHUNK_LOGITS // max(1, vocab))
@@ -184,6 +188,7 @@ def clipped_policy_loss(
         :class:`PolicyLoss` of scalar tensors on the inputs' device; normalisers never leave
         the device.
     """
+    _tensors(log_prob=log_prob, old_log_prob=old_log_prob, advantage=advantage, mask=mask)
     if clip_high is None:
         clip_high = clip_low
     if max_tokens is None:
@@ -269,6 +274,15 @@ def ppo_loss(
     Returns:
         PPOLoss; every field a scalar tensor on the logits' device (no host sync).
     """
+    _tensors(
+        logits=logits,
+        action=action,
+        value=value,
+        old_log_prob=old_log_prob,
+        old_value=old_value,
+        advantage=advantage,
+        value_target=value_target,
+    )
     loss, stats, _, _ = torch.ops.nostall.ppo_loss.default(
         logits,
         action,
@@ -302,6 +316,15 @@ def ppo_loss_from_log_prob(
     `log_prob`, `entropy` and `value` are differentiated (d loss / d entropy is
     `-ent_coef / M`); the other tensors are targets. Arguments and result as :func:`ppo_loss`.
     """
+    _tensors(
+        log_prob=log_prob,
+        entropy=entropy,
+        value=value,
+        old_log_prob=old_log_prob,
+        old_value=old_value,
+        advantage=advantage,
+        value_target=value_target,
+    )
     loss, stats, _, _ = torch.ops.nostall.ppo_loss_from_log_prob.default(
         log_prob,
         entropy,

@@ -1,7 +1,11 @@
 """Property tests of the loss ops: invariances from their definitions, reference agreement over
-random shapes and options, and no crash (only a clean RuntimeError or TypeError) on malformed
-input."""
+random shapes and options, and malformed input refused with an error naming an argument the
+ops' documented contract (written out here, independently of their checks) refuses."""
 
+import functools
+import re
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,19 +139,130 @@ ANY_TENSOR = st.one_of(
     ),
     st.none(),
 )
+FLOATS = (torch.float32, torch.float64)
+LOGITS = (*FLOATS, torch.bfloat16)
 
 
-@settings(max_examples=200, deadline=None)
-@given(ANY_TENSOR, ANY_TENSOR, ANY_TENSOR, ANY_TENSOR, st.integers(-2, 3), st.text(max_size=8))
-def test_malformed_input_raises_cleanly(a, b, c, d, n, word):
-    calls = [
-        lambda: nostall.group_advantages(a, b, n, word or "group"),
-        lambda: nostall.token_log_prob(a, b),
-        lambda: nostall.token_log_prob_linear(a, b, c, n if n != 0 else None),
-        lambda: nostall.clipped_policy_loss(a, b, c, d, 0.2, 0.2, word or "token_mean", n or None),
-    ]
-    for call in calls:
-        try:
-            call()
-        except (RuntimeError, TypeError):
-            pass
+def _bad(t, dims: int, dtypes: tuple, shape: tuple | None = None) -> bool:
+    """Whether `t` is not a tensor of `dims` dimensions, one of `dtypes`, of `shape` (None:
+    any; a None entry: any size there)."""
+    if t is None or t.dim() != dims or t.dtype not in dtypes:
+        return True
+    sizes = zip(shape or (), t.shape, strict=False)  # (no shape: nothing to compare)
+    return any(w is not None and w != n for w, n in sizes)
+
+
+def _group_advantages_contract(reward, group_index, num_groups, scale) -> set[str]:
+    bad = set()
+    if _bad(reward, 1, FLOATS) or reward.shape[0] < 1:
+        bad.add("reward")
+    n = None if reward is None or reward.dim() != 1 else reward.shape[0]
+    if _bad(group_index, 1, (torch.int64,), (n,)):
+        bad.add("group_index")
+    if num_groups < 1:
+        bad.add("num_groups")
+    if scale not in ("group", "batch", "none"):
+        bad.add("scale")
+    return bad  # (every index is 0: in range whenever num_groups >= 1)
+
+
+def _token_log_prob_contract(logits, tokens) -> set[str]:
+    bad = set()
+    if _bad(logits, 3, LOGITS) or logits.shape[2] < 1:
+        bad.add("logits")
+    rows = (None, None) if logits is None or logits.dim() != 3 else tuple(logits.shape[:2])
+    if _bad(tokens, 2, (torch.int64,), rows):
+        bad.add("tokens")
+    return bad
+
+
+def _token_log_prob_linear_contract(hidden, weight, tokens, chunk_size) -> set[str]:
+    bad = set()
+    if _bad(hidden, 3, LOGITS):
+        bad.add("hidden")
+    width = None if hidden is None or hidden.dim() != 3 else hidden.shape[2]
+    dtypes = LOGITS if "hidden" in bad else (hidden.dtype,)
+    if _bad(weight, 2, dtypes, (None, width)) or weight.shape[0] < 1:
+        bad.add("weight")
+    rows = (None, None) if "hidden" in bad else tuple(hidden.shape[:2])
+    if _bad(tokens, 2, (torch.int64,), rows):
+        bad.add("tokens")
+    if chunk_size is not None and chunk_size < 1:
+        bad.add("chunk_size")
+    return bad
+
+
+def _policy_loss_contract(log_prob, old_log_prob, advantage, mask, aggregation,
+                          max_tokens) -> set[str]:  # fmt: skip
+    bad = set()
+    if _bad(log_prob, 2, FLOATS) or min(log_prob.shape) < 1:
+        bad.add("log_prob")
+    B, T = (None, None) if log_prob is None or log_prob.dim() != 2 else log_prob.shape
+    dtypes = FLOATS if "log_prob" in bad else (log_prob.dtype,)
+    if _bad(old_log_prob, 2, dtypes, (B, T)):
+        bad.add("old_log_prob")
+    if advantage is None or advantage.dim() not in (1, 2):
+        bad.add("advantage")
+    elif _bad(advantage, advantage.dim(), dtypes, (B, T)[: advantage.dim()]):
+        bad.add("advantage")
+    if _bad(mask, 2, (torch.bool,), (B, T)):
+        bad.add("mask")
+    if aggregation not in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
+        bad.add("aggregation")
+    if max_tokens is not None and max_tokens < 1:
+        bad.add("max_tokens")
+    return bad
+
+
+def _expect(call, bad: set[str]) -> None:
+    """`call()` succeeds when the contract finds nothing wrong; otherwise it raises a
+    RuntimeError or TypeError (torch's own, for a None tensor) naming an argument that is."""
+    if not bad:
+        call()
+        return
+    with pytest.raises((RuntimeError, TypeError)) as raised:
+        call()
+    named = [name for name in bad if re.search(rf"\b{name}\b", str(raised.value))]
+    assert named, f"expected an error naming one of {sorted(bad)}, got: {raised.value}"
+
+
+def _well_formed(B: int, T: int, V: int, dtype: torch.dtype) -> dict[str, dict]:
+    """Each op's arguments, every one as its contract wants."""
+    z = functools.partial(torch.zeros, dtype=dtype)
+    tokens = torch.zeros(B, T, dtype=torch.int64)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    return {
+        "group_advantages": dict(reward=z(B), group_index=torch.zeros(B, dtype=torch.int64)),
+        "token_log_prob": dict(logits=z(B, T, V), tokens=tokens),
+        "token_log_prob_linear": dict(hidden=z(B, T, 2), weight=z(V, 2), tokens=tokens),
+        "clipped_policy_loss": dict(
+            log_prob=z(B, T), old_log_prob=z(B, T), advantage=z(B), mask=mask
+        ),
+    }
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.sampled_from(FLOATS),
+       st.integers(0, 3), ANY_TENSOR, st.integers(-2, 3), st.text(max_size=8))  # fmt: skip
+def test_malformed_input_is_refused_naming_the_argument(B, T, V, dtype, which, other, n, word):
+    """Every op's well-formed arguments with one of them (`which`, if any) replaced by any
+    tensor or None, and any integer and word for its sizes and options: the call succeeds
+    exactly when the contract finds nothing wrong, else names what is."""
+    ops = _well_formed(B, T, V, dtype)
+    for args in ops.values():
+        names = list(args)
+        if which < len(names):
+            args[names[which]] = other
+    scale, aggregation = word or "group", word or "token_mean"
+    chunk_size, max_tokens = (n if n != 0 else None), (n or None)
+    a = ops["group_advantages"]
+    _expect(lambda: nostall.group_advantages(*a.values(), n, scale),
+            _group_advantages_contract(*a.values(), n, scale))  # fmt: skip
+    a = ops["token_log_prob"]
+    _expect(lambda: nostall.token_log_prob(*a.values()), _token_log_prob_contract(*a.values()))
+    a = ops["token_log_prob_linear"]
+    _expect(lambda: nostall.token_log_prob_linear(*a.values(), chunk_size),
+            _token_log_prob_linear_contract(*a.values(), chunk_size))  # fmt: skip
+    a = ops["clipped_policy_loss"]
+    _expect(lambda: nostall.clipped_policy_loss(*a.values(), 0.2, 0.2, aggregation, max_tokens),
+            _policy_loss_contract(*a.values(), aggregation, max_tokens))  # fmt: skip
