@@ -2,6 +2,7 @@
 adapter, saving the policy, loading it back and evaluating it, and the errors on the way."""
 
 import json
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -196,7 +197,9 @@ def test_save_load_eval_round_trip(tmp_path):
     assert main(["eval", str(out), "--episodes", "4", "--record", str(gif), "--json"]) == 0
     summary = json.loads((out / "eval.json").read_text())
     assert summary["episodes"] == 4 and len(summary["returns"]) == 4
-    assert summary["mean_return"] > 100  # 40k steps of PPO: well past random (about 20)
+    # 40k steps of PPO: well past random (about 20); a margin every seed clears (seeds 1-5
+    # measured at 312-500), so the saved policy is the trained one, not a fresh network.
+    assert summary["mean_return"] > 100
     assert summary["recording"]["frames"] > 10
     assert Image.open(gif).n_frames > 10  # (the GIF writer merges identical neighbours)
     sampled = nostall.load_policy(out, deterministic=False, seed=1)
@@ -221,17 +224,20 @@ def test_the_cnn_learns_from_pixels_kept_uint8_in_the_chunks(tmp_path):
         seen.append((type(agent), chunk.obs.dtype, tuple(chunk.obs.shape)))
         return ppo.gae_advantages(agent, chunk, args)
 
-    args = ppo.PPOConfig(env_id="tests.algos.custom_envs:VisualSignEnv", num_envs=4, num_steps=64,
-                    total_timesteps=12 * 256, learning_rate=2.5e-3, watch_syncs=False,
-                    log_interval=1)  # fmt: skip
-
     class Recording(ppo.PPOTrainer):
         advantage_fn = staticmethod(recording)
 
-    result = Recording(args=args).train()
+    first, last = [], []
+    for seed in range(5):  # (measured: from 4.6-5.2 to 9.65-10 of 10 on every seed)
+        args = ppo.PPOConfig(env_id="tests.algos.custom_envs:VisualSignEnv", num_envs=4,
+                             num_steps=64, total_timesteps=12 * 256, learning_rate=2.5e-3,
+                             watch_syncs=False, log_interval=1, seed=seed)  # fmt: skip
+        result = Recording(args=args).train()
+        first.append(result.curve[0][2])
+        last.append(result.curve[-1][2])
     assert seen[0] == (ConvActorCritic, torch.uint8, (65, 4, 40 * 40 * 3))
-    first, last = result.curve[0][2], result.curve[-1][2]
-    assert first < 7.5 and last > 9, result.curve  # random: about 5 of 10
+    assert max(first) < 7.5, first  # random play: about 5 of 10
+    assert statistics.median(last) > 9 and min(last) > 8, last
     from nostall.algos.ppo.policy import Policy, save_policy
 
     save_policy(result.policy, tmp_path / "policy.pt")

@@ -5,6 +5,7 @@ an update, and bad input named."""
 
 import copy
 import dataclasses
+import statistics
 
 import pytest
 import torch
@@ -199,13 +200,19 @@ def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type)
 
 
 def test_tiny_model_learns_copy():
-    """Chance is about 0.1 (1 in 8 letters per position); a fixed seed must get well above,
-    with the defaults (generation a version ahead, lr 1.1e-3, entropy bonus 0.05: about 180
-    steps to 0.7)."""
-    args = grpo.GRPOConfig(steps=200, watch_syncs=False, log_interval=50, seed=1)
-    result = grpo.train(args)
-    assert sum(result.rewards[:10]) / 10 < 0.2
-    assert sum(result.rewards[-10:]) / 10 > 0.5, result.rewards[-10:]
+    """Chance is about 0.1 (1 in 8 letters per position). With the defaults (generation a
+    version ahead, lr 1.1e-3, entropy bonus 0.05) the median run over five seeds, none of them
+    tuned on, reaches a mean reward of 0.7 over ten steps within 200 steps (measured: 4 of 5
+    seeds, in 149-180 steps; the last ten steps' means 0.54-0.96, median 0.94)."""
+    first, last = [], []
+    for seed in (2, 3, 4, 5, 6):
+        rewards = grpo.train(grpo.GRPOConfig(steps=200, watch_syncs=False, log_interval=50,
+                                             seed=seed)).rewards  # fmt: skip
+        first.append(sum(rewards[:10]) / 10)
+        last.append(sum(rewards[-10:]) / 10)
+    assert max(first) < 0.2, first  # every run starts at chance
+    assert statistics.median(last) > 0.7, last
+    assert sum(x > 0.7 for x in last) >= 3, last  # the success rate: most seeds, not one
 
 
 def test_no_unintended_sync_in_an_update_or_a_decode_step():

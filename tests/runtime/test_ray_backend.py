@@ -4,6 +4,7 @@ errors, and the same run as the thread backend at staleness 0."""
 
 import os
 import signal
+import statistics
 import time
 
 import pytest
@@ -150,17 +151,21 @@ def test_a_worker_whose_env_raises_stops_the_run_with_the_cause(local_cluster):
 
 
 def test_appo_on_two_workers_learns_and_the_report_counts_no_drops(local_cluster, tmp_path):
-    from nostall.cli import main
-
-    code = main(["train", "appo", "--env", "CartPole-v1", "--backend", "ray", "--num-workers",
-                 "2", "--total-timesteps", "40000", "--no-progress", "--no-watch-syncs",
-                 "--out", str(tmp_path)])  # fmt: skip
-    assert code == 0
     import json
 
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["dropped_chunks"] == 0
-    assert report["final_return"] > 100, report  # random play: about 20
+    from nostall.cli import main
+
+    finals = []
+    for seed in (1, 2, 3):  # (none tuned on; the median against the claim)
+        out = tmp_path / f"seed{seed}"
+        code = main(["train", "appo", "--env", "CartPole-v1", "--backend", "ray",
+                     "--num-workers", "2", "--total-timesteps", "40000", "--seed", str(seed),
+                     "--no-progress", "--no-watch-syncs", "--out", str(out)])  # fmt: skip
+        assert code == 0
+        report = json.loads((out / "report.json").read_text())
+        assert report["dropped_chunks"] == 0
+        finals.append(report["final_return"])
+    assert statistics.median(finals) > 100, finals  # random play: about 20
 
 
 def test_bad_worker_counts_are_refused():
