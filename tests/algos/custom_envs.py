@@ -1,7 +1,5 @@
 """Small Gymnasium environments defined outside nostall, for `--env module:EnvClass`."""
 
-import time
-
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -31,12 +29,10 @@ class FailingEnv(SignEnv):
     """SignEnv that raises on its 300th step: a user's bug surfacing mid-run."""
 
     steps = 0
-    raised_at = None
 
     def step(self, action):
         FailingEnv.steps += 1
         if FailingEnv.steps == 300:
-            FailingEnv.raised_at = time.perf_counter()
             raise RuntimeError("FailingEnv: the simulator diverged")
         return super().step(action)
 

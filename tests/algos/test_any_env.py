@@ -4,7 +4,6 @@ adapter, saving the policy, loading it back and evaluating it, and the errors on
 import json
 import statistics
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +69,9 @@ def test_an_env_that_raises_mid_run_stops_the_run_with_its_traceback():
     FailingEnv.steps = 0
     with pytest.raises(Exception, match="the simulator diverged") as caught:
         appo.train(args)
-    assert time.perf_counter() - FailingEnv.raised_at < 1.0  # from the raise to the trainer
+    # The error, not a timeout, ended the trainer's wait (a run of 64k steps), and reaches the
+    # user with the env's frame.
+    assert FailingEnv.steps == 300  # the raising step was the last any env took
     chain, error = [], caught.value
     while error is not None:
         chain.append(error)
