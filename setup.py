@@ -2,13 +2,15 @@
 
 `nostall._C` holds every schema and the CPU kernels; it uses the stable ABI and has no CUDA
 dependency. `nostall._C_autograd` holds the autograd kernels, which need the regular ABI.
-`nostall._C_cuda` holds the CUDA kernels and is built only when the installed torch has CUDA (a
-CPU torch cannot build `.cu` sources: its `CUDA_HOME` is None). Build without isolation, against
+`nostall._C_cuda` holds the CUDA kernels and is built only when the installed torch has CUDA and a
+CUDA toolkit (nvcc) is found (nostall/_build_plan.py): a stock machine's CUDA torch without the
+toolkit builds the CPU libraries and says why. Build without isolation, against
 the torch already installed: `pip install --no-build-isolation -e .` (an isolated build would
 pull a CUDA torch).
 """
 
 import glob
+import importlib.util
 import os
 
 import torch
@@ -37,6 +39,26 @@ CXX_FLAGS = [
     "-fno-math-errno",
     *STABLE_ABI_FLAGS,
 ]
+
+
+def _build_plan():
+    """nostall/_build_plan.py, by its path (the package cannot be imported before it is built)."""
+    spec = importlib.util.spec_from_file_location("_build_plan", "nostall/_build_plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cuda_skip_reason() -> str | None:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return _build_plan().cuda_skip_reason(torch.__version__, torch.version.cuda, CUDA_HOME,
+                                          dict(os.environ))  # fmt: skip
+
+
+CUDA_SKIPPED = cuda_skip_reason()
+if CUDA_SKIPPED and torch.version.cuda:
+    print(f"nostall: building the CPU kernels only: {CUDA_SKIPPED}")
 
 
 def cpu_sources() -> list[str]:
@@ -96,7 +118,7 @@ def extensions() -> list:
             extra_compile_args={"cxx": ["-O2", "-g0", "-std=c++20"]},
         ),
     ]
-    if torch.version.cuda and os.environ.get("NOSTALL_NO_CUDA") != "1":
+    if CUDA_SKIPPED is None:
         from torch.utils.cpp_extension import CUDAExtension
 
         set_default_cuda_archs()
@@ -122,8 +144,8 @@ def write_build_info() -> None:
     with open(os.path.join("nostall", "_build_info.py"), "w") as f:
         f.write('"""Written by setup.py at build time."""\n\n')
         f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
-        cuda = bool(torch.version.cuda) and os.environ.get("NOSTALL_NO_CUDA") != "1"
-        f.write(f"CUDA_KERNELS = {cuda}\n")
+        f.write(f"CUDA_KERNELS = {CUDA_SKIPPED is None}\n")
+        f.write(f"CUDA_SKIPPED = {CUDA_SKIPPED!r}  # why the CUDA kernels were not built\n")
 
 
 write_build_info()

@@ -6,9 +6,9 @@ same formulas are registered from Python instead (nostall._autograd_fallback), w
 notice: every op works, each differentiable call costs about 0.1-0.5 ms more (forward and
 backward; benchmarks/autograd_fallback.py). `AUTOGRAD` says
 which is in use ("native" or "python"; NOSTALL_AUTOGRAD=python asks for the Python one).
-`_C_cuda` exists only when nostall was built against a CUDA torch; without it a CUDA tensor
-passed to an op fails in the dispatcher with "could not run 'nostall::...' with arguments from
-the 'CUDA' backend", never silently.
+`_C_cuda` exists only when nostall was built against a CUDA torch with a CUDA toolkit; under a
+CUDA torch without it, every op's CUDA kernel is one that refuses the call with the build's reason
+(no toolkit, say) and what to do, never silently and never the dispatcher's bare "could not run".
 """
 
 import importlib
@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from nostall.build_info import REBUILD, built_for
+from nostall.build_info import REBUILD, built_for, cuda_skipped
 
 
 class AutogradFallbackWarning(UserWarning):
@@ -73,12 +73,35 @@ AUTOGRAD = _load_autograd()
 from nostall import _decoder_train  # noqa: E402, F401  (its fakes and Python autograd formula)
 
 
+def _refuse_cuda_calls(reason: str) -> torch.library.Library:
+    """Registers, for every nostall op, a CUDA kernel that raises `reason`."""
+    library = torch.library.Library("nostall", "IMPL")
+    # (The dispatcher's list of every registered op: no public API lists a namespace's ops.)
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("nostall::")]
+    for name in names:
+        op = name.removeprefix("nostall::")
+
+        def refuse(*args, _op=op, **kwargs):
+            raise RuntimeError(f"nostall::{_op} was given CUDA tensors, but this nostall has no "
+                               f"CUDA kernels: {reason}")  # fmt: skip
+
+        library.impl(op, refuse, "CUDA")
+    return library
+
+
 def _load_cuda_kernels() -> bool:
-    if torch.version.cuda is None or importlib.util.find_spec("nostall._C_cuda") is None:
+    if torch.version.cuda is None:
+        return False
+    if importlib.util.find_spec("nostall._C_cuda") is None:
+        reason = cuda_skipped() or (f"the CUDA library was not built or not installed; to "
+                                    f"build it: {REBUILD}")  # fmt: skip
+        global _CUDA_REFUSALS
+        _CUDA_REFUSALS = _refuse_cuda_calls(reason)
         return False
     # A built but unloadable CUDA library is a broken install: let its ImportError surface.
     importlib.import_module("nostall._C_cuda")
     return True
 
 
+_CUDA_REFUSALS: torch.library.Library | None = None  # (kept: the registrations live with it)
 HAS_CUDA_KERNELS = _load_cuda_kernels()

@@ -10,3 +10,12 @@ def built_for() -> str | None:
     except ImportError:
         return None
     return TORCH_VERSION
+
+
+def cuda_skipped() -> str | None:
+    """Why the build made no CUDA kernels (None: it made them, or nothing records why)."""
+    try:
+        from nostall._build_info import CUDA_SKIPPED
+    except ImportError:  # (a build from before the reason was recorded)
+        return None
+    return CUDA_SKIPPED
