@@ -9,6 +9,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+RUN_INSTALLED := $(VENV)/.installed-run
 NATIVE_LIB := nostall/_C.abi3.so
 NATIVE_SOURCES := $(shell find csrc -name "*.cpp" -o -name "*.h" -o -name "*.cu" -o -name "*.cuh")
 
@@ -16,17 +17,23 @@ NATIVE_SOURCES := $(shell find csrc -name "*.cpp" -o -name "*.h" -o -name "*.cu"
 
 all: test
 
-$(INSTALLED): pyproject.toml setup.py
+# What `make run` needs (torch and nostall's own dependencies), then what `make test` adds (the
+# linters, the test tools and the peers the tests race: TRL, Ray, SB3, EnvPool, peft).
+$(RUN_INSTALLED): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "setuptools>=77" wheel
 	$(PY) -m pip install -q $(TORCH_SPEC)
+	NOSTALL_NO_EXTENSIONS=1 $(PY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+$(INSTALLED): $(RUN_INSTALLED)
 	NOSTALL_NO_EXTENSIONS=1 $(PY) -m pip install -q --no-build-isolation -e ".[dev]"
 	touch $@
 
 # The native library, built once, in place, and rebuilt incrementally when a source changes (the
 # editable install above leaves it out: see setup.py). The install is an order-only
 # prerequisite: reinstalling (after a pyproject.toml change) does not by itself rebuild it.
-$(NATIVE_LIB): $(NATIVE_SOURCES) | $(INSTALLED)
+$(NATIVE_LIB): $(NATIVE_SOURCES) | $(RUN_INSTALLED)
 	CFLAGS=-g0 $(PY) setup.py -q build_ext --inplace
 	touch $@
 
