@@ -107,21 +107,37 @@ def builtin_model(name: str, seed: int = 0, characters: list[str] | None = None)
     return LanguageModel(model.float(), tokenizer, name)
 
 
+def cached_snapshot(repo_id: str) -> Path:
+    """A Hub id's snapshot already in the local Hugging Face cache (HF_HOME / HF_HUB_CACHE), as
+    transformers would find it offline; nothing is downloaded. ValueError saying how to get it
+    otherwise."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        raise ValueError(
+            f"model {repo_id!r} is neither a built-in ({', '.join(BUILTIN_SIZES)}), a local "
+            f"model directory, nor a Hub id in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); nostall downloads nothing: fetch it first "
+            f"(`hf download {repo_id}`) or give its directory"
+        ) from None
+
+
 def load_model(name_or_path: str, seed: int = 0, characters: list[str] | None = None,
                dtype: torch.dtype = torch.float32) -> LanguageModel:  # fmt: skip
-    """A built-in (`tiny`, `small`; its tokenizer of `characters`, a task's alphabet) or a local
-    model directory, its parameters in `dtype` (a directory's converted as they load: no float32
-    copy on the way); ValueError with the reason when the path is missing or holds no causal LM
-    or tokenizer, or the tokenizer has no `<eos>`."""
+    """A built-in (`tiny`, `small`; its tokenizer of `characters`, a task's alphabet), a local
+    model directory or a Hub id already in the local Hugging Face cache, its parameters in
+    `dtype` (a directory's converted as they load: no float32 copy on the way); ValueError with
+    the reason when the path is missing or holds no causal LM or tokenizer, or the tokenizer
+    has no `<eos>`."""
     if name_or_path in BUILTIN_SIZES:
         lm = builtin_model(name_or_path, seed, characters)
     else:
         path = Path(name_or_path)
         if not path.is_dir():
-            raise ValueError(
-                f"model {name_or_path!r} is neither a built-in ({', '.join(BUILTIN_SIZES)}) "
-                "nor a local model directory"
-            )
+            path = cached_snapshot(name_or_path)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:

@@ -49,7 +49,8 @@ class GRPOConfig:
     flag's help."""
 
     model: str = "tiny"
-    """a built-in model ("tiny", "small") or a local causal LM directory"""
+    """a built-in model ("tiny", "small"), a local causal LM directory, or a Hub id already in
+    the local Hugging Face cache (nothing is downloaded)"""
     task: str = "copy"
     """a built-in task (copy, reverse, sort, sum, arithmetic), used when no --dataset is given"""
     dataset: str | None = None
