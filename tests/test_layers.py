@@ -18,7 +18,7 @@ LAYERS = [
     {"envs"},
     {"ops"},
     {"__init__", "_native", "_autograd_fallback", "_decoder_train", "decoder_weights",
-     "build_info", "_build_info", "user_code", "files"},
+     "build_info", "_build_info", "_build_plan", "user_code", "files"},
     {"profiler"},
 ]  # fmt: skip
 RANK = {name: len(LAYERS) - i for i, names in enumerate(LAYERS) for name in names}

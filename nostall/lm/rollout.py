@@ -167,6 +167,10 @@ class PromptEncoder:
         self.backend = _backend(tokenizer, prompts, encoded, not self.chat)
         lengths = [len(ids) for ids in encoded]
         self.length = max(lengths)
+        self.check_room(max_new_tokens, max_positions)
+
+    def check_room(self, max_new_tokens: int, max_positions: int) -> None:
+        """ValueError when the longest prompt and `max_new_tokens` exceed the model's context."""
         if self.length + max_new_tokens > max_positions:
             raise ValueError(
                 f"prompts of up to {self.length} tokens plus max_new_tokens {max_new_tokens} "
@@ -200,25 +204,39 @@ class PromptEncoder:
 WATCHED_BATCH = 3
 
 
+@dataclass(frozen=True)
+class GeneratorOptions:
+    """How a GroupGenerator runs, beside what it generates."""
+
+    watch_syncs: bool = True  # count the host syncs of one decode step (after warm-up)
+    keep_texts: bool = False  # log_completions: each batch keeps its texts (batch.samples)
+    generation_timeout_s: float | None = None  # a batch's generation (None: no limit)
+    reward_timeout_s: float | None = None  # each reward call (None: no limit)
+
+
 class GroupGenerator:
-    """Fills LMBatch slots: prompts, completions, behaviour log-probs and rewards."""
+    """Fills LMBatch slots: prompts, completions, behaviour log-probs and rewards.
+
+    What it generates and how is given here; what ties it to a transport (its watchdog, the
+    weights' `release` and `refresh`, where its reward calls are watched) the transport sets,
+    as it does on every fill (nostall/runtime/protocol.py)."""
 
     def __init__(self, engine: GenerationEngine, encoder: PromptEncoder, source: PromptSource,
-                 rewards: Rewards, *, num_prompts: int, num_generations: int,
-                 seed: int):  # fmt: skip
+                 rewards: Rewards, *, num_prompts: int, num_generations: int, seed: int,
+                 options: GeneratorOptions = GeneratorOptions()):  # fmt: skip
         self.engine, self.encoder, self.source, self.rewards = engine, encoder, source, rewards
         self.num_prompts, self.num_generations = num_prompts, num_generations
         # On the model's device: the sampler draws its noise there.
         self.generator = torch.Generator(engine.allowed.device).manual_seed(seed)
         source.seed(seed)
         self.eos_token_id = engine.eos_token_id
-        self.watch_syncs = True
-        self.keep_texts = False  # log_completions: the batch keeps its texts (batch.samples)
+        self.watch_syncs = options.watch_syncs
+        self.keep_texts = options.keep_texts
+        self.generation_timeout_s = options.generation_timeout_s
+        self.reward_timeout_s = options.reward_timeout_s
         # Where each step is marked with its limit (a reward call, generation), so a hang is
         # named: set by the transport (nostall.runtime.watchdog); None: unwatched.
         self.watchdog: Watchdog | None = None
-        self.generation_timeout_s: float | None = None
-        self.reward_timeout_s: float | None = None
         # Where this runs on the trainer's own thread (an inline loop), no other thread checks
         # the watchdog: the reward calls then run in a helper thread this one watches.
         self.watch_rewards_here = False

@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from nostall.algos import grpo
 from nostall.algos.grpo import setup as grpo_setup
+from nostall.algos.grpo import state as grpo_state
 from nostall.algos.grpo.explicit_update import ExplicitUpdate, training_order
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
@@ -148,9 +149,9 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
         setup.generator(batch)
         grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
                          group_index)  # fmt: skip
-        saves.append(grpo_setup.snapshot(setup, 1, grpo.GRPOResult(args={})))
+        saves.append(grpo_state.snapshot(setup, 1, grpo.GRPOResult(args={})))
     state = saves[k - 1]
-    names = grpo_setup._optimizer_names(setup)
+    names = grpo_state._optimizer_names(setup)
     assert names != [n for n, _ in setup.lm.model.named_parameters()]  # the orders differ
     # The same state as the older layout wrote it: entries in named_parameters order, no names.
     older = copy.deepcopy(state)
@@ -162,7 +163,7 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
     del older["optimizer_parameters"]
     for saved in (state, older):
         fresh = grpo_setup.build(args)
-        grpo_setup.restore(fresh, saved, grpo.GRPOResult(args={}))
+        grpo_state.restore(fresh, saved, grpo.GRPOResult(args={}))
         expected = {n: setup.optimizer.state[p]["exp_avg"] for n, p in
                     setup.lm.model.named_parameters()}  # fmt: skip
         if k == 1:  # the first save's moments, not the live ones

@@ -25,10 +25,16 @@ runs it, with TRL's names, and the waits taken out:
   generation and the update on a bf16 copy over float32 master weights and Adam state
   (nostall/lm/precision.py); the gap between generation's and the trainer's log-probs is
   reported every update and, where they can differ, corrected by the capped weight above.
-Read top to bottom: config.py (every setting, TRL's names), loss.py (log-probs and the clipped
-surrogate), update.py (an update on one batch), explicit_update.py (the same update by explicit
-adjoints, no autograd graph), setup.py (model, generation side, runtime, optimizer;
-checkpoints), trainer.py (the run as the shared loop's hooks, and TRL's constructor).
+Read top to bottom:
+- config.py: every setting, TRL's names; runtime_options.py: the checks of where it generates;
+- loss.py: log-probs and the clipped surrogate; update.py: an update on one batch;
+  explicit_update.py: the same update by explicit adjoints, no autograd graph;
+- setup.py: what a run builds, once each and in order (prompts, rewards, the model and its
+  precision, the generation side and its transport, the optimizer, the reference model);
+- state.py: a checkpoint's state, its restore, the model saved for transformers;
+- sharded.py, ranks.py: `--trainers M`, the update sharded over ranks;
+- result.py: what a run returns; trainer.py: the run as the shared loop's hooks, and TRL's
+  constructor.
 """
 
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig

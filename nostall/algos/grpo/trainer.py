@@ -30,7 +30,8 @@ import torch
 
 from nostall.algos.grpo.config import RESUMABLE, GRPOConfig
 from nostall.algos.grpo.result import GRPOResult
-from nostall.algos.grpo.setup import Inputs, Setup, build, restore, save_model, snapshot
+from nostall.algos.grpo.setup import Inputs, Setup, build
+from nostall.algos.grpo.state import restore, save_model, snapshot
 from nostall.algos.grpo.update import grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.tasks import load_reward
@@ -52,8 +53,10 @@ class GRPOTrainer:
         inputs = _inputs(args, model, reward_funcs, train_dataset, processing_class)
         args.check()
         torch.set_num_threads(args.torch_threads)
-        self.config = args
         self.setup = setup or build(args, inputs)
+        # The run's settings as resolved (a default completion length cut to the model's
+        # context is the copy's; the config given is left as it was).
+        self.config = args = self.setup.args
         self.runtime = self.setup.loop
         self.model = self.setup.lm.model
         self.published_model = self.setup.compute  # (bf16 compute: the copy generation reads)

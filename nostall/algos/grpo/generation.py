@@ -1,0 +1,223 @@
+"""The generation side of a GRPO run: what it is built from (the config, and the Python API's
+own objects: `Inputs`), its prompts and rewards (`Generation`), its engine (native or vLLM) and
+the GroupGenerator filling batches. Built in the trainer's process on the thread backend, from
+the parts setup.py built once; in a rollout process or a Ray worker, from the same recipe there
+(`build_generator`, `ray_generator`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from nostall.algos.grpo.config import GRPOConfig
+from nostall.lm.generation import GenerationEngine, SamplingConfig
+from nostall.lm.hf_decoder import make_decoder
+from nostall.lm.lora import apply_lora, is_peft
+from nostall.lm.models import BUILTIN_SIZES, LanguageModel, load_model
+from nostall.lm.packing import pack_parameters
+from nostall.lm.precision import MASTER_DTYPES, compute_copy, compute_dtype
+from nostall.lm.rollout import GeneratorOptions, GroupGenerator, PromptEncoder
+from nostall.lm.tasks import (
+    TASK_CHARACTERS,
+    TASK_REWARDS,
+    PromptSource,
+    RewardFn,
+    Rewards,
+    answer_reward,
+    dataset_source,
+    load_reward,
+    rows_source,
+    task_source,
+)
+from nostall.lm.vllm_engine import VLLMEngine
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class Inputs:
+    """What a run trains on beyond its config: the Python API's own objects (None: what the
+    config names). They travel to a rollout process or Ray worker by pickling."""
+
+    lm: LanguageModel | None = None  # the user's model and tokenizer (None: config.model)
+    reward_funcs: list[RewardFn] | None = None  # callables (None: config.reward)
+    rows: list[dict] | None = None  # prompt rows (None: config.dataset, or config.task)
+
+
+def prompt_rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
+    weights = args.weights()
+    if weights is not None and inputs.reward_funcs is None and not args.reward:
+        raise ValueError(
+            "--reward-weights weighs the functions of --reward (reward_funcs): "
+            "give them, or leave the weights out"
+        )
+    if inputs.reward_funcs is not None:
+        return Rewards(inputs.reward_funcs, weights)
+    if not args.reward:
+        if not args.dataset and inputs.rows is None and args.task in TASK_REWARDS:
+            functions, task_weights = TASK_REWARDS[args.task]
+            return Rewards(functions, weights or task_weights)
+        return Rewards([answer_reward], weights)
+    return Rewards([load_reward(spec.strip()) for spec in args.reward.split(",")], weights)
+
+
+def task_characters(args: GRPOConfig, inputs: Inputs) -> list[str] | None:
+    """The alphabet a built-in model's tokenizer needs for the run's built-in task."""
+    if args.dataset or inputs.rows is not None:
+        return None
+    return TASK_CHARACTERS.get(args.task)
+
+
+def with_lora(lm: LanguageModel, args: GRPOConfig) -> LanguageModel:
+    """The model with LoRA adapters (args.lora_r > 0; none added to a model that has some)."""
+    if not args.lora_r or is_peft(lm.model):
+        return lm
+    model = apply_lora(lm.model, args.lora_r, args.lora_alpha, args.lora_target_modules, args.seed)
+    return LanguageModel(model, lm.tokenizer, lm.name)
+
+
+def load_run_model(args: GRPOConfig, inputs: Inputs) -> LanguageModel:
+    """The config's model (a built-in with the task's alphabet, a directory, a cached Hub id),
+    its parameters in the master dtype, LoRA adapters added."""
+    characters = task_characters(args, inputs)
+    lm = load_model(args.model, args.seed, characters, MASTER_DTYPES[args.master_dtype])
+    return with_lora(lm, args)
+
+
+def prompt_source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
+    if inputs.rows is not None:
+        return rows_source(inputs.rows, "train_dataset")
+    return dataset_source(args.dataset) if args.dataset else task_source(args.task)
+
+
+def run_dtype(args: GRPOConfig, inputs: Inputs) -> torch.dtype:
+    """The compute dtype of the run (`--dtype`, auto resolved for this machine and model)."""
+    if args.master_dtype == "bfloat16":
+        return torch.bfloat16
+    builtin = inputs.lm is None and args.model in BUILTIN_SIZES
+    return compute_dtype(args.dtype, torch.device(args.device), builtin)
+
+
+def dtype_of(model: torch.nn.Module) -> torch.dtype:
+    return model.get_input_embeddings().weight.dtype
+
+
+@dataclass
+class Generation:
+    """What the generation side draws on, built once where it runs: the prompts, the rewards,
+    their encoder and the compute dtype."""
+
+    source: PromptSource
+    rewards: Rewards
+    encoder: PromptEncoder
+    dtype: torch.dtype
+
+    @classmethod
+    def build(cls, args: GRPOConfig, inputs: Inputs, lm: LanguageModel) -> Generation:
+        """(In a rollout process or Ray worker: its own, from the same config and inputs.)"""
+        source = prompt_source(args, inputs)
+        encoder = PromptEncoder(
+            lm.tokenizer, source.all_prompts(), lm.max_positions, args.max_new_tokens
+        )
+        return cls(source, prompt_rewards(args, inputs), encoder, run_dtype(args, inputs))
+
+
+def _options(args: GRPOConfig) -> GeneratorOptions:
+    # (vLLM's engine reads its inputs on the host by design: its syncs are not watched.)
+    return GeneratorOptions(
+        watch_syncs=args.watch_syncs and args.generator == "native",
+        keep_texts=args.log_completions,
+        generation_timeout_s=args.generation_timeout,
+        reward_timeout_s=args.reward_timeout,
+    )
+
+
+def _engine(
+    args: GRPOConfig,
+    lm: LanguageModel,
+    rollout_model: torch.nn.Module,
+    generation: Generation,
+    seed: int,
+    share: bool,
+):
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        stop_check_every=args.stop_check_every,
+        cuda_graph=args.cuda_graph,
+    )
+    if args.generator == "vllm":
+        return VLLMEngine(
+            rollout_model,
+            sampling,
+            eos_token_id=lm.eos_token_id,
+            pad_token_id=lm.pad_token_id,
+            banned_token_ids=lm.banned_token_ids(),
+            batch_size=args.batch_size,
+            max_len=generation.encoder.length + args.max_new_tokens,
+            seed=seed,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            sleep=args.staleness == 0,  # (the KV cache's memory is the update's meanwhile)
+        )
+    decoder = make_decoder(rollout_model)
+    if not share:
+        pack_parameters(decoder)  # each layer's fused weights become views: no copy a batch
+    return GenerationEngine(
+        decoder,
+        sampling,
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=lm.banned_token_ids(),
+    )
+
+
+def build_generator(
+    args: GRPOConfig,
+    lm: LanguageModel | None = None,
+    seed: int | None = None,
+    inputs: Inputs | None = None,
+    share: bool = False,
+    generation: Generation | None = None,
+) -> GroupGenerator:
+    """The generation side: its own model copy in the run's compute dtype (of `lm`'s, or loaded
+    anew: in a rollout process; `share`: `lm`'s model itself), engine, and `generation`'s prompts
+    and rewards (built here where not given: in a rollout process or Ray worker); prompts and
+    samples drawn from `seed` (default args.seed)."""
+    inputs = inputs or Inputs()
+    seed = args.seed if seed is None else seed
+    lm = lm or inputs.lm
+    if lm is None:
+        lm = load_run_model(args, inputs)
+        generation = generation or Generation.build(args, inputs, lm)
+        rollout_model = lm.model.to(torch.device(args.device))
+        if dtype_of(rollout_model) != generation.dtype:  # (cast as the trainer's: buffers kept)
+            rollout_model = compute_copy(rollout_model, generation.dtype)
+    else:
+        generation = generation or Generation.build(args, inputs, lm)
+        # Shared: the trainer's optimizer packs its parameters as pack_parameters would. Else a
+        # copy in the run's compute dtype (bf16: half a float32 copy's memory).
+        rollout_model = lm.model if share else compute_copy(lm.model, generation.dtype)
+    engine = _engine(args, lm, rollout_model, generation, seed, share)
+    return GroupGenerator(
+        engine,
+        generation.encoder,
+        generation.source,
+        generation.rewards,
+        num_prompts=args.num_prompts,
+        num_generations=args.num_generations,
+        seed=seed,
+        options=_options(args),
+    )
+
+
+def ray_generator(args: GRPOConfig, inputs: Inputs, worker: int) -> GroupGenerator:
+    """Ray worker `worker`'s generation side: prompts and samples of its own (seed + worker:
+    worker 0's are the thread backend's)."""
+    return build_generator(args, seed=args.seed + worker, inputs=inputs)
