@@ -87,15 +87,25 @@ def main() -> None:
     gen_ms = _median_ms(lambda: generator(batch), a.repeats)
 
     def update():
-        grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
-                         setup.group_index)  # fmt: skip
+        grpo.grpo_update(
+            grpo.UpdateContext(
+                setup.decoder, setup.optimizer, args, setup.vocab, setup.group_index
+            ),
+            batch,
+            False,
+        )
 
     update_ms = _median_ms(update, a.repeats)
     bonus = dataclasses.replace(args, entropy_coef=grpo.GRPOConfig.entropy_coef)  # the defaults'
 
     def update_with_bonus():
-        grpo.grpo_update(setup.decoder, setup.optimizer, batch, bonus, setup.vocab, None, False,
-                         setup.group_index)  # fmt: skip
+        grpo.grpo_update(
+            grpo.UpdateContext(
+                setup.decoder, setup.optimizer, bonus, setup.vocab, setup.group_index
+            ),
+            batch,
+            False,
+        )
 
     bonus_ms = _median_ms(update_with_bonus, a.repeats)
     step_products = gen_products + fwd_products + bwd_products

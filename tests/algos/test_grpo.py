@@ -97,8 +97,13 @@ def test_staleness_zero_is_a_plain_generate_then_train_loop():
     rewards = []
     for _ in range(args.steps):
         plain.generator(batch)  # with the rollout copy, synced after every update below
-        grpo.grpo_update(plain.decoder, plain.optimizer, batch, args, plain.vocab, None, False,
-                         plain.group_index)  # fmt: skip
+        grpo.grpo_update(
+            grpo.UpdateContext(
+                plain.decoder, plain.optimizer, args, plain.vocab, plain.group_index
+            ),
+            batch,
+            False,
+        )
         plain.loop.rollout_model.load_state_dict(plain.lm.model.state_dict())
         rewards.append(batch.reward_mean)
     assert result.rewards == rewards
@@ -188,14 +193,27 @@ def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type)
                 log_prob, log_prob, advantage, mask,
                 aggregation=grpo.AGGREGATIONS[loss_type], max_tokens=mask.shape[1],
             ).loss  # fmt: skip
-        metrics = grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab,
-                                   None, False, setup.group_index)  # fmt: skip
+        metrics = grpo.grpo_update(
+            grpo.UpdateContext(
+                setup.decoder, setup.optimizer, args, setup.vocab, setup.group_index
+            ),
+            batch,
+            False,
+        )
         torch.testing.assert_close(metrics["entropy"], want_entropy, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(metrics["loss"], surrogate - 0.2 * want_entropy,
                                    rtol=1e-5, atol=1e-6)  # fmt: skip
-    without = grpo.grpo_update(setup.decoder, setup.optimizer, batch,
-                               dataclasses.replace(args, entropy_coef=0.0), setup.vocab, None,
-                               False, setup.group_index)  # fmt: skip
+    without = grpo.grpo_update(
+        grpo.UpdateContext(
+            setup.decoder,
+            setup.optimizer,
+            dataclasses.replace(args, entropy_coef=0.0),
+            setup.vocab,
+            setup.group_index,
+        ),
+        batch,
+        False,
+    )
     assert "entropy" not in without  # not computed, so not reported
 
 

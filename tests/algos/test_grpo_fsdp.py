@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nostall.algos.grpo.loss import PolicyTerms
-from nostall.algos.grpo.update import grpo_update
+from nostall.algos.grpo.update import UpdateContext, grpo_update
 from nostall.optim import ClippedAdam
 from tests.algos.test_grpo_rank_shares import Recorder, _batch, _model, fsdp_args
 
@@ -60,8 +60,11 @@ def test_fsdp_ranks_average_to_the_single_ranks_gradient_and_step(tmp_path, tied
     model = _model(tied)
     names = [name for name, _ in model.named_parameters()]
     recorder = Recorder(model)
-    grpo_update(PolicyTerms(model), recorder, _batch(args.num_prompts, args.num_generations),
-                args, None, None, True, group_index, autograd=True)  # fmt: skip
+    grpo_update(
+        UpdateContext(PolicyTerms(model), recorder, args, None, group_index, autograd=True),
+        _batch(args.num_prompts, args.num_generations),
+        True,
+    )
     assert len(sharded["gradients"]) == len(recorder.steps) == 2
     for got, expected in zip(sharded["gradients"], recorder.steps, strict=True):
         assert sorted(got) == sorted(names)
@@ -71,8 +74,11 @@ def test_fsdp_ranks_average_to_the_single_ranks_gradient_and_step(tmp_path, tied
                             max_grad_norm=args.max_grad_norm,
                             weight_decay=args.weight_decay)  # fmt: skip
     for seed in (1, 2):
-        grpo_update(PolicyTerms(model), optimizer, _batch(args.num_prompts, args.num_generations,
-                    seed=seed), args, None, None, True, group_index, autograd=True)  # fmt: skip
+        grpo_update(
+            UpdateContext(PolicyTerms(model), optimizer, args, None, group_index, autograd=True),
+            _batch(args.num_prompts, args.num_generations, seed=seed),
+            True,
+        )
     for name, param in model.named_parameters():
         torch.testing.assert_close(sharded["weights"][name], param.detach(), rtol=RTOL,
                                    atol=WEIGHT_ATOL)  # fmt: skip

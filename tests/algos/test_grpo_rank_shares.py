@@ -10,7 +10,7 @@ import torch
 
 from nostall.algos import grpo
 from nostall.algos.grpo.loss import PolicyTerms
-from nostall.algos.grpo.update import grpo_update, rank_rows
+from nostall.algos.grpo.update import UpdateContext, grpo_update, rank_rows
 from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
 from tests.lm.test_explicit_update import _llama as _model  # (2 layers, grouped-query)
@@ -66,8 +66,13 @@ class Recorder:
 def _gradients(model, args, batch, vocab, rank):
     recorder = Recorder(model)
     group_index = torch.arange(args.num_prompts).repeat_interleave(args.num_generations)
-    grpo_update(PolicyTerms(model), recorder, batch, args, vocab, None, True, group_index,
-                autograd=True, rank=rank)  # fmt: skip
+    grpo_update(
+        UpdateContext(
+            PolicyTerms(model), recorder, args, vocab, group_index, rank=rank, autograd=True
+        ),
+        batch,
+        True,
+    )
     return recorder.steps
 
 

@@ -139,8 +139,18 @@ def _updated(args, batch_seed=0):
     batch = setup.loop.slots[0]
     torch.manual_seed(batch_seed)
     setup.generator(batch)
-    grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
-                     setup.group_index, eos_token_id=setup.lm.eos_token_id)  # fmt: skip
+    grpo.grpo_update(
+        grpo.UpdateContext(
+            setup.decoder,
+            setup.optimizer,
+            args,
+            setup.vocab,
+            setup.group_index,
+            eos_token_id=setup.lm.eos_token_id,
+        ),
+        batch,
+        False,
+    )
     return setup, batch
 
 
@@ -182,8 +192,18 @@ def test_truncated_completions_can_be_left_out_of_the_loss():
         batch.completion_ids[:, -1] = 3  # a letter: no row ends with <eos>
         batch.rewards.copy_(torch.arange(8, dtype=torch.float32))
         before = copy.deepcopy(setup.lm.model.state_dict())
-        grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
-                         setup.group_index, eos_token_id=setup.lm.eos_token_id)  # fmt: skip
+        grpo.grpo_update(
+            grpo.UpdateContext(
+                setup.decoder,
+                setup.optimizer,
+                args,
+                setup.vocab,
+                setup.group_index,
+                eos_token_id=setup.lm.eos_token_id,
+            ),
+            batch,
+            False,
+        )
         moved = [k for k, v in setup.lm.model.state_dict().items() if not torch.equal(v, before[k])]
         assert (not moved) if masked else moved
 

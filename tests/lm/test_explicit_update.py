@@ -59,8 +59,13 @@ def _run(model, args: grpo.GRPOConfig, banned: list[int], autograd: bool, steps:
     for step in range(steps):
         batch = _batch(args.num_prompts, args.num_generations, seed=step)
         batch.completion_ids[::3, -1] = EOS  # (some rows end with <eos>, the others are cut)
-        out = grpo.grpo_update(decoder, optimizer, batch, args, vocab, None, step > 0,
-                               group_index, autograd=autograd, eos_token_id=EOS)  # fmt: skip
+        out = grpo.grpo_update(
+            grpo.UpdateContext(
+                decoder, optimizer, args, vocab, group_index, eos_token_id=EOS, autograd=autograd
+            ),
+            batch,
+            step > 0,
+        )
         metrics.append(torch.stack(list(out.values())))
     return dict(model.named_parameters()), torch.stack(metrics)
 
@@ -147,8 +152,11 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
     saves = []
     for _ in range(2):
         setup.generator(batch)
-        grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
-                         group_index)  # fmt: skip
+        grpo.grpo_update(
+            grpo.UpdateContext(setup.decoder, setup.optimizer, args, setup.vocab, group_index),
+            batch,
+            False,
+        )
         saves.append(grpo_state.snapshot(setup, 1, grpo.GRPOResult(args={})))
     state = saves[k - 1]
     names = grpo_state._optimizer_names(setup)

@@ -175,8 +175,11 @@ def test_grpo_generator_records_each_tokens_version():
     with loop:
         index, first = loop.next_chunk()
         assert first.version == 0 and first.token_versions == [0] * 5
-        grpo.grpo_update(run.decoder, run.optimizer, first, args, run.vocab, None, True,
-                         run.group_index)  # fmt: skip
+        grpo.grpo_update(
+            grpo.UpdateContext(run.decoder, run.optimizer, args, run.vocab, run.group_index),
+            first,
+            True,
+        )
         loop.release(index)
         assert reached.wait(10)
         loop.publish(run.lm.model)

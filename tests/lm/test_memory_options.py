@@ -15,8 +15,18 @@ def _gradients(args):
     torch.manual_seed(0)
     setup.generator(batch)
     batch.rewards.copy_(torch.arange(batch.rewards.numel(), dtype=torch.float32) % 3)
-    grpo.grpo_update(setup.decoder, setup.optimizer, batch, args, setup.vocab, None, False,
-                     setup.group_index, eos_token_id=setup.lm.eos_token_id)  # fmt: skip
+    grpo.grpo_update(
+        grpo.UpdateContext(
+            setup.decoder,
+            setup.optimizer,
+            args,
+            setup.vocab,
+            setup.group_index,
+            eos_token_id=setup.lm.eos_token_id,
+        ),
+        batch,
+        False,
+    )
     return setup, {n: p.grad.clone() for n, p in setup.lm.model.named_parameters()}
 
 

@@ -209,8 +209,18 @@ def test_the_explicit_update_runs_bf16_compute(master_dtype):
         batch = setup.loop.slots[0]
         torch.manual_seed(0)
         setup.generator(batch)
-        grpo.grpo_update(setup.decoder, setup.stepper, batch, args, setup.vocab, None,
-                         setup.corrects, setup.group_index, autograd=autograd)  # fmt: skip
+        grpo.grpo_update(
+            grpo.UpdateContext(
+                setup.decoder,
+                setup.stepper,
+                args,
+                setup.vocab,
+                setup.group_index,
+                autograd=autograd,
+            ),
+            batch,
+            setup.corrects,
+        )
         runs.append({n: p.detach().clone() for n, p in setup.lm.model.named_parameters()})
     explicit, autograd = runs
     before = dict(model.named_parameters())

@@ -95,8 +95,11 @@ def test_a_bf16_step_is_the_float32_step_on_the_bf16_gradients_summed_in_float32
         p.grad.copy_(sums[name])
     ref_optimizer.apply_gradients()
 
-    grpo.grpo_update(setup.decoder, setup.stepper, batch, args, setup.vocab, None,
-                     setup.corrects, setup.group_index)  # fmt: skip
+    grpo.grpo_update(
+        grpo.UpdateContext(setup.decoder, setup.stepper, args, setup.vocab, setup.group_index),
+        batch,
+        setup.corrects,
+    )
     got = dict(master.named_parameters())
     for name in names:
         # (Adam's first step is lr * g / (|g| + eps): where |g| is near eps a last-bit
@@ -163,20 +166,18 @@ def test_a_bf16_update_reports_the_mismatch_and_reads_nothing():
     batch = setup.loop.slots[0]
     setup.generator(batch)
     grpo.grpo_update(
-        setup.decoder,
-        setup.stepper,
+        grpo.UpdateContext(setup.decoder, setup.stepper, args, setup.vocab, setup.group_index),
         batch,
-        args,
-        setup.vocab,
-        None,
         setup.corrects,
-        setup.group_index,
     )  # fmt: skip (warm-up)
     setup.generator(batch)
     with SyncWatch(setup.lm.model, setup.compute) as watch:
         watch.mark(*batch.tensors().values(), *setup.device_tensors())
-        metrics = grpo.grpo_update(setup.decoder, setup.stepper, batch, args, setup.vocab,
-                                   None, setup.corrects, setup.group_index)  # fmt: skip
+        metrics = grpo.grpo_update(
+            grpo.UpdateContext(setup.decoder, setup.stepper, args, setup.vocab, setup.group_index),
+            batch,
+            setup.corrects,
+        )
     assert watch.report().unintended_count == 0, watch.report().table()
     assert 0 < float(metrics["sampling/sampling_logp_difference/max"]) < 0.02
     assert float(metrics["sampling/importance_sampling_ratio/min"]) > 0.95
@@ -237,9 +238,18 @@ def test_settings_compose():
     assert setup.reference.output_weight.dtype == torch.bfloat16
     batch = setup.loop.slots[0]
     setup.generator(batch)
-    metrics = grpo.grpo_update(setup.decoder, setup.stepper, batch,
-                               dataclasses.replace(args, entropy_coef=0.1), setup.vocab,
-                               setup.reference, setup.corrects, setup.group_index)  # fmt: skip
+    metrics = grpo.grpo_update(
+        grpo.UpdateContext(
+            setup.decoder,
+            setup.stepper,
+            dataclasses.replace(args, entropy_coef=0.1),
+            setup.vocab,
+            setup.group_index,
+            reference=setup.reference,
+        ),
+        batch,
+        setup.corrects,
+    )
     assert all(torch.isfinite(v) for v in metrics.values())
 
 

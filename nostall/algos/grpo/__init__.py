@@ -49,7 +49,7 @@ from nostall.algos.grpo.loss import (
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Inputs, Setup, build
 from nostall.algos.grpo.trainer import GRPOTrainer, train
-from nostall.algos.grpo.update import METRICS, grpo_update
+from nostall.algos.grpo.update import METRICS, UpdateContext, grpo_update
 
 __all__ = [
     "AGGREGATIONS",
@@ -59,6 +59,7 @@ __all__ = [
     "GRPOTrainer",
     "Inputs",
     "Setup",
+    "UpdateContext",
     "aggregate",
     "build",
     "grpo_loss",

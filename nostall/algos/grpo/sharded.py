@@ -26,7 +26,7 @@ from torch.distributed.tensor import distribute_tensor
 
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.loss import PolicyTerms
-from nostall.algos.grpo.update import grpo_update
+from nostall.algos.grpo.update import UpdateContext, grpo_update
 from nostall.lm.generation import SampledVocab
 from nostall.lm.hf_decoder import enable_checkpointing
 from nostall.lm.rollout import LMBatch
@@ -123,11 +123,10 @@ class ShardedTrainer:
         the metrics over every rank's share (means; maxima and minima of /max and /min)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        metrics = grpo_update(self.terms, self.optimizer, batch, self.args, self.vocab,
-                              self.reference,
-                              self.decoupled, self.group_index, autograd=True,
-                              eos_token_id=self.eos_token_id,
-                              rank=(self.rank, self.world))  # fmt: skip
+        context = UpdateContext(self.terms, self.optimizer, self.args, self.vocab,
+                                self.group_index, self.reference, self.eos_token_id,
+                                rank=(self.rank, self.world), autograd=True)  # fmt: skip
+        metrics = grpo_update(context, batch, self.decoupled)
         reduced = {}
         for name, value in metrics.items():
             value = value.detach().float().clone()

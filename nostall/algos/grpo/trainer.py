@@ -32,7 +32,7 @@ from nostall.algos.grpo.config import RESUMABLE, GRPOConfig
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Inputs, Setup, build
 from nostall.algos.grpo.state import restore, save_model, snapshot
-from nostall.algos.grpo.update import grpo_update
+from nostall.algos.grpo.update import UpdateContext, grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.tasks import load_reward
 from nostall.runtime.heap import frozen_heap
@@ -60,6 +60,11 @@ class GRPOTrainer:
         self.runtime = self.setup.loop
         self.model = self.setup.lm.model
         self.published_model = self.setup.compute  # (bf16 compute: the copy generation reads)
+        self._update_context = UpdateContext(
+            self.setup.decoder, self.setup.stepper, args, self.setup.vocab,
+            self.setup.group_index, self.setup.reference, self.setup.lm.eos_token_id,
+            self.setup.writing,
+        )  # fmt: skip
         self.result = GRPOResult(self.algorithm, asdict(args))
         self.first_step, self.last_step = 1, args.steps
         self._offset = 0.0  # seconds of the run before a resume
@@ -138,9 +143,7 @@ class GRPOTrainer:
         setup = self.setup
         if setup.ranks is not None:
             return setup.ranks.update(batch, setup.optimizer.param_groups[0]["lr"])
-        return grpo_update(setup.decoder, setup.stepper, batch, self.config, setup.vocab,
-                           setup.reference, setup.corrects, setup.group_index,
-                           eos_token_id=setup.lm.eos_token_id, writing=setup.writing)  # fmt: skip
+        return grpo_update(self._update_context, batch, setup.corrects)
 
     def record(self, batch, lag: int, logging: bool) -> None:
         sums = self._lag_sums

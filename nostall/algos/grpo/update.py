@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +23,7 @@ from nostall.lm.precision import MasterWeights
 from nostall.lm.rollout import LMBatch
 from nostall.optim import ClippedAdam
 
+Tensor = torch.Tensor
 METRICS = ("loss", "clip_fraction", "approx_kl", "kl", "entropy")  # entropy: with a bonus only
 
 
@@ -68,29 +70,48 @@ def rank_weights(loss_mask: torch.Tensor, count: int, rank: tuple[int, int], los
     return [(1.0, f) for f in token_factor.unbind()]
 
 
-def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch: LMBatch,
-                args: GRPOConfig, vocab: SampledVocab | None, reference: Decoder | None,
-                decoupled: bool, group_index: torch.Tensor, autograd: bool = False,
-                eos_token_id: int | None = None,
-                writing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                rank: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:  # fmt: skip
+@dataclass(frozen=True)
+class UpdateContext:
+    """What every update of a run reads besides its batch: the model's forward, what steps it
+    (the optimizer, or the master weights around it), the settings, the sampler's vocabulary and
+    the batch's prompt groups; and, where they apply, the frozen reference model, <eos> (for
+    mask_truncated_completions), what each optimizer step runs inside (`writing`: a generation
+    side that reads these very weights waits for it, and it for generation), this trainer
+    rank's place (r, M) among M data-parallel ranks, and `autograd` (asked for by the tests that
+    compare it with the explicit adjoints)."""
+
+    decoder: Decoder
+    optimizer: ClippedAdam | MasterWeights
+    args: GRPOConfig
+    vocab: SampledVocab | None
+    group_index: torch.Tensor
+    reference: Decoder | None = None
+    eos_token_id: int | None = None
+    writing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    rank: tuple[int, int] = (0, 1)
+    autograd: bool = False
+
+
+def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict[str, Tensor]:
     """updates_per_batch passes over one batch; metrics as tensors (not read here), means over
-    the micro-batches. By explicit adjoints where they apply, else through autograd
-    (`autograd=True` asks for it: the tests compare the two). `eos_token_id` is needed with
-    args.mask_truncated_completions. Each optimizer step runs inside `writing()` (a generation
-    side that reads these very weights waits for it, and it for generation). `rank` (r, M) of
-    M data-parallel trainer ranks whose optimizer averages their gradients: this one trains on
-    its share of every micro-batch (whole prompt groups; advantages from the whole batch), its
-    losses weighted so that the average is the whole micro-batch's gradient."""
-    advantage = nostall.group_advantages(batch.rewards, group_index, args.num_prompts,
+    the micro-batches. By explicit adjoints where they apply, else through autograd. With M
+    trainer ranks whose optimizer averages their gradients, this one trains on its share of
+    every micro-batch (whole prompt groups; advantages from the whole batch), its losses
+    weighted so that the average is the whole micro-batch's gradient. `decoupled`: the loss
+    weighs each token by the behaviour ratio (setup.corrects_behaviour)."""
+    decoder, optimizer, args = context.decoder, context.optimizer, context.args
+    vocab, reference, rank = context.vocab, context.reference, context.rank
+    advantage = nostall.group_advantages(batch.rewards, context.group_index, args.num_prompts,
                                          args.scale_rewards)  # fmt: skip
     loss_mask = batch.completion_mask
     if args.mask_truncated_completions:
-        if eos_token_id is None:
+        if context.eos_token_id is None:
             raise ValueError("mask_truncated_completions needs the model's eos_token_id")
-        loss_mask = loss_mask & ended_rows(batch, eos_token_id)[:, None]
+        loss_mask = loss_mask & ended_rows(batch, context.eos_token_id)[:, None]
     # (Ranks train through autograd: their forward is the sharded module's.)
-    explicit = None if autograd or rank[1] > 1 else explicit_update(decoder, optimizer, reference)
+    explicit = None
+    if not context.autograd and rank[1] == 1:
+        explicit = explicit_update(decoder, optimizer, reference)
     G, count = args.num_generations, args.micro_batches
     weights = [(1.0, 1.0)] * count
     share = 1.0  # this rank's tokens over the mean rank's (the behaviour figures' weight)
@@ -120,15 +141,14 @@ def grpo_update(decoder: Decoder, optimizer: ClippedAdam | MasterWeights, batch:
                              for p in parts]  # fmt: skip
     names = METRICS if args.entropy_coef else METRICS[:-1]  # (entropy: computed with a bonus)
     totals = torch.zeros(len(names), device=batch.rewards.device)
-    scale = 1.0 / accumulate
+    passes = _Passes(context, explicit, decoupled, old_log_probs, 1.0 / accumulate)
     for _ in range(args.updates_per_batch):
         for i, part in enumerate(parts):
-            first_of_step = i % accumulate == 0
-            values = _micro_batch(decoder, optimizer, explicit, part, advantages[i], masks[i],
-                                  args, vocab, decoupled, old_log_probs, i, ref_log_probs[i],
-                                  scale, first_of_step, weights[i])  # fmt: skip
+            step = _Part(i, part, advantages[i], masks[i], ref_log_probs[i],
+                         first_of_step=i % accumulate == 0, weights=weights[i])  # fmt: skip
+            values = _micro_batch(passes, step)
             if (i + 1) % accumulate == 0:
-                with writing():
+                with context.writing():
                     optimizer.apply_gradients()
             totals += torch.stack(values)
     totals /= args.updates_per_batch * count
@@ -160,13 +180,44 @@ def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float,
     }
 
 
-def _micro_batch(decoder, optimizer, explicit, part, advantage, loss_mask, args, vocab,
-                 decoupled, old_log_probs, i, ref_log_prob, scale, first_of_step,
-                 weights=(1.0, 1.0)) -> list[torch.Tensor]:  # fmt: skip
-    """One micro-batch's gradients, times `scale`, added to the optimizer's (set, on the first
-    of an optimizer step); returns its metrics. Fills old_log_probs[i] on its first pass.
-    `weights`: the factors of its loss and of its token means in the gradient (a trainer
-    rank's, rank_weights; the metrics are its own share's)."""
+@dataclass
+class _Passes:
+    """What every micro-batch of an update shares: the context, the explicit adjoints (None:
+    autograd), whether the loss is decoupled, the proximal log-probs (filled on each micro-batch's
+    first pass) and each micro-batch's share of an optimizer step's gradient."""
+
+    context: UpdateContext
+    explicit: object | None
+    decoupled: bool
+    old_log_probs: list[torch.Tensor | None]
+    scale: float
+
+
+@dataclass
+class _Part:
+    """One micro-batch: its index, rows, advantages, loss mask, reference log-probs, whether it
+    begins an optimizer step, and `weights`, the factors of its loss and of its token means in
+    the gradient (a trainer rank's, rank_weights; the metrics are its own share's)."""
+
+    i: int
+    part: LMBatch
+    advantage: torch.Tensor
+    loss_mask: torch.Tensor
+    ref_log_prob: torch.Tensor | None
+    first_of_step: bool
+    weights: tuple = (1.0, 1.0)
+
+
+def _micro_batch(passes: _Passes, step: _Part) -> list[torch.Tensor]:
+    """One micro-batch's gradients, times the pass's scale, added to the optimizer's (set, on
+    the first of an optimizer step); returns its metrics. Fills old_log_probs[i] on its first
+    pass."""
+    optimizer, args, vocab = passes.context.optimizer, passes.context.args, passes.context.vocab
+    explicit, decoupled, old_log_probs, scale = (passes.explicit, passes.decoupled,
+                                                 passes.old_log_probs, passes.scale)  # fmt: skip
+    i, part, advantage, loss_mask = step.i, step.part, step.advantage, step.loss_mask
+    ref_log_prob, first_of_step, weights = step.ref_log_prob, step.first_of_step, step.weights
+    decoder = passes.context.decoder
     old_log_prob = old_log_probs[i]
     if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
         log_prob, loss, clip_fraction, approx_kl, entropy = explicit.gradients(
