@@ -261,6 +261,15 @@ def _load_version_1(path: Path, algorithm: str) -> tuple[dict, dict]:
     return record["args"], state
 
 
+# What a resume may change in every trainer's config: where it writes and keeps checkpoints,
+# how it logs and watches, its backend and threads, when it stops. Each algorithm adds its own
+# (the run's length, its device where the state allows).
+RUN_RESUMABLE = frozenset({
+    "checkpoint", "checkpoint_every", "resume", "log_interval", "stop_when_solved",
+    "watch_syncs", "backend", "torch_threads", "output_dir",
+})  # fmt: skip
+
+
 def check_compatible(saved: dict, current: dict, may_differ: set[str]) -> None:
     """CheckpointError naming every field (outside `may_differ`) whose value differs."""
     fields = sorted(k for k in set(saved) | set(current) if k not in may_differ)

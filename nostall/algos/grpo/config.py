@@ -12,9 +12,9 @@ from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.lm.models import BUILTIN_SIZES
 from nostall.lm.precision import DTYPES, MASTER_DTYPES
 from nostall.ops.losses import GROUP_SCALES
-from nostall.train.checkpoint import check_path_template
+from nostall.train.checkpoint import RUN_RESUMABLE, check_path_template
+from nostall.train.schedule import SCHEDULES, learning_rate_at
 
-SCHEDULES = ("constant", "linear", "cosine")
 # Settings whose default depends on the model: (a built-in model's, a model directory's).
 MODEL_DEFAULTS = {"max_new_tokens": (5, 256), "learning_rate": (1.1e-3, 1e-6)}
 
@@ -27,12 +27,11 @@ AGGREGATIONS = {
 }
 
 # Arguments a resume may change; every other one must match the checkpoint's.
-RESUMABLE = {"steps", "checkpoint", "checkpoint_every", "resume", "log_interval",
-             "stop_when_solved", "target_reward", "watch_syncs", "backend", "generator",
-             "ray_weights", "gpus_per_worker", "trainers", "output_dir", "torch_threads",
-             "save_total_limit", "log_completions", "reward_timeout", "generation_timeout",
-             "dtype",
-             "epsilon", "epsilon_high", "num_iterations", "max_completion_length"}  # fmt: skip
+RESUMABLE = RUN_RESUMABLE | {
+    "steps", "target_reward", "generator", "ray_weights", "gpus_per_worker", "trainers",
+    "save_total_limit", "log_completions", "reward_timeout", "generation_timeout", "dtype",
+    "epsilon", "epsilon_high", "num_iterations", "max_completion_length",
+}  # fmt: skip
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
 
@@ -420,15 +419,8 @@ class GRPOConfig:
         """The learning rate of generation batch `step` (1-based), as transformers' schedulers
         with warm-up give it."""
         warmup = self.warmup_steps or math.ceil(self.warmup_ratio * self.steps)
-        done = step - 1
-        if done < warmup:
-            return self.learning_rate * done / warmup
-        if self.lr_scheduler_type == "constant":
-            return self.learning_rate
-        progress = (done - warmup) / max(1, self.steps - warmup)
-        if self.lr_scheduler_type == "linear":
-            return self.learning_rate * max(0.0, 1.0 - progress)
-        return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return learning_rate_at(self.learning_rate, step, self.steps, self.lr_scheduler_type,
+                                warmup)  # fmt: skip
 
     def weights(self) -> list[float] | None:
         """reward_weights as numbers (a list, or the command's "1,0.5"); ValueError for a

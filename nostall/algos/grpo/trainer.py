@@ -37,11 +37,12 @@ from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.tasks import load_reward
 from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint, loop
+from nostall.train.hooks import WritesOutputs
 from nostall.train.loop import Clock, LogFn
 from nostall.train.outputs import write_outputs
 
 
-class GRPOTrainer:
+class GRPOTrainer(WritesOutputs):
     algorithm = "grpo"
 
     def __init__(self, model=None, reward_funcs=None, args: GRPOConfig | None = None,
@@ -194,10 +195,6 @@ class GRPOTrainer:
 
     def solved(self) -> bool:
         return self.result.steps_to_target is not None
-
-    def completed(self, result: GRPOResult) -> None:
-        if self.config.output_dir:
-            self.write_outputs(Path(self.config.output_dir))
 
     def interrupted(self) -> None:
         """The model as it is (the last completed update's), when the run has an output_dir."""

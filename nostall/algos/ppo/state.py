@@ -10,9 +10,7 @@ from nostall.train import checkpoint
 
 # Arguments a resume may change; every other one must match the checkpoint's. The backend and
 # device may change: the checkpoint format does not depend on them.
-RESUMABLE = {"total_timesteps", "checkpoint", "checkpoint_every", "resume", "log_interval",
-             "stop_when_solved", "solved_return", "watch_syncs", "backend", "device",
-             "torch_threads", "output_dir"}  # fmt: skip
+RESUMABLE = checkpoint.RUN_RESUMABLE | {"total_timesteps", "solved_return", "device"}
 
 
 def snapshot(agent, optimizer, lr, runtime, generator, iteration, result) -> dict:

@@ -31,11 +31,13 @@ from nostall.optim import ClippedAdam
 from nostall.profiler import allow
 from nostall.runtime.device import DeviceChunks
 from nostall.train import checkpoint, loop
+from nostall.train.hooks import WritesOutputs
 from nostall.train.loop import Clock, LogFn
 from nostall.train.outputs import write_outputs
+from nostall.train.schedule import learning_rate_at
 
 
-class PPOTrainer:
+class PPOTrainer(WritesOutputs):
     algorithm = "ppo"
     advantage_fn: AdvantageFn = staticmethod(gae_advantages)
 
@@ -131,9 +133,9 @@ class PPOTrainer:
 
     def begin_step(self, step: int) -> None:
         args = self.config
-        self._lr_value = args.learning_rate
+        kind = "linear" if args.anneal_lr else "constant"
+        self._lr_value = learning_rate_at(args.learning_rate, step, args.num_iterations, kind)
         if args.anneal_lr:
-            self._lr_value *= 1.0 - (step - 1) / args.num_iterations
             self.lr.fill_(self._lr_value)
 
     def device_tensors(self, chunk):
@@ -190,10 +192,6 @@ class PPOTrainer:
 
     def solved(self) -> bool:
         return self.result.solved_at is not None
-
-    def completed(self, result: PPOResult) -> None:
-        if self.config.output_dir:
-            self.write_outputs(Path(self.config.output_dir))
 
     def interrupted(self) -> None:
         """The policy as it is (the last completed update's), when the run has an output_dir."""
