@@ -31,3 +31,14 @@ def test_every_link_exists():
     for target in re.findall(r"\]\(([^)#]+)\)", README):
         if not target.startswith("http"):
             assert (ROOT / target).exists(), target
+
+
+def test_the_guides_tensorboard_example_writes_scalars(tmp_path, monkeypatch):
+    """docs/guide.md's Python block, as written: a run from Python logs to TensorBoard."""
+    (block,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs/guide.md").read_text(), re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block.replace("8192", "2048"), "docs/guide.md python block", "exec"), {})
+    (logs,) = (tmp_path / "runs/cartpole/tensorboard").iterdir()
+    assert any(f.name.startswith("events.out.tfevents") and f.stat().st_size > 0
+               for f in logs.iterdir())  # fmt: skip
+    assert (tmp_path / "runs/cartpole/report.json").exists()
