@@ -59,8 +59,9 @@ def _gae_setup(ctx, inputs, output):
 
 def _gae_backward(ctx, grad_advantage, grad_value_target):
     done, terminated = ctx.saved_tensors
-    gr, gv, gnv = ops.gae_backward(grad_advantage, grad_value_target, done, terminated,
-                                   ctx.gamma, ctx.lmbda)  # fmt: skip
+    gr, gv, gnv = ops.gae_backward(
+        grad_advantage, grad_value_target, done, terminated, ctx.gamma, ctx.lmbda
+    )
     return gr, gv, gnv, None, None, None, None
 
 
@@ -71,8 +72,9 @@ def _gae_backward_setup(ctx, inputs, output):
 
 def _gae_backward_backward(ctx, h_reward, h_value, h_next_value):
     done, terminated = ctx.saved_tensors
-    advantage, value_target = ops.gae(h_reward, h_value, h_next_value, done, terminated,
-                                      ctx.gamma, ctx.lmbda)  # fmt: skip
+    advantage, value_target = ops.gae(
+        h_reward, h_value, h_next_value, done, terminated, ctx.gamma, ctx.lmbda
+    )
     return advantage, value_target, None, None, None, None
 
 
@@ -118,8 +120,7 @@ def _group_advantages_backward(ctx, grad):
     if grad is None:
         return None, None, None, None, None
     reward, group_index = ctx.saved_tensors
-    g = ops.group_advantages_backward(grad, reward, group_index, ctx.num_groups, ctx.scale,
-                                      ctx.eps)  # fmt: skip
+    g = ops.group_advantages_backward(grad, reward, group_index, ctx.num_groups, ctx.scale, ctx.eps)
     return g, None, None, None, None
 
 
@@ -168,8 +169,12 @@ def _token_entropy_linear_backward(ctx, grad, _):
 
 def _policy_loss_setup(ctx, inputs, output):
     _, old_log_prob, advantage, mask, _, _, aggregation, max_tokens, _, behavior, _ = inputs
-    _refuse_targets("clipped_policy_loss", old_log_prob=old_log_prob, advantage=advantage,
-                    behavior_log_prob=behavior)  # fmt: skip
+    _refuse_targets(
+        "clipped_policy_loss",
+        old_log_prob=old_log_prob,
+        advantage=advantage,
+        behavior_log_prob=behavior,
+    )
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(*output[1:])
     ctx.save_for_backward(output[3], mask)
@@ -189,8 +194,13 @@ def _policy_loss_backward(ctx, grad, *_):
 def _ppo_setup(op: str):
     def setup(ctx, inputs, output):
         old_log_prob, old_value, advantage, value_target = inputs[3:7]
-        _refuse_targets(op, old_log_prob=old_log_prob, old_value=old_value, advantage=advantage,
-                        value_target=value_target)  # fmt: skip
+        _refuse_targets(
+            op,
+            old_log_prob=old_log_prob,
+            old_value=old_value,
+            advantage=advantage,
+            value_target=value_target,
+        )
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*output[1:])
         ctx.save_for_backward(output[2], output[3])
@@ -273,8 +283,16 @@ REGISTRATIONS = {
 }
 # The backward ops of the non-linear formulas: called with an input that requires grad (a
 # double backward), they refuse, as the native kernels do.
-REFUSING = ("group_advantages", "token_log_prob", "token_log_prob_linear", "token_entropy_linear",
-            "clipped_policy_loss", "ppo_loss", "ppo_loss_from_log_prob", "mlp")  # fmt: skip
+REFUSING = (
+    "group_advantages",
+    "token_log_prob",
+    "token_log_prob_linear",
+    "token_entropy_linear",
+    "clipped_policy_loss",
+    "ppo_loss",
+    "ppo_loss_from_log_prob",
+    "mlp",
+)
 
 
 def register() -> None:
@@ -282,5 +300,6 @@ def register() -> None:
     for name, (backward, setup) in REGISTRATIONS.items():
         torch.library.register_autograd(f"nostall::{name}", backward, setup_context=setup)
     for name in REFUSING:
-        torch.library.register_autograd(f"nostall::{name}_backward", _unused_backward,
-                                        setup_context=_no_second_derivative(name))  # fmt: skip
+        torch.library.register_autograd(
+            f"nostall::{name}_backward", _unused_backward, setup_context=_no_second_derivative(name)
+        )

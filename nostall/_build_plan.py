@@ -12,8 +12,9 @@ import os
 import shutil
 
 
-def cuda_skip_reason(torch_version: str, torch_cuda: str | None, cuda_home: str | None,
-                     environ: dict) -> str | None:  # fmt: skip
+def cuda_skip_reason(
+    torch_version: str, torch_cuda: str | None, cuda_home: str | None, environ: dict
+) -> str | None:
     """None when the CUDA kernels are to be built; else why not, with what to do."""
     if environ.get("NOSTALL_NO_CUDA") == "1":
         return "built with NOSTALL_NO_CUDA=1"
@@ -21,8 +22,10 @@ def cuda_skip_reason(torch_version: str, torch_cuda: str | None, cuda_home: str 
         return f"torch {torch_version} is a CPU build"
     nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else None
     if nvcc is None or not (os.path.exists(nvcc) or shutil.which("nvcc")):
-        return (f"torch {torch_version} is built for CUDA {torch_cuda}, but no CUDA toolkit "
-                f"(nvcc) was found when nostall was built; install the toolkit for CUDA "
-                f"{torch_cuda} (or set CUDA_HOME to it) and rebuild (`make build`, or "
-                f"`pip install --no-build-isolation -e .`), or run on the CPU")  # fmt: skip
+        return (
+            f"torch {torch_version} is built for CUDA {torch_cuda}, but no CUDA toolkit "
+            f"(nvcc) was found when nostall was built; install the toolkit for CUDA "
+            f"{torch_cuda} (or set CUDA_HOME to it) and rebuild (`make build`, or "
+            f"`pip install --no-build-isolation -e .`), or run on the CPU"
+        )
     return None

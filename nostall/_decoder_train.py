@@ -22,8 +22,9 @@ def _check(ok: bool, message: str) -> None:
 def _shapes(op, prompt_ids, completion_ids, w: DecoderWeights):
     _check(prompt_ids.dim() == 2, f"{op}: prompt_ids must be int64 [Bp, P]")
     _check(completion_ids.dim() == 2, f"{op}: completion_ids must be int64 [B, C]")
-    _check(w.embed.dtype in (torch.float32, torch.bfloat16),
-           f"{op}: embed must be float32 or bfloat16")  # fmt: skip
+    _check(
+        w.embed.dtype in (torch.float32, torch.bfloat16), f"{op}: embed must be float32 or bfloat16"
+    )
     _check(len(w.input_norm) >= 1, f"{op}: at least one layer")
     Bp, P = prompt_ids.shape
     B, C = completion_ids.shape
@@ -61,32 +62,37 @@ def _decoder_train_fake(prompt_ids, prompt_mask, completion_ids, completion_mask
 
 
 @torch.library.register_fake("nostall::decoder_train_backward")
-def _decoder_train_backward_fake(grad_hidden, prompt_ids, prompt_mask, completion_ids,
-                                 completion_mask, *args):  # fmt: skip
+def _decoder_train_backward_fake(
+    grad_hidden, prompt_ids, prompt_mask, completion_ids, completion_mask, *args
+):
     w, _ = DecoderWeights.split(args)  # (then cos, sin, the activations, the sizes)
     _shapes("decoder_train_backward", prompt_ids, completion_ids, w)
-    _check(grad_hidden.dtype == torch.float32,
-           "decoder_train_backward: grad_hidden must be float32")  # fmt: skip
+    _check(
+        grad_hidden.dtype == torch.float32, "decoder_train_backward: grad_hidden must be float32"
+    )
 
     # The gradients are the weights' shapes: the embedding's, each list's, the final norm's.
-    return tuple(torch.empty_like(x) if isinstance(x, torch.Tensor) else
-                 [torch.empty_like(t) for t in x] for x in w)  # fmt: skip
+    return tuple(
+        torch.empty_like(x) if isinstance(x, torch.Tensor) else [torch.empty_like(t) for t in x]
+        for x in w
+    )
 
 
 @torch.library.register_fake("nostall::decoder_train_backward_into")
-def _decoder_train_backward_into_fake(grad_hidden, prompt_ids, prompt_mask, completion_ids,
-                                      completion_mask, *args):  # fmt: skip
+def _decoder_train_backward_into_fake(
+    grad_hidden, prompt_ids, prompt_mask, completion_ids, completion_mask, *args
+):
     *rest, flat_grad, _accumulate = args
     w, _ = DecoderWeights.split(tuple(rest))  # (then cos, sin, the activations, the sizes)
     op = "decoder_train_backward_into"
     _shapes(op, prompt_ids, completion_ids, w)
     _check(grad_hidden.dtype == torch.float32, f"{op}: grad_hidden must be float32")
-    total = sum(x.numel() if isinstance(x, torch.Tensor) else sum(t.numel() for t in x)
-                for x in w)  # fmt: skip
-    _check(flat_grad.dtype == w.embed.dtype and flat_grad.dim() == 1
-           and flat_grad.numel() == total,
-           f"{op}: flat_grad must be a contiguous CPU {w.embed.dtype} [{total}] (every weight's "
-           "gradient, in the op's output order)")  # fmt: skip
+    total = sum(x.numel() if isinstance(x, torch.Tensor) else sum(t.numel() for t in x) for x in w)
+    _check(
+        flat_grad.dtype == w.embed.dtype and flat_grad.dim() == 1 and flat_grad.numel() == total,
+        f"{op}: flat_grad must be a contiguous CPU {w.embed.dtype} [{total}] (every weight's "
+        "gradient, in the op's output order)",
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -99,9 +105,18 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.sizes = [len(ts) for ts in lists]
     ctx.config = (num_heads, kv_heads, eps)
-    ctx.save_for_backward(prompt_ids, prompt_mask, completion_ids, completion_mask, embed,
-                          *[t for ts in lists for t in ts], final_norm, cos, sin,
-                          *output[1:])  # fmt: skip
+    ctx.save_for_backward(
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        embed,
+        *[t for ts in lists for t in ts],
+        final_norm,
+        cos,
+        sin,
+        *output[1:],
+    )
 
 
 def _backward(ctx, grad_hidden, *_saved_grads):
@@ -114,8 +129,10 @@ def _backward(ctx, grad_hidden, *_saved_grads):
     final_norm, cos, sin, *activations = rest
     rotary = len(ctx.needs_input_grad) - 5  # cos, sin: before the three numbers
     if ctx.needs_input_grad[rotary] or ctx.needs_input_grad[rotary + 1]:
-        raise RuntimeError("decoder_train: cos and sin get no gradient (the rotary tables are "
-                           "constants); pass them detached")  # fmt: skip
+        raise RuntimeError(
+            "decoder_train: cos and sin get no gradient (the rotary tables are "
+            "constants); pass them detached"
+        )
     if grad_hidden is None:
         return (None,) * len(ctx.needs_input_grad)
     grads = torch.ops.nostall.decoder_train_backward.default(

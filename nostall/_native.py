@@ -82,8 +82,10 @@ def _refuse_cuda_calls(reason: str) -> torch.library.Library:
         op = name.removeprefix("nostall::")
 
         def refuse(*args, _op=op, **kwargs):
-            raise RuntimeError(f"nostall::{_op} was given CUDA tensors, but this nostall has no "
-                               f"CUDA kernels: {reason}")  # fmt: skip
+            raise RuntimeError(
+                f"nostall::{_op} was given CUDA tensors, but this nostall has no "
+                f"CUDA kernels: {reason}"
+            )
 
         library.impl(op, refuse, "CUDA")
     return library
@@ -93,8 +95,9 @@ def _load_cuda_kernels() -> bool:
     if torch.version.cuda is None:
         return False
     if importlib.util.find_spec("nostall._C_cuda") is None:
-        reason = cuda_skipped() or (f"the CUDA library was not built or not installed; to "
-                                    f"build it: {REBUILD}")  # fmt: skip
+        reason = cuda_skipped() or (
+            f"the CUDA library was not built or not installed; to build it: {REBUILD}"
+        )
         global _CUDA_REFUSALS
         _CUDA_REFUSALS = _refuse_cuda_calls(reason)
         return False

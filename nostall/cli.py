@@ -36,11 +36,19 @@ EXIT_SCRIPT_FAILED, EXIT_USAGE, EXIT_SYNC_FOUND = 1, 2, 3
 # the other commands work when the native library cannot load.
 TRAINERS = {
     "ppo": ("nostall.algos.ppo", "PPOConfig", "PPOTrainer", "PPO with GAE on any environment"),
-    "appo": ("nostall.algos.appo", "APPOConfig", "APPOTrainer",
-             "asynchronous PPO with V-trace, its rollout overlapped with training"),
-    "grpo": ("nostall.algos.grpo", "GRPOConfig", "GRPOTrainer",
-             "GRPO for a causal language model, its generation overlapped with training"),
-}  # fmt: skip
+    "appo": (
+        "nostall.algos.appo",
+        "APPOConfig",
+        "APPOTrainer",
+        "asynchronous PPO with V-trace, its rollout overlapped with training",
+    ),
+    "grpo": (
+        "nostall.algos.grpo",
+        "GRPOConfig",
+        "GRPOTrainer",
+        "GRPO for a causal language model, its generation overlapped with training",
+    ),
+}
 
 
 def _trainer(name: str) -> tuple[type, type]:
@@ -80,14 +88,20 @@ def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
         add_flags(sub, _trainer(name)[0])
         if name != "grpo":
             sub.add_argument("--env", dest="env_id", help="alias of --env-id")
-        sub.add_argument("--out", dest="output_dir", default=argparse.SUPPRESS,
-                         help="alias of --output-dir")  # fmt: skip
-        sub.add_argument("--overwrite", action="store_true",
-                         help="write into an output folder that holds a previous run (refused "
-                              "otherwise, unless resuming)")  # fmt: skip
-        sub.add_argument("--no-progress", action="store_true",
-                         help="no progress bar (the TensorBoard logs are written all the "
-                              "same)")  # fmt: skip
+        sub.add_argument(
+            "--out", dest="output_dir", default=argparse.SUPPRESS, help="alias of --output-dir"
+        )
+        sub.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="write into an output folder that holds a previous run (refused "
+            "otherwise, unless resuming)",
+        )
+        sub.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="no progress bar (the TensorBoard logs are written all the same)",
+        )
 
     commands.add_parser("bench", help="run every benchmark (installs the peers they measure)")
 
@@ -100,9 +114,12 @@ def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
         "--sample", action="store_true", help="sample actions as in training (default: argmax)"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default: 0)")
-    evaluate.add_argument("--env", default=None,
-                          help="the environment to act in (default: the one the policy file "
-                               "names, if registered; a module:Class only from here)")  # fmt: skip
+    evaluate.add_argument(
+        "--env",
+        default=None,
+        help="the environment to act in (default: the one the policy file "
+        "names, if registered; a module:Class only from here)",
+    )
     evaluate.add_argument("--record", default=None, help="write one episode to this .gif/.mp4")
     evaluate.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -164,8 +181,10 @@ def _profile(args: argparse.Namespace, script_args: list[str]) -> int:
         print("nostall profile: a SCRIPT to run, or --diff BEFORE AFTER", file=sys.stderr)
         return EXIT_USAGE
     if args.plot and not args.trace:
-        print("nostall profile: --plot needs --trace PATH (the plot is drawn from the trace)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "nostall profile: --plot needs --trace PATH (the plot is drawn from the trace)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     # With --json, stdout carries the report alone: the script's own prints go to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -258,9 +277,12 @@ def _train(args: argparse.Namespace) -> int:
             config.output_dir = _free_folder(config.output_dir, previous_run)
     earlier = previous_run(config.output_dir)
     if earlier and not (config.resume or args.overwrite):
-        print(f"nostall train {args.algorithm}: output folder {config.output_dir} holds a "
-              f"previous run ({', '.join(earlier)}); give another --out, --resume one of its "
-              "checkpoints, or --overwrite to replace it", file=sys.stderr)  # fmt: skip
+        print(
+            f"nostall train {args.algorithm}: output folder {config.output_dir} holds a "
+            f"previous run ({', '.join(earlier)}); give another --out, --resume one of its "
+            "checkpoints, or --overwrite to replace it",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         trainer = trainer_class(args=config)  # every argument checked, the run built
@@ -295,8 +317,10 @@ def _free_folder(folder: str, previous_run) -> str:
         n += 1
         candidate = f"{folder}-{n}"
     if candidate != folder:
-        print(f"nostall: {folder} holds a previous run; this one writes to {candidate}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"nostall: {folder} holds a previous run; this one writes to {candidate}",
+            file=sys.stderr,
+        )
     return candidate
 
 
@@ -305,8 +329,9 @@ def _eval(args: argparse.Namespace) -> int:
     from nostall.algos.ppo.policy import load_policy
 
     try:
-        policy = load_policy(args.run, deterministic=not args.sample, seed=args.seed,
-                             env_id=args.env)  # fmt: skip
+        policy = load_policy(
+            args.run, deterministic=not args.sample, seed=args.seed, env_id=args.env
+        )
         summary = evaluate(policy, args.episodes, seed=args.seed)
         if args.record:
             frames = record(policy, args.record, seed=args.seed)

@@ -68,8 +68,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             )
             continue
         base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-        parser.add_argument(flag, type=_PARSERS.get(base, base), default=f.default,
-                            help=help_text)  # fmt: skip
+        parser.add_argument(flag, type=_PARSERS.get(base, base), default=f.default, help=help_text)
 
 
 def config_from(namespace: argparse.Namespace, cls: type):

@@ -45,8 +45,9 @@ class DecoderWeights(NamedTuple):
 
     def detached(self) -> DecoderWeights:
         """The same tensors without autograd history (the explicit update's arguments)."""
-        return DecoderWeights(*(w.detach() if isinstance(w, Tensor) else [t.detach() for t in w]
-                                for w in self))  # fmt: skip
+        return DecoderWeights(
+            *(w.detach() if isinstance(w, Tensor) else [t.detach() for t in w] for w in self)
+        )
 
     @classmethod
     def split(cls, args: tuple) -> tuple[DecoderWeights, tuple]:

@@ -27,8 +27,7 @@ def pack(params: list[torch.nn.Parameter]) -> torch.Tensor:
     with torch.no_grad():
         # Copied in one at a time, each old tensor freed as its view replaces it: the model is
         # held about once on the way, not twice (as a torch.cat of all of them would).
-        flat = torch.empty(sum(p.numel() for p in params), dtype=first.dtype,
-                           device=first.device)  # fmt: skip
+        flat = torch.empty(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
         offset = 0
         for p in params:
             view = flat[offset : offset + p.numel()]
@@ -171,16 +170,23 @@ class ClippedAdam(torch.optim.Adam):
         passes) for float32 CPU buffers with a number for a learning rate and no weight decay;
         a GPU, another dtype or a tensor learning rate keep torch's ops below."""
         flat = self._flat_param
-        return (flat.device.type == "cpu" and flat.dtype == torch.float32
-                and not isinstance(group["lr"], torch.Tensor) and group["weight_decay"] == 0
-                and not group["amsgrad"] and not group["maximize"])  # fmt: skip
+        return (
+            flat.device.type == "cpu"
+            and flat.dtype == torch.float32
+            and not isinstance(group["lr"], torch.Tensor)
+            and group["weight_decay"] == 0
+            and not group["amsgrad"]
+            and not group["maximize"]
+        )
 
     def apply_gradients(self) -> None:
         """`step` without the wrapper torch.optim puts around it (step hooks and a profiler
         range: about 65 us a call, a tenth of the step), for a trainer that registers none."""
         if self._flat_grad is None:
-            raise RuntimeError("this ClippedAdam has no gradients of its own (gradients=False): "
-                               "step it with apply_flat_gradient")  # fmt: skip
+            raise RuntimeError(
+                "this ClippedAdam has no gradients of its own (gradients=False): "
+                "step it with apply_flat_gradient"
+            )
         for p, grad in zip(self._params, self._grads, strict=True):
             if p.grad is not grad:  # replaced from outside (module.zero_grad, assignment)
                 if p.grad is None:
@@ -194,9 +200,17 @@ class ClippedAdam(torch.optim.Adam):
         if self._native_step_applies(group):
             beta1, beta2 = group["betas"]
             torch.ops.nostall.clipped_adam_step(
-                self._flat_param, self._flat_grad, self._flat_exp_avg, self._flat_exp_avg_sq,
-                self._step, group["lr"], beta1, beta2, group["eps"], self.max_grad_norm,
-            )  # fmt: skip
+                self._flat_param,
+                self._flat_grad,
+                self._flat_exp_avg,
+                self._flat_exp_avg_sq,
+                self._step,
+                group["lr"],
+                beta1,
+                beta2,
+                group["eps"],
+                self.max_grad_norm,
+            )
             return
         clip = self._clip(torch.linalg.vector_norm(self._flat_grad, 2.0))
         self._flat_grad.mul_(clip)
@@ -210,17 +224,28 @@ class ClippedAdam(torch.optim.Adam):
         op and one pass over the buffers (nostall::clipped_adam_step_bf16) where it applies
         (`_native_step_applies`, the CPU); False and nothing done elsewhere (then
         `apply_flat_gradient`, and the copy refreshed after)."""
-        applies = (self._native_step_applies(self.param_groups[0])
-                   and grad.dtype == rounded.dtype == torch.bfloat16
-                   and grad.device.type == rounded.device.type == "cpu")  # fmt: skip
+        applies = (
+            self._native_step_applies(self.param_groups[0])
+            and grad.dtype == rounded.dtype == torch.bfloat16
+            and grad.device.type == rounded.device.type == "cpu"
+        )
         if not applies:
             return False
         group = self.param_groups[0]  # (no weight decay: the native step applies without it)
         beta1, beta2 = group["betas"]
         torch.ops.nostall.clipped_adam_step_bf16(
-            self._flat_param, grad, self._flat_exp_avg, self._flat_exp_avg_sq, self._step,
-            rounded, group["lr"], beta1, beta2, group["eps"], self.max_grad_norm,
-        )  # fmt: skip
+            self._flat_param,
+            grad,
+            self._flat_exp_avg,
+            self._flat_exp_avg_sq,
+            self._step,
+            rounded,
+            group["lr"],
+            beta1,
+            beta2,
+            group["eps"],
+            self.max_grad_norm,
+        )
         return True
 
     def collect_gradients(self) -> None:
@@ -243,11 +268,20 @@ class ClippedAdam(torch.optim.Adam):
         counter already advanced)."""
         beta1, beta2 = group["betas"]
         torch._fused_adam_(
-            [self._flat_param[part]], [grad], [self._flat_exp_avg[part]],
-            [self._flat_exp_avg_sq[part]], [], [self._step], lr=group["lr"], beta1=beta1,
-            beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False,
+            [self._flat_param[part]],
+            [grad],
+            [self._flat_exp_avg[part]],
+            [self._flat_exp_avg_sq[part]],
+            [],
+            [self._step],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            amsgrad=False,
             maximize=False,
-        )  # fmt: skip
+        )
 
     @torch.no_grad()
     def apply_flat_gradient(self, grad: torch.Tensor, chunk: int = 1 << 22) -> None:
@@ -256,14 +290,16 @@ class ClippedAdam(torch.optim.Adam):
         chunk at a time, so no float32 copy of the whole gradient is ever held."""
         if grad.shape != self._flat_param.shape:
             shape = tuple(self._flat_param.shape)
-            raise ValueError(f"grad must be the flat gradient, of shape {shape}, got "
-                             f"{tuple(grad.shape)}")  # fmt: skip
+            raise ValueError(
+                f"grad must be the flat gradient, of shape {shape}, got {tuple(grad.shape)}"
+            )
         group = self._decayed_group()
         parts = [slice(start, start + chunk) for start in range(0, grad.numel(), chunk)]
         # One float32 chunk, reused: fresh temporaries a chunk each (with the small norms
         # allocated between them) fragmented the heap by about a whole float32 gradient.
-        wide = torch.empty(min(chunk, grad.numel()), dtype=self._flat_param.dtype,
-                           device=grad.device)  # fmt: skip
+        wide = torch.empty(
+            min(chunk, grad.numel()), dtype=self._flat_param.dtype, device=grad.device
+        )
 
         def widened(part: slice) -> torch.Tensor:
             out = wide[: grad[part].numel()]

@@ -68,9 +68,24 @@ def _env_step_into_fake(handle, actions, obs, reward, terminated, truncated, fin
 
 
 @torch.library.register_fake("nostall::env_rollout")
-def _env_rollout_fake(handle, obs, actions, log_probs, values, rewards, terminated, truncated,
-                      final_obs, noise, actor_weights, actor_biases, critic_weights, critic_biases,
-                      log_std, activation):  # fmt: skip
+def _env_rollout_fake(
+    handle,
+    obs,
+    actions,
+    log_probs,
+    values,
+    rewards,
+    terminated,
+    truncated,
+    final_obs,
+    noise,
+    actor_weights,
+    actor_biases,
+    critic_weights,
+    critic_biases,
+    log_std,
+    activation,
+):
     _sizes(handle)
 
 

@@ -25,12 +25,31 @@ from gymnasium.envs.registration import EnvSpec
 
 # Attributes that make the chain rather than hold its state.
 STRUCTURE = {"env", "spec", "_saved_kwargs", "metadata", "_metadata", "_cached_spec"}
-_STRUCTURE_TYPES = (gym.Env, gym.spaces.Space, EnvSpec, types.ModuleType, type,
-                    types.FunctionType, types.MethodType, types.BuiltinFunctionType)  # fmt: skip
+_STRUCTURE_TYPES = (
+    gym.Env,
+    gym.spaces.Space,
+    EnvSpec,
+    types.ModuleType,
+    type,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+)
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 # NumPy dtypes a tensor can carry (the array travels as one).
-_ARRAY_DTYPES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32",
-                 "float64", "complex64", "complex128"}  # fmt: skip
+_ARRAY_DTYPES = {
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+}
 
 
 _ABSENT = object()
@@ -55,8 +74,10 @@ def _encode(value, where: str):
     if isinstance(value, np.random.Generator):
         return {"__generator__": value.bit_generator.state}
     if isinstance(value, collections.deque):
-        return {"__deque__": [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)],
-                "maxlen": value.maxlen}  # fmt: skip
+        return {
+            "__deque__": [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)],
+            "maxlen": value.maxlen,
+        }
     if isinstance(value, list | tuple):
         return type(value)(_encode(v, f"{where}[{i}]") for i, v in enumerate(value))
     if isinstance(value, dict):
@@ -139,8 +160,7 @@ def load_env_state(env: gym.Env, states: list[dict], name: str) -> None:
     classes = [type(link).__qualname__ for link in links]
     saved = [s.get("class") for s in states] if isinstance(states, list) else None
     if saved != classes:
-        raise EnvStateError(f"{name}: the checkpoint's environment is {saved}, this one "
-                            f"{classes}")  # fmt: skip
+        raise EnvStateError(f"{name}: the checkpoint's environment is {saved}, this one {classes}")
     # Every value checked before any is set: a refused checkpoint leaves the environment as
     # it was.
     restored = [
@@ -165,8 +185,10 @@ def _checked(link, state: dict, name: str) -> dict | tuple:
     for attr, value in state["attributes"].items():
         current = inspect.getattr_static(link, attr, _ABSENT)
         if attr in STRUCTURE or current is _ABSENT or attr.startswith("__"):
-            raise EnvStateError(f"{name}: the checkpoint sets {attr!r} of {state['class']}, "
-                                f"which the environment does not hold as data")  # fmt: skip
+            raise EnvStateError(
+                f"{name}: the checkpoint sets {attr!r} of {state['class']}, "
+                f"which the environment does not hold as data"
+            )
         decoded = _decode(value)
         if not _same_kind(current, decoded):
             raise EnvStateError(

@@ -69,9 +69,14 @@ class EnvPoolVectorEnv:
         for first, size in ((group.start, group.stop - group.start) for group in self.groups):
             try:
                 pool = envpool.make(
-                    env_id, env_type="gymnasium", num_envs=size, batch_size=size,
-                    seed=seed + first, num_threads=num_threads, **extra,
-                )  # fmt: skip
+                    env_id,
+                    env_type="gymnasium",
+                    num_envs=size,
+                    batch_size=size,
+                    seed=seed + first,
+                    num_threads=num_threads,
+                    **extra,
+                )
             except (TypeError, ValueError, AssertionError) as e:  # a config key it lacks
                 self.close()
                 raise ValueError(f"EnvPool's {env_id} cannot be made with {extra}: {e}") from e
@@ -85,14 +90,16 @@ class EnvPoolVectorEnv:
         max_steps = getattr(config, "max_episode_steps", None)
         # EnvPool's classic-control and MuJoCo ids are Gymnasium's: take its solved return.
         threshold = gym.spec(env_id).reward_threshold if env_id in gym.registry else None
-        self.info = AdapterInfo(env_id, self.single_observation_space,
-                                self.single_action_space, max_steps, threshold)  # fmt: skip
+        self.info = AdapterInfo(
+            env_id, self.single_observation_space, self.single_action_space, max_steps, threshold
+        )
         self.torch = _TorchSide(self)
 
     def render(self) -> np.ndarray:
         """Frames [num_envs, H, W, 3] of every env (made with render_mode="rgb_array")."""
-        return np.concatenate([pool.render(env_ids=np.arange(pool.config["num_envs"]))
-                               for pool in self.pools])  # fmt: skip
+        return np.concatenate(
+            [pool.render(env_ids=np.arange(pool.config["num_envs"])) for pool in self.pools]
+        )
 
     def state_dict(self) -> dict[str, Any]:
         raise ValueError(

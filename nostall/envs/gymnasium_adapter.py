@@ -142,10 +142,12 @@ class GymnasiumVectorEnv:
         try:
             envs = [env_state(env, self.info.id) for env in self.envs.envs]
         except EnvStateError as e:
-            raise ValueError(f"the environment cannot be saved for a checkpoint: {e} (not "
-                             "data a checkpoint holds; give the environment state_dict() / "
-                             "load_state_dict() of arrays and numbers, or run without "
-                             "--checkpoint)") from None  # fmt: skip
+            raise ValueError(
+                f"the environment cannot be saved for a checkpoint: {e} (not "
+                "data a checkpoint holds; give the environment state_dict() / "
+                "load_state_dict() of arrays and numbers, or run without "
+                "--checkpoint)"
+            ) from None
         return {
             "env_id": self.info.id,
             "num_envs": self.num_envs,
@@ -160,9 +162,11 @@ class GymnasiumVectorEnv:
                 f"not {self.info.id} x {self.num_envs}"
             )
         if not isinstance(state.get("envs"), list):  # (pickled bytes, before: never unpickled)
-            raise ValueError(f"the checkpoint holds {self.info.id}'s environments as a pickle, "
-                             "which this nostall does not load (it could run code): resume "
-                             "from a checkpoint this version wrote")  # fmt: skip
+            raise ValueError(
+                f"the checkpoint holds {self.info.id}'s environments as a pickle, "
+                "which this nostall does not load (it could run code): resume "
+                "from a checkpoint this version wrote"
+            )
         for env, saved in zip(self.envs.envs, state["envs"], strict=True):
             # Reset once first, so that what an environment sets on reset exists to be
             # restored into: a checkpoint sets no attribute the environment never has.

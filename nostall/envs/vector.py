@@ -44,8 +44,13 @@ class EnvStep(NamedTuple):
     def rows(self, index: slice) -> EnvStep:
         """The same step's rows `index` (views): one group of environments."""
         final_obs = self.final_obs[index] if self.final_obs.shape[0] else self.final_obs
-        return EnvStep(self.obs[index], self.reward[index], self.terminated[index],
-                       self.truncated[index], final_obs)  # fmt: skip
+        return EnvStep(
+            self.obs[index],
+            self.reward[index],
+            self.terminated[index],
+            self.truncated[index],
+            final_obs,
+        )
 
 
 class EnvBatch(NamedTuple):

@@ -75,8 +75,16 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tens
 class KVCache:
     """Preallocated keys and values, [B, H_kv, S, D] per layer."""
 
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, slots: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):  # fmt: skip
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        kv_heads: int,
+        slots: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         shape = (num_layers, batch, kv_heads, slots, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -89,9 +97,13 @@ def _adjacent(parts: list[Tensor]) -> Tensor | None:
     first = parts[0].detach()
     rows, offset = 0, first.storage_offset()
     for part in parts:
-        if (not part.is_contiguous() or part.dtype != first.dtype or part.device != first.device
-                or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
-                or part.storage_offset() != offset):  # fmt: skip
+        if (
+            not part.is_contiguous()
+            or part.dtype != first.dtype
+            or part.device != first.device
+            or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or part.storage_offset() != offset
+        ):
             return None
         rows += part.shape[0]
         offset += part.numel()
@@ -228,8 +240,9 @@ class Decoder:
         activations are float32 over bf16 weights too)."""
         w = self.embed.weight
         dtype = torch.float32 if self._native_kind() else w.dtype
-        return KVCache(len(self.layers), batch, self.kv_heads, slots, self.head_dim, dtype,
-                       w.device)  # fmt: skip
+        return KVCache(
+            len(self.layers), batch, self.kv_heads, slots, self.head_dim, dtype, w.device
+        )
 
     # -- pieces of a layer ---------------------------------------------------------------------
     @staticmethod
@@ -282,12 +295,18 @@ class Decoder:
         rotary = self._rotary(positions)
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
-            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias,
-                                            self.scale))  # fmt: skip
+            x = self._out(
+                index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias, self.scale)
+            )
         return self._norm(x, self.norm)
 
-    def grouped_hidden(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                       completion_mask: Tensor) -> Tensor:  # fmt: skip
+    def grouped_hidden(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+    ) -> Tensor:
         """The hidden states that predict each completion token, [B, C, H], differentiable.
 
         prompt_ids, prompt_mask [Bp, P] are each group's prompt (left-padded), completion_ids,
@@ -296,9 +315,13 @@ class Decoder:
         if self._native_training_applies():
             B, C = completion_ids.shape
             hidden = torch.ops.nostall.decoder_train.default(
-                prompt_ids, prompt_mask, completion_ids, completion_mask,
-                *self._training_weights(), *self._native_config(),
-            )[0]  # fmt: skip
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                completion_mask,
+                *self._training_weights(),
+                *self._native_config(),
+            )[0]
             return hidden.view(B, C, -1)
         Bp, P = prompt_ids.shape
         G = completion_ids.shape[0] // Bp
@@ -318,8 +341,7 @@ class Decoder:
         completion_rotary = self._rotary(completion_positions)
         for index, layer in enumerate(self.layers):
             qp, kp, vp = self._qkv(index, self._norm(xp, layer.input_layernorm), prompt_rotary)
-            qc, kc, vc = self._qkv(index, self._norm(xc, layer.input_layernorm),
-                                   completion_rotary)  # fmt: skip
+            qc, kc, vc = self._qkv(index, self._norm(xc, layer.input_layernorm), completion_rotary)
             kp, vp = self._expand_kv(kp), self._expand_kv(vp)
             kc, vc = self._expand_kv(kc), self._expand_kv(vc)
             xp_next = self._out(index, xp, _attend(qp, kp, vp, prompt_bias, self.scale))
@@ -331,17 +353,23 @@ class Decoder:
         return torch.cat([last_prompt, self._norm(xc[:, :-1], self.norm)], 1)
 
     # -- generation ----------------------------------------------------------------------------
-    def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, cache: KVCache,
-                group_size: int = 1) -> Tensor:  # fmt: skip
+    def prefill(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, cache: KVCache, group_size: int = 1
+    ) -> Tensor:
         """Runs each group's prompt [Bp, P] once, writes its keys and values into the cache's
         first P slots of the group's G rows, and returns the next-token logits [Bp * G, V].
         On the CPU (generation, float32 or bf16 weights), one native op; elsewhere the ops
         below."""
         if self._native_applies():
             return torch.ops.nostall.prefill_prompts.default(
-                prompt_ids, prompt_mask, group_size, *self._weight_lists(), cache.keys,
-                cache.values, *self._native_config(),
-            )  # fmt: skip
+                prompt_ids,
+                prompt_mask,
+                group_size,
+                *self._weight_lists(),
+                cache.keys,
+                cache.values,
+                *self._native_config(),
+            )
         P = prompt_ids.shape[1]
         rotary = self._rotary((prompt_mask.long().cumsum(1) - 1).clamp(min=0))
         x = self.embed(prompt_ids)
@@ -350,8 +378,9 @@ class Decoder:
             q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
             cache.keys[index, :, :, :P] = k.repeat_interleave(group_size, 0)
             cache.values[index, :, :, :P] = v.repeat_interleave(group_size, 0)
-            x = self._out(index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias,
-                                            self.scale))  # fmt: skip
+            x = self._out(
+                index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias, self.scale)
+            )
         last = self._norm(x[:, -1], self.norm)
         return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)
 
@@ -384,17 +413,24 @@ class Decoder:
         eps = float(self.layers[0].input_layernorm.variance_epsilon)
         return self.num_heads, self.kv_heads, eps
 
-    def decode(self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor,
-               cache: KVCache) -> Tensor:  # fmt: skip
+    def decode(
+        self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor, cache: KVCache
+    ) -> Tensor:
         """One step: token and position [B], slot a one-element int64 device tensor, slot_mask
         bool [B, S] (the keys this step may attend to, its own slot included); the logits
         [B, V]. On the CPU (generation, float32 or bf16 weights), one native op; elsewhere the
         ops below."""
         if self._native_applies():
             return torch.ops.nostall.decode_step.default(
-                token, position, slot, slot_mask, *self._weight_lists(), cache.keys,
-                cache.values, *self._native_config(),
-            )  # fmt: skip
+                token,
+                position,
+                slot,
+                slot_mask,
+                *self._weight_lists(),
+                cache.keys,
+                cache.values,
+                *self._native_config(),
+            )
         x = self.embed(token[:, None])
         bias = additive(slot_mask[:, None, :, None], x.dtype)  # (B, 1, S, 1)
         rotary = self._rotary(position[:, None])

@@ -34,8 +34,9 @@ class Completions:
     log_probs: Tensor  # (B, C) behaviour log-probs under the sampling distribution (0: masked)
 
     @classmethod
-    def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
-              device: torch.device | str = "cpu") -> Completions:  # fmt: skip
+    def empty(
+        cls, batch: int, prompt_len: int, max_new_tokens: int, device: torch.device | str = "cpu"
+    ) -> Completions:
         def zeros(*shape, dtype):
             return torch.zeros(*shape, dtype=dtype, device=device)
 
@@ -62,8 +63,9 @@ class SampledVocab:
     index: Tensor  # (V,) int64: token id -> its index in ids (0 for banned ones: never sampled)
 
     @classmethod
-    def build(cls, vocab_size: int, banned_token_ids: list[int],
-              device: torch.device | str = "cpu") -> SampledVocab | None:  # fmt: skip
+    def build(
+        cls, vocab_size: int, banned_token_ids: list[int], device: torch.device | str = "cpu"
+    ) -> SampledVocab | None:
         """None when nothing is banned (every token may be sampled)."""
         banned = set(banned_token_ids)
         if not banned:
@@ -110,8 +112,15 @@ class SamplingConfig:
 class GenerationEngine:
     """Generates completions for batches of one shape with a decoder and a sampling config."""
 
-    def __init__(self, decoder: Decoder, sampling: SamplingConfig, *, eos_token_id: int,
-                 pad_token_id: int, banned_token_ids: list[int]):  # fmt: skip
+    def __init__(
+        self,
+        decoder: Decoder,
+        sampling: SamplingConfig,
+        *,
+        eos_token_id: int,
+        pad_token_id: int,
+        banned_token_ids: list[int],
+    ):
         if sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
         self.decoder = decoder
@@ -157,8 +166,9 @@ class GenerationEngine:
 
         def step():
             static = self._graph[1]
-            return self.decoder.decode(static["token"], static["position"], static["slot"],
-                                       self._slot_mask, cache)  # fmt: skip
+            return self.decoder.decode(
+                static["token"], static["position"], static["slot"], self._slot_mask, cache
+            )
 
         def replay(token, position, slot):
             state = self._graph
@@ -185,9 +195,14 @@ class GenerationEngine:
         return replay
 
     @torch.no_grad()
-    def generate(self, batch: Completions, generator: torch.Generator, group_size: int = 1,
-                 between_tokens: Callable[[int], bool] | None = None,
-                 on_step: Callable[[int], None] | None = None) -> Completions:  # fmt: skip
+    def generate(
+        self,
+        batch: Completions,
+        generator: torch.Generator,
+        group_size: int = 1,
+        between_tokens: Callable[[int], bool] | None = None,
+        on_step: Callable[[int], None] | None = None,
+    ) -> Completions:
         """Fills `batch`'s completion fields from its prompt fields (in place), and returns it.
         With `group_size` G, rows come in groups of G copies of one prompt: each prompt is
         prefilled once. `between_tokens(t)`, when given, runs before the decode step whose
@@ -198,8 +213,10 @@ class GenerationEngine:
         B, P = batch.prompt_ids.shape
         C = self.sampling.max_new_tokens
         if batch.completion_ids.shape != (B, C):
-            raise ValueError(f"the batch holds {batch.completion_ids.shape[1]} completion "
-                             f"tokens per row, the engine generates {C}")  # fmt: skip
+            raise ValueError(
+                f"the batch holds {batch.completion_ids.shape[1]} completion "
+                f"tokens per row, the engine generates {C}"
+            )
         cache = self._buffers(B, P)
         self.decoder.freeze()  # the fused weights, from the model's current ones
         cfg = self.sampling
@@ -212,15 +229,29 @@ class GenerationEngine:
         uniform = None
         if C * B * V * 4 <= NOISE_UPFRONT_BYTES:
             uniform = torch.rand((C, B, V), generator=generator, device=device)
-        if (uniform is not None and between_tokens is None and not cfg.processes_logits
-                and self.decoder._native_applies()):  # fmt: skip
+        if (
+            uniform is not None
+            and between_tokens is None
+            and not cfg.processes_logits
+            and self.decoder._native_applies()
+        ):
             # The whole batch in one native op, the GIL released throughout.
             ids, mask, log_prob = torch.ops.nostall.generate_completions.default(
-                prompts, prompt_mask, group_size, uniform, self.allowed,
-                *self.decoder._weight_lists(), cache.keys, cache.values,
-                *self.decoder._native_config(), float(cfg.temperature), cfg.top_k,
-                float(cfg.top_p), self.eos_token_id, self.pad_token_id,
-            )  # fmt: skip
+                prompts,
+                prompt_mask,
+                group_size,
+                uniform,
+                self.allowed,
+                *self.decoder._weight_lists(),
+                cache.keys,
+                cache.values,
+                *self.decoder._native_config(),
+                float(cfg.temperature),
+                cfg.top_k,
+                float(cfg.top_p),
+                self.eos_token_id,
+                self.pad_token_id,
+            )
             batch.completion_ids.copy_(ids)
             batch.completion_mask.copy_(mask)
             batch.log_probs.copy_(log_prob)
@@ -250,12 +281,18 @@ class GenerationEngine:
             if cfg.processes_logits:
                 drawn_from = self._processed(drawn_from, seen)
             token, log_prob = sample_tokens(
-                drawn_from, finished, self.allowed, eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
+                drawn_from,
+                finished,
+                self.allowed,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
                 top_p=cfg.top_p,
-                uniform=uniform[t] if uniform is not None else
-                torch.rand((B, V), generator=generator, device=device),
-            )  # fmt: skip
+                uniform=uniform[t]
+                if uniform is not None
+                else torch.rand((B, V), generator=generator, device=device),
+            )
             if cfg.processes_logits:  # the policy's log-prob, as the trainer computes it
                 log_prob = self._policy_log_prob(logits.float(), token, batch.completion_mask[:, t])
             if seen is not None:
@@ -288,8 +325,9 @@ class GenerationEngine:
         cfg = self.sampling
         if seen is not None:
             seen, penalty = seen[:, :-1], cfg.repetition_penalty
-            logits = torch.where(seen, torch.where(logits > 0, logits / penalty,
-                                                   logits * penalty), logits)  # fmt: skip
+            logits = torch.where(
+                seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits
+            )
         if cfg.min_p > 0:
             scaled = (logits / cfg.temperature).masked_fill(~self.allowed, float("-inf"))
             floor = scaled.amax(-1, keepdim=True) + math.log(cfg.min_p)

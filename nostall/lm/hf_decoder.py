@@ -89,9 +89,11 @@ class HFDecoder:
         inner = model.get_base_model() if is_peft(model) else model
         reason = plain_head(inner)
         if reason is not None:
-            raise ValueError(f"model type {getattr(inner.config, 'model_type', '?')!r}: {reason}; "
-                             "nostall computes log-probs from the final hidden states and the "
-                             "output weight, which would not be this model's")  # fmt: skip
+            raise ValueError(
+                f"model type {getattr(inner.config, 'model_type', '?')!r}: {reason}; "
+                "nostall computes log-probs from the final hidden states and the "
+                "output weight, which would not be this model's"
+            )
         self.model = model  # (whose state the weights published and checkpointed are)
         self.inner = inner
         # Gemma2's cap * tanh(logits / cap): the loss's log-probs apply it (nostall.lm.softcap);
@@ -118,8 +120,13 @@ class HFDecoder:
         return False
 
     # -- training ------------------------------------------------------------------------------
-    def grouped_hidden(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                       completion_mask: Tensor) -> Tensor:  # fmt: skip
+    def grouped_hidden(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+    ) -> Tensor:
         """[B, C, H]: the hidden states that predict each completion token, differentiable
         (each row's prompt and completion in one forward of the model)."""
         Bp, P = prompt_ids.shape
@@ -127,8 +134,9 @@ class HFDecoder:
         ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
         mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)
-        hidden = self.base(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
-                           use_cache=False).last_hidden_state  # fmt: skip
+        hidden = self.base(
+            input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=False
+        ).last_hidden_state
         C = completion_ids.shape[1]
         return hidden[:, P - 1 : P + C - 1]
 
@@ -136,8 +144,9 @@ class HFDecoder:
     def new_cache(self, batch: int, slots: int) -> HFCache:
         return HFCache(slots if self.static_cache else None)
 
-    def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, cache: HFCache,
-                group_size: int = 1) -> Tensor:  # fmt: skip
+    def prefill(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, cache: HFCache, group_size: int = 1
+    ) -> Tensor:
         """Each group's prompt [Bp, P] run once, its cache repeated to the group's G rows; the
         next-token logits [Bp * G, V]."""
         from transformers import DynamicCache, StaticCache
@@ -150,8 +159,14 @@ class HFDecoder:
             mask = torch.nn.functional.pad(mask, (0, cache.slots - P))
         else:
             fresh = DynamicCache(config=self.inner.config)
-        out = self.inner(input_ids=prompt_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=fresh, use_cache=True, logits_to_keep=1)  # fmt: skip
+        out = self.inner(
+            input_ids=prompt_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=fresh,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         cache.cache = out.past_key_values
         if group_size > 1 and cache.slots is not None:
             _repeat_static(cache.cache, group_size)
@@ -160,14 +175,19 @@ class HFDecoder:
         cache.length = P
         return out.logits[:, -1].repeat_interleave(group_size, 0)
 
-    def decode(self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor,
-               cache: HFCache) -> Tensor:  # fmt: skip
+    def decode(
+        self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor, cache: HFCache
+    ) -> Tensor:
         """One step: token and position [B]; slot_mask [B, S] the keys this step may attend to
         (its own slot included; `slot` is the host count's twin, not read). The logits [B, V]."""
         mask = slot_mask if cache.slots is not None else slot_mask[:, : cache.length + 1]
-        out = self.inner(input_ids=token[:, None], attention_mask=mask.long(),
-                         position_ids=position[:, None], past_key_values=cache.cache,
-                         use_cache=True)  # fmt: skip
+        out = self.inner(
+            input_ids=token[:, None],
+            attention_mask=mask.long(),
+            position_ids=position[:, None],
+            past_key_values=cache.cache,
+            use_cache=True,
+        )
         cache.cache = out.past_key_values
         cache.length += 1
         return out.logits[:, -1]

@@ -125,8 +125,12 @@ def cached_snapshot(repo_id: str) -> Path:
         ) from None
 
 
-def load_model(name_or_path: str, seed: int = 0, characters: list[str] | None = None,
-               dtype: torch.dtype = torch.float32) -> LanguageModel:  # fmt: skip
+def load_model(
+    name_or_path: str,
+    seed: int = 0,
+    characters: list[str] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> LanguageModel:
     """A built-in (`tiny`, `small`; its tokenizer of `characters`, a task's alphabet), a local
     model directory or a Hub id already in the local Hugging Face cache, its parameters in
     `dtype` (a directory's converted as they load: no float32 copy on the way); ValueError with
@@ -161,7 +165,10 @@ def load_tokenizer_beside(model: torch.nn.Module):
         try:
             return AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as e:
-            raise ValueError(f"no tokenizer beside the model in {path} ({e}): pass "
-                             "processing_class=") from None  # fmt: skip
-    raise ValueError("the model has no local folder to find its tokenizer in: pass "
-                     "processing_class= (a transformers tokenizer)")  # fmt: skip
+            raise ValueError(
+                f"no tokenizer beside the model in {path} ({e}): pass processing_class="
+            ) from None
+    raise ValueError(
+        "the model has no local folder to find its tokenizer in: pass "
+        "processing_class= (a transformers tokenizer)"
+    )

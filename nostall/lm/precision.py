@@ -68,8 +68,13 @@ class MasterWeights:
     in for the optimizer in the update: `zero_grad`, `collect_gradients` after each backward,
     `apply_gradients`."""
 
-    def __init__(self, master: torch.nn.Module, optimizer: ClippedAdam, compute: torch.nn.Module,
-                 accumulate: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        master: torch.nn.Module,
+        optimizer: ClippedAdam,
+        compute: torch.nn.Module,
+        accumulate: int = 1,
+    ):
         """`optimizer`: a ClippedAdam over `master`'s trained parameters with no gradient
         buffer of its own (gradients=False); `accumulate`: micro-batches an optimizer step
         sums (gradient_accumulation_steps)."""
@@ -80,8 +85,10 @@ class MasterWeights:
         self.flat = pack(order)  # the compute copy's trained parameters, in the master's order
         self.flat_grad = torch.zeros_like(self.flat)
         self._order = order
-        self._grads = [self.flat_grad[o - p.numel() : o].view_as(p) for p, o in
-                       zip(order, _ends(order), strict=True)]  # fmt: skip
+        self._grads = [
+            self.flat_grad[o - p.numel() : o].view_as(p)
+            for p, o in zip(order, _ends(order), strict=True)
+        ]
         self._reattach()
         self.accumulate = accumulate
         # With accumulation: the micro-batches' gradients summed in float32 (made on first use:
@@ -141,8 +148,7 @@ class MasterWeights:
 
     def _summed(self) -> torch.Tensor:
         if self.summed is None:
-            self.summed = torch.zeros(self.flat.shape, dtype=torch.float32,
-                                      device=self.flat.device)  # fmt: skip
+            self.summed = torch.zeros(self.flat.shape, dtype=torch.float32, device=self.flat.device)
         return self.summed
 
     @torch.no_grad()

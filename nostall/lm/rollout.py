@@ -49,14 +49,20 @@ class LMBatch:
     weight_push: list[float] = field(default_factory=list)
 
     @classmethod
-    def empty(cls, batch: int, prompt_len: int, max_new_tokens: int,
-              device: torch.device | str = "cpu") -> LMBatch:  # fmt: skip
+    def empty(
+        cls, batch: int, prompt_len: int, max_new_tokens: int, device: torch.device | str = "cpu"
+    ) -> LMBatch:
         c = Completions.empty(batch, prompt_len, max_new_tokens, device)
         return cls(**c.tensors(), rewards=torch.zeros(batch, device=device))
 
     def completions(self) -> Completions:
-        return Completions(self.prompt_ids, self.prompt_mask, self.completion_ids,
-                           self.completion_mask, self.log_probs)  # fmt: skip
+        return Completions(
+            self.prompt_ids,
+            self.prompt_mask,
+            self.completion_ids,
+            self.completion_mask,
+            self.log_probs,
+        )
 
     def tensors(self) -> dict[str, Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "Tensor"}
@@ -75,9 +81,14 @@ class LMBatch:
 
     def host_state(self) -> dict:
         """What the batch holds on the host (a process transport sends it with the slot)."""
-        return {"reward_mean": self.reward_mean, "tokens": self.tokens,
-                "token_versions": list(self.token_versions), "stats": dict(self.stats),
-                "samples": list(self.samples), "weight_push": list(self.weight_push)}  # fmt: skip
+        return {
+            "reward_mean": self.reward_mean,
+            "tokens": self.tokens,
+            "token_versions": list(self.token_versions),
+            "stats": dict(self.stats),
+            "samples": list(self.samples),
+            "weight_push": list(self.weight_push),
+        }
 
     def load_host_state(self, state: dict) -> None:
         self.reward_mean = float(state["reward_mean"])
@@ -106,8 +117,10 @@ def _backend(tokenizer, prompts: list[str], encoded: list[list[int]], add_specia
         return None
     if getattr(backend, "padding", None) or getattr(backend, "truncation", None):
         return None
-    same = all(backend.encode(p, add_special_tokens=add_special).ids == ids
-               for p, ids in zip(prompts, encoded, strict=True))  # fmt: skip
+    same = all(
+        backend.encode(p, add_special_tokens=add_special).ids == ids
+        for p, ids in zip(prompts, encoded, strict=True)
+    )
     return backend if same else None
 
 
@@ -128,9 +141,11 @@ def _check_known(tokenizer, prompts: list[str], encoded: list[list[int]]) -> Non
     token = tokenizer.convert_ids_to_tokens(unk)
     for prompt, ids in zip(prompts, encoded, strict=True):
         if unk in ids and token not in prompt:
-            raise ValueError(f"prompt {prompt!r} has text the tokenizer does not know: it "
-                             f"would become {token!r} (the built-in models know a-h, 0-9 and "
-                             "=)")  # fmt: skip
+            raise ValueError(
+                f"prompt {prompt!r} has text the tokenizer does not know: it "
+                f"would become {token!r} (the built-in models know a-h, 0-9 and "
+                "=)"
+            )
 
 
 def render(tokenizer, prompt) -> str:
@@ -140,14 +155,18 @@ def render(tokenizer, prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("conversational prompts need a tokenizer with a chat template; this "
-                         "one has none (give text prompts, or set "
-                         "tokenizer.chat_template)")  # fmt: skip
+        raise ValueError(
+            "conversational prompts need a tokenizer with a chat template; this "
+            "one has none (give text prompts, or set "
+            "tokenizer.chat_template)"
+        )
     ends_with_assistant = prompt[-1]["role"] == "assistant"
     return tokenizer.apply_chat_template(
-        list(prompt), tokenize=False, add_generation_prompt=not ends_with_assistant,
+        list(prompt),
+        tokenize=False,
+        add_generation_prompt=not ends_with_assistant,
         continue_final_message=ends_with_assistant,
-    )  # fmt: skip
+    )
 
 
 class PromptEncoder:
@@ -221,9 +240,18 @@ class GroupGenerator:
     weights' `release` and `refresh`, where its reward calls are watched) the transport sets,
     as it does on every fill (nostall/runtime/protocol.py)."""
 
-    def __init__(self, engine: GenerationEngine, encoder: PromptEncoder, source: PromptSource,
-                 rewards: Rewards, *, num_prompts: int, num_generations: int, seed: int,
-                 options: GeneratorOptions = GeneratorOptions()):  # fmt: skip
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        encoder: PromptEncoder,
+        source: PromptSource,
+        rewards: Rewards,
+        *,
+        num_prompts: int,
+        num_generations: int,
+        seed: int,
+        options: GeneratorOptions = GeneratorOptions(),
+    ):
         self.engine, self.encoder, self.source, self.rewards = engine, encoder, source, rewards
         self.num_prompts, self.num_generations = num_prompts, num_generations
         # On the model's device: the sampler draws its noise there.
@@ -266,9 +294,12 @@ class GroupGenerator:
         self.source.load_state_dict(state["prompts"])
 
     def stats(self) -> dict:
-        return {"syncs_per_decode_step": self.syncs_per_decode_step,
-                "sync_sites": list(self.sync_sites), "swaps": self.swaps,
-                **self.engine.stats()}  # fmt: skip
+        return {
+            "syncs_per_decode_step": self.syncs_per_decode_step,
+            "sync_sites": list(self.sync_sites),
+            "swaps": self.swaps,
+            **self.engine.stats(),
+        }
 
     @property
     def slot_device(self) -> torch.device:
@@ -304,8 +335,9 @@ class GroupGenerator:
         if self.watch_syncs and self._filled == WATCHED_BATCH:
             self._generate_watched(batch, between_tokens, on_step)
         else:
-            self.engine.generate(batch.completions(), self.generator, self.num_generations,
-                                 between_tokens, on_step)  # fmt: skip
+            self.engine.generate(
+                batch.completions(), self.generator, self.num_generations, between_tokens, on_step
+            )
         pushed = getattr(self.engine, "last_push", None)  # (vLLM's; the native engine's none)
         batch.weight_push = list(pushed) if pushed is not None else []
         if self.release is not None:
@@ -317,8 +349,9 @@ class GroupGenerator:
         completions = texts
         if self.encoder.chat:  # TRL's conversational completions
             completions = [[{"role": "assistant", "content": text}] for text in texts]
-        score = functools.partial(self.rewards, repeated, completions, columns, watchdog,
-                                  self.reward_timeout_s)  # fmt: skip
+        score = functools.partial(
+            self.rewards, repeated, completions, columns, watchdog, self.reward_timeout_s
+        )
         rewards = run_watched(score, watchdog) if self.watch_rewards_here else score()
         if watchdog is not None:
             watchdog.idle()
@@ -328,8 +361,10 @@ class GroupGenerator:
         batch.stats = batch_stats(rewards, self.rewards.per_function, lengths, ended, G)
         batch.samples = []
         if self.keep_texts:
-            batch.samples = [{"prompt": p, "completion": c, "reward": r}
-                             for p, c, r in zip(repeated, texts, rewards, strict=True)]  # fmt: skip
+            batch.samples = [
+                {"prompt": p, "completion": c, "reward": r}
+                for p, c, r in zip(repeated, texts, rewards, strict=True)
+            ]
 
     def _swap(self, token_versions: list[int], t: int) -> bool:
         """Between decode steps: takes newer weights if published; tokens t.. get their version."""
@@ -350,8 +385,9 @@ class GroupGenerator:
             watch.mark(*batch.tensors().values(), engine.allowed)
             if engine._cache is not None and hasattr(engine._cache, "keys"):  # (a static cache)
                 watch.mark(engine._cache.keys, engine._cache.values)
-            engine.generate(batch.completions(), self.generator, self.num_generations,
-                            between_tokens, on_step)  # fmt: skip
+            engine.generate(
+                batch.completions(), self.generator, self.num_generations, between_tokens, on_step
+            )
         report = watch.report()
         self.syncs_per_decode_step = report.unintended_count / engine.sampling.max_new_tokens
         self.sync_sites = [f"{s.location} {s.kind}" for s in report.unintended]
@@ -362,10 +398,13 @@ class GroupGenerator:
         # Reward functions read text: a host read (on the CPU a plain one).
         lengths = batch.completion_mask.sum(1).tolist()  # sync: rewards need the lengths
         ids = batch.completion_ids.tolist()  # sync: and the token ids
-        ended = [bool(n) and row[n - 1] == self.eos_token_id
-                 for row, n in zip(ids, lengths, strict=True)]  # fmt: skip
-        cut = [row[: n - 1] if end else row[:n]
-               for row, n, end in zip(ids, lengths, ended, strict=True)]  # fmt: skip
+        ended = [
+            bool(n) and row[n - 1] == self.eos_token_id for row, n in zip(ids, lengths, strict=True)
+        ]
+        cut = [
+            row[: n - 1] if end else row[:n]
+            for row, n, end in zip(ids, lengths, ended, strict=True)
+        ]
         backend = self.encoder.backend
         if backend is not None:
             texts = [backend.decode(row, skip_special_tokens=True) for row in cut]

@@ -35,8 +35,9 @@ def _chunk_entropy(hidden, weight, cap, temperature) -> Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
-def _chunked(fn, hidden: Tensor, weight: Tensor, *rest: Tensor, cap: float,
-             temperature: float) -> Tensor:  # fmt: skip
+def _chunked(
+    fn, hidden: Tensor, weight: Tensor, *rest: Tensor, cap: float, temperature: float
+) -> Tensor:
     shape = hidden.shape[:-1]
     rows = hidden.reshape(-1, hidden.shape[-1])
     flat = [t.reshape(-1) for t in rest]
@@ -52,8 +53,9 @@ def _chunked(fn, hidden: Tensor, weight: Tensor, *rest: Tensor, cap: float,
     return torch.cat(outs).view(shape) if outs else rows.new_zeros(shape, dtype=torch.float32)
 
 
-def softcapped_token_log_prob(hidden: Tensor, weight: Tensor, tokens: Tensor, cap: float,
-                              temperature: float = 1.0) -> Tensor:  # fmt: skip
+def softcapped_token_log_prob(
+    hidden: Tensor, weight: Tensor, tokens: Tensor, cap: float, temperature: float = 1.0
+) -> Tensor:
     """[...] float32 log-probabilities of `tokens` [...] under the soft-capped logits of
     `hidden` [..., H] (divided by the temperature beforehand) and `weight` [V, H]."""
     if not cap > 0:
@@ -61,8 +63,9 @@ def softcapped_token_log_prob(hidden: Tensor, weight: Tensor, tokens: Tensor, ca
     return _chunked(_chunk_log_prob, hidden, weight, tokens, cap=cap, temperature=temperature)
 
 
-def softcapped_token_entropy(hidden: Tensor, weight: Tensor, cap: float,
-                             temperature: float = 1.0) -> Tensor:  # fmt: skip
+def softcapped_token_entropy(
+    hidden: Tensor, weight: Tensor, cap: float, temperature: float = 1.0
+) -> Tensor:
     """[...] float32 entropies of the soft-capped distributions (see softcapped_token_log_prob)."""
     if not cap > 0:
         raise ValueError(f"cap must be positive, got {cap}")

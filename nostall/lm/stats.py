@@ -14,8 +14,13 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def batch_stats(rewards: list[float], per_function: dict[str, list[float]], lengths: list[int],
-                ended: list[bool], group_size: int) -> dict[str, float]:  # fmt: skip
+def batch_stats(
+    rewards: list[float],
+    per_function: dict[str, list[float]],
+    lengths: list[int],
+    ended: list[bool],
+    group_size: int,
+) -> dict[str, float]:
     """`rewards`: each completion's weighted total; `per_function`: each reward function's raw
     values (NaN where it returned None); `lengths`: completion tokens, <eos> included; `ended`:
     whether a completion ended with <eos>."""
@@ -30,12 +35,15 @@ def batch_stats(rewards: list[float], per_function: dict[str, list[float]], leng
         stats[f"rewards/{name}/mean"] = sum(applied) / len(applied) if applied else math.nan
         stats[f"rewards/{name}/std"] = _std(applied) if applied else math.nan
     terminated = [n for n, end in zip(lengths, ended, strict=True) if end]
-    stats.update({
-        "completions/mean_length": sum(lengths) / len(lengths),
-        "completions/min_length": float(min(lengths)),
-        "completions/max_length": float(max(lengths)),
-        "completions/clipped_ratio": 1.0 - len(terminated) / len(lengths),
-        "completions/mean_terminated_length":
-            sum(terminated) / len(terminated) if terminated else 0.0,
-    })  # fmt: skip
+    stats.update(
+        {
+            "completions/mean_length": sum(lengths) / len(lengths),
+            "completions/min_length": float(min(lengths)),
+            "completions/max_length": float(max(lengths)),
+            "completions/clipped_ratio": 1.0 - len(terminated) / len(lengths),
+            "completions/mean_terminated_length": sum(terminated) / len(terminated)
+            if terminated
+            else 0.0,
+        }
+    )
     return stats

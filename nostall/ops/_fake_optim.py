@@ -8,16 +8,18 @@ from nostall.ops._checks import _fail
 
 
 @torch.library.register_fake("nostall::clipped_adam_step")
-def _clipped_adam_step_fake(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps,
-                            max_grad_norm):  # fmt: skip
+def _clipped_adam_step_fake(
+    param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_grad_norm
+):
     op = "clipped_adam_step"
     _check_step(op, param, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_grad_norm)
     _check_like(op, param, grad, "grad", torch.float32)
 
 
 @torch.library.register_fake("nostall::clipped_adam_step_bf16")
-def _clipped_adam_step_bf16_fake(param, grad, exp_avg, exp_avg_sq, step, rounded, lr, beta1,
-                                 beta2, eps, max_grad_norm):  # fmt: skip
+def _clipped_adam_step_bf16_fake(
+    param, grad, exp_avg, exp_avg_sq, step, rounded, lr, beta1, beta2, eps, max_grad_norm
+):
     op = "clipped_adam_step_bf16"
     _check_step(op, param, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, max_grad_norm)
     _check_like(op, param, grad, "grad", torch.bfloat16)

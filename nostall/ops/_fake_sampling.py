@@ -74,8 +74,9 @@ def _generate_completions_fake(prompt_ids, prompt_mask, group_size, uniform, all
     # (_args: the DecoderWeights, lm_head, cos, sin, the cache, its sizes, the sampling; the
     # outputs' shapes need none of them)
     _check(prompt_ids.dim() == 2, "generate_completions: prompt_ids must be a CPU int64 [Bp, P]")
-    _check(group_size >= 1,
-           f"generate_completions: group_size must be at least 1, got {group_size}")  # fmt: skip
+    _check(
+        group_size >= 1, f"generate_completions: group_size must be at least 1, got {group_size}"
+    )
     B = checked_product(prompt_ids.shape[0], group_size, "generate_completions", "Bp * group_size")
     _check(
         uniform.dim() == 3 and uniform.dtype == torch.float32 and uniform.shape[1] == B,

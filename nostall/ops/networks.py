@@ -59,8 +59,9 @@ def sample_categorical(
     differentiable in the logits.
     """
     if uniform is None:
-        uniform = torch.rand(logits.shape, generator=generator, dtype=logits.dtype,
-                             device=logits.device)  # fmt: skip
+        uniform = torch.rand(
+            logits.shape, generator=generator, dtype=logits.dtype, device=logits.device
+        )
     log_prob, action, _ = _sample_op(logits, uniform)
     return action, log_prob
 

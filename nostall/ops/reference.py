@@ -178,9 +178,19 @@ def ppo_loss(
     new_log_prob = log_p.gather(-1, action[:, None]).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
     return ppo_loss_from_log_prob(
-        new_log_prob, entropy, value, old_log_prob, old_value, advantage, value_target,
-        clip_coef, value_clip, ent_coef, vf_coef, normalize_advantage,
-    )  # fmt: skip
+        new_log_prob,
+        entropy,
+        value,
+        old_log_prob,
+        old_value,
+        advantage,
+        value_target,
+        clip_coef,
+        value_clip,
+        ent_coef,
+        vf_coef,
+        normalize_advantage,
+    )
 
 
 def ppo_loss_from_log_prob(

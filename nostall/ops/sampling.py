@@ -54,8 +54,9 @@ def sample_tokens(
     """
     logits = logits.detach()
     if uniform is None:
-        uniform = torch.rand(logits.shape, generator=generator, dtype=logits.dtype,
-                             device=logits.device)  # fmt: skip
+        uniform = torch.rand(
+            logits.shape, generator=generator, dtype=logits.dtype, device=logits.device
+        )
     return _sample_tokens_op(
         logits,
         uniform,

@@ -38,8 +38,14 @@ PHASES = {
     "wait": "waiting",
 }
 OTHER = "other (Python)"
-CATEGORIES = ("environment step", "policy inference", "update", "host-device transfer",
-              "waiting", OTHER)  # fmt: skip
+CATEGORIES = (
+    "environment step",
+    "policy inference",
+    "update",
+    "host-device transfer",
+    "waiting",
+    OTHER,
+)
 _PHASE_PREFIX = "nostall.phase:"
 _WAIT_CALLS = re.compile(
     r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cuCtxSynchronize|"
@@ -53,8 +59,14 @@ _ENV_FRAME = re.compile(
 _ENV_OPS = re.compile(r"^nostall::env_(step|step_into|rollout|send)")
 _UPDATE_RANGES = re.compile(r"^(Optimizer\.(step|zero_grad)#|autograd::engine::evaluate_function)")
 # Priority when ranges nest: the first listed wins.
-_PRIORITY = ("waiting", "host-device transfer", "user", "environment step", "update",
-             "policy inference")  # fmt: skip
+_PRIORITY = (
+    "waiting",
+    "host-device transfer",
+    "user",
+    "environment step",
+    "update",
+    "policy inference",
+)
 
 
 @contextlib.contextmanager
@@ -82,11 +94,13 @@ class BoundBy:
 
     def table(self) -> str:
         per_step = self.steps and self.steps > 0
-        lines = [f"bound by: {self.bound_by} "
-                 f"({100 * self.by_category[self.bound_by] / self.wall_us:.0f}% of "
-                 f"{self.wall_us / 1e3:.1f} ms)",
-                 f"  {'where the time goes':24} {'ms':>9} {'share':>7}"
-                 + (f" {'ms/step':>9}" if per_step else "")]  # fmt: skip
+        lines = [
+            f"bound by: {self.bound_by} "
+            f"({100 * self.by_category[self.bound_by] / self.wall_us:.0f}% of "
+            f"{self.wall_us / 1e3:.1f} ms)",
+            f"  {'where the time goes':24} {'ms':>9} {'share':>7}"
+            + (f" {'ms/step':>9}" if per_step else ""),
+        ]
         for category in CATEGORIES:
             us = self.by_category[category]
             row = f"  {category:24} {us / 1e3:9.2f} {100 * us / self.wall_us:6.1f}%"
@@ -98,9 +112,13 @@ class BoundBy:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"wall_ms": self.wall_us / 1e3, "steps": self.steps, "bound_by": self.bound_by,
-                "ms": {c: us / 1e3 for c, us in self.by_category.items()},
-                "note": self.note}  # fmt: skip
+        return {
+            "wall_ms": self.wall_us / 1e3,
+            "steps": self.steps,
+            "bound_by": self.bound_by,
+            "ms": {c: us / 1e3 for c, us in self.by_category.items()},
+            "note": self.note,
+        }
 
     def plot(self, path: str | Path) -> Path:
         """One horizontal bar, split by category, saved as a PNG."""
@@ -119,8 +137,9 @@ class BoundBy:
         ax.set_yticks([])
         ax.set_xlabel("wall time of the profiled thread (ms)")
         ax.set_title(f"bound by: {self.bound_by}")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=3, fontsize=7,
-                  frameon=False)  # fmt: skip
+        ax.legend(
+            loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=3, fontsize=7, frameon=False
+        )
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         return path
@@ -168,8 +187,12 @@ def analyze_bound_by(source) -> BoundBy:
 
     loaded = load_trace(source)
     events = [e for e in loaded if e.get("ph") == "X" and "dur" in e]
-    host = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation", "python_function",
-                                                   "cuda_runtime", "cuda_driver")]  # fmt: skip
+    host = [
+        e
+        for e in events
+        if e.get("cat")
+        in ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+    ]
     if not host:
         raise TraceError("the trace has no host events (record it with ProfilerActivity.CPU)")
     busy: dict[Any, float] = {}
@@ -178,8 +201,9 @@ def analyze_bound_by(source) -> BoundBy:
             busy[e.get("tid")] = busy.get(e.get("tid"), 0.0) + float(e["dur"])
     tid = max(busy, key=busy.get) if busy else host[0].get("tid")
     thread = [e for e in host if e.get("tid") == tid]
-    backpropagated = {(e["ts"], e.get("tid")) for e in loaded
-                      if e.get("cat") == "fwdbwd" and e.get("ph") == "s"}  # fmt: skip
+    backpropagated = {
+        (e["ts"], e.get("tid")) for e in loaded if e.get("cat") == "fwdbwd" and e.get("ph") == "s"
+    }
     steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
     if steps:
         start = min(float(e["ts"]) for e in steps)

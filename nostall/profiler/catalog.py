@@ -44,13 +44,34 @@ MOVES = frozenset({Tensor.to, Tensor.cuda})
 # target, a copy to the device from pageable memory.
 DATA_FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 # Factories that fill a new tensor: with a device target, a device tensor and no copy.
-FILL_FACTORIES = frozenset({
-    torch.zeros, torch.ones, torch.empty, torch.empty_strided, torch.full, torch.arange,
-    torch.range, torch.linspace, torch.logspace, torch.rand, torch.randn, torch.randint,
-    torch.randperm, torch.normal, torch.eye, torch.tril_indices, torch.triu_indices,
-    torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like,
-    torch.randn_like, torch.randint_like,
-})  # fmt: skip
+FILL_FACTORIES = frozenset(
+    {
+        torch.zeros,
+        torch.ones,
+        torch.empty,
+        torch.empty_strided,
+        torch.full,
+        torch.arange,
+        torch.range,
+        torch.linspace,
+        torch.logspace,
+        torch.rand,
+        torch.randn,
+        torch.randint,
+        torch.randperm,
+        torch.normal,
+        torch.eye,
+        torch.tril_indices,
+        torch.triu_indices,
+        torch.zeros_like,
+        torch.ones_like,
+        torch.empty_like,
+        torch.full_like,
+        torch.rand_like,
+        torch.randn_like,
+        torch.randint_like,
+    }
+)
 
 
 def move_target(func: Callable, args: tuple, kwargs: dict) -> torch.device | None:

@@ -36,23 +36,32 @@ class SyncDiff:
         return [c for c in self.changes if c.after == 0]
 
     def table(self) -> str:
-        lines = [f"nostall sync diff: {self.before_total} -> {self.after_total} unintended syncs, "
-                 f"{len(self.added)} site(s) added, {len(self.removed)} removed"]  # fmt: skip
+        lines = [
+            f"nostall sync diff: {self.before_total} -> {self.after_total} unintended syncs, "
+            f"{len(self.added)} site(s) added, {len(self.removed)} removed"
+        ]
         for sign, title, sites in (("+", "added", self.added), ("-", "removed", self.removed)):
             if sites:
                 lines.append(f"  {title}:")
-                lines += [f"  {sign} {c.before or c.after:7d}  {c.kind:<34} {c.location}  {c.code}"
-                          for c in sites]  # fmt: skip
+                lines += [
+                    f"  {sign} {c.before or c.after:7d}  {c.kind:<34} {c.location}  {c.code}"
+                    for c in sites
+                ]
         changed = [c for c in self.changes if c.before and c.after and c.before != c.after]
         if changed:
             lines.append("  changed:")
-            lines += [f"  ~ {c.before:7d} -> {c.after:<7d} {c.kind:<34} {c.location}  {c.code}"
-                      for c in changed]  # fmt: skip
+            lines += [
+                f"  ~ {c.before:7d} -> {c.after:<7d} {c.kind:<34} {c.location}  {c.code}"
+                for c in changed
+            ]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"before_total": self.before_total, "after_total": self.after_total,
-                "changes": [vars(c) for c in self.changes]}  # fmt: skip
+        return {
+            "before_total": self.before_total,
+            "after_total": self.after_total,
+            "changes": [vars(c) for c in self.changes],
+        }
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -84,9 +93,18 @@ def diff(before: dict, after: dict) -> SyncDiff:
     for key in sorted(set(old) | set(new), key=lambda k: tuple(map(str, k))):
         site = new.get(key) or old[key]
         location = f"{os.path.relpath(site['file']) if site.get('file') else '?'}:{site['line']}"
-        changes.append(SiteChange(location=location, kind=site["kind"], code=site.get("code", ""),
-                                  before=old.get(key, {}).get("count", 0),
-                                  after=new.get(key, {}).get("count", 0)))  # fmt: skip
+        changes.append(
+            SiteChange(
+                location=location,
+                kind=site["kind"],
+                code=site.get("code", ""),
+                before=old.get(key, {}).get("count", 0),
+                after=new.get(key, {}).get("count", 0),
+            )
+        )
     changes = [c for c in changes if c.before != c.after]
-    return SyncDiff(before_total=int(before.get("unintended_syncs", 0)),
-                    after_total=int(after.get("unintended_syncs", 0)), changes=changes)  # fmt: skip
+    return SyncDiff(
+        before_total=int(before.get("unintended_syncs", 0)),
+        after_total=int(after.get("unintended_syncs", 0)),
+        changes=changes,
+    )

@@ -214,9 +214,12 @@ class _DispatchLayer(TorchDispatchMode):
         if not isinstance(source, torch.Tensor) or not watch._is_device(source):
             return None
         for index in indices or ():
-            if (isinstance(index, torch.Tensor) and index.dim() > 0
-                    and index.dtype not in (torch.bool, torch.uint8)
-                    and not watch._is_device(index)):  # fmt: skip
+            if (
+                isinstance(index, torch.Tensor)
+                and index.dim() > 0
+                and index.dtype not in (torch.bool, torch.uint8)
+                and not watch._is_device(index)
+            ):
                 return "copy to device"
         return None
 

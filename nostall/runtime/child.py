@@ -84,8 +84,9 @@ class ChildProcess:
     def start(self, target: Callable, args: tuple) -> None:
         self.heartbeat_value.value = 0.0  # the child's first beat marks it started
         self._started_at = time.monotonic()
-        self.process = self._ctx.Process(target=target, args=args, name="nostall-rollout",
-                                         daemon=True)  # fmt: skip
+        self.process = self._ctx.Process(
+            target=target, args=args, name="nostall-rollout", daemon=True
+        )
         self.process.start()
 
     def error(self, wait_s: float = 0.0) -> str | None:

@@ -65,8 +65,7 @@ class Sender:
         if self.error is not None:
             raise RuntimeError(f"the weight broadcast failed: {self.error!r}") from self.error
         with torch.no_grad():
-            values = [v.detach().reshape(-1).to(self.device, torch.float32)
-                      for v in state.values()]  # fmt: skip
+            values = [v.detach().reshape(-1).to(self.device, torch.float32) for v in state.values()]
             version_slot = torch.full((1,), float(version), device=self.device)
             self._queue.put(torch.cat([version_slot, *values]))  # a copy the thread owns
 
@@ -78,10 +77,12 @@ class Receiver:
     """A worker (rank r > 0): receives every broadcast from a thread, one buffer a version;
     `load(model, version)` waits until it holds `version` and loads exactly it."""
 
-    def __init__(self, host: str, port: int, rank: int, world: int, numel: int,
-                 device: torch.device):  # fmt: skip
-        store = dist.TCPStore(host, port, world, False,
-                              timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))  # fmt: skip
+    def __init__(
+        self, host: str, port: int, rank: int, world: int, numel: int, device: torch.device
+    ):
+        store = dist.TCPStore(
+            host, port, world, False, timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S)
+        )
         self._group = _group(store, rank, world, device)
         self._shape, self._device = (1 + numel,), device
         # Versions received and not yet passed by a load, and buffers free for the next ones:
@@ -117,8 +118,9 @@ class Receiver:
             if self.error is not None:
                 raise RuntimeError(f"the weight broadcast failed: {self.error!r}") from self.error
             if not ok:
-                raise RuntimeError(f"weights of version {version} did not arrive within "
-                                   f"{timeout_s:.0f} s")  # fmt: skip
+                raise RuntimeError(
+                    f"weights of version {version} did not arrive within {timeout_s:.0f} s"
+                )
             flat, offset = self._received[version], 1
             with torch.no_grad():
                 for value in model.state_dict().values():

@@ -89,8 +89,11 @@ class HostWeights:
 
     def fill(self, state: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():  # one call for every tensor (a copy each cost ~4 us of glue)
-            torch._foreach_copy_([self.tensors[k] for k in state], list(state.values()),
-                                 non_blocking=self.from_device)  # fmt: skip
+            torch._foreach_copy_(
+                [self.tensors[k] for k in state],
+                list(state.values()),
+                non_blocking=self.from_device,
+            )
         if self._event is not None:
             # On the stream that queued the copies: the current stream of the weights' device
             # (not of whatever device is current).

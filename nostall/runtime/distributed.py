@@ -42,14 +42,23 @@ def open_store(host: str, world: int) -> dist.TCPStore:
         port = listener.getsockname()[1]
     except OSError as e:
         listener.close()
-        raise RuntimeError(f"cannot listen on {host} (this node's cluster address) for the "
-                           f"process group: {e}") from e  # fmt: skip
-    return dist.TCPStore(host, port, world, True, datetime.timedelta(seconds=JOIN_TIMEOUT_S),
-                         wait_for_workers=False, master_listen_fd=listener.detach())  # fmt: skip
+        raise RuntimeError(
+            f"cannot listen on {host} (this node's cluster address) for the process group: {e}"
+        ) from e
+    return dist.TCPStore(
+        host,
+        port,
+        world,
+        True,
+        datetime.timedelta(seconds=JOIN_TIMEOUT_S),
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
 
 
-def join(address: str, rank: int, world: int, backend: str = "gloo",
-         store: dist.TCPStore | None = None) -> None:  # fmt: skip
+def join(
+    address: str, rank: int, world: int, backend: str = "gloo", store: dist.TCPStore | None = None
+) -> None:
     """Joins the trainers' process group: rank 0 through its `open_store`, the others through
     its address (tcp://host:port; a rank 0 given only the address listens there itself)."""
     timeout = datetime.timedelta(seconds=JOIN_TIMEOUT_S)

@@ -14,8 +14,15 @@ from nostall.runtime.storage import Chunk
 
 
 class EnvSide:
-    def __init__(self, env, model: torch.nn.Module, act: ActFn, rollout: Callable | None,
-                 generator_seed: int, reset_seed: int):  # fmt: skip
+    def __init__(
+        self,
+        env,
+        model: torch.nn.Module,
+        act: ActFn,
+        rollout: Callable | None,
+        generator_seed: int,
+        reset_seed: int,
+    ):
         """`act(model, obs, generator)` steps the policy; `rollout(model, env, chunk,
         generator)`, when given, collects a whole chunk in one call instead."""
         self.env, self.model = env, model
@@ -34,8 +41,11 @@ class EnvSide:
         return {}
 
     def state_dict(self) -> dict:
-        return {"env": self.env.state_dict(), "generator": self.generator.get_state(),
-                "next_obs": self.next_obs.clone()}  # fmt: skip
+        return {
+            "env": self.env.state_dict(),
+            "generator": self.generator.get_state(),
+            "next_obs": self.next_obs.clone(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.env.load_state_dict(state["env"])

@@ -29,9 +29,14 @@ class EpisodeTracker:
         (T, N)."""
         with self._lock:
             _episode_update(
-                reward, done, self._return, self._length, self._returns, self._lengths,
+                reward,
+                done,
+                self._return,
+                self._length,
+                self._returns,
+                self._lengths,
                 self.finished,
-            )  # fmt: skip
+            )
 
     def recent(self, n: int) -> tuple[int, float | None, float | None]:
         """(episodes finished, mean return and length of the last n) -- reads: a sync."""

@@ -75,8 +75,9 @@ def check_distinct(uuids: list[str]) -> None:
         first[uuid] = rank
 
 
-def check_fits(have: dict[str, float], each: dict[str, float], count: int, what: str,
-               where: str = "") -> None:  # fmt: skip
+def check_fits(
+    have: dict[str, float], each: dict[str, float], count: int, what: str, where: str = ""
+) -> None:
     """Raises naming the shortfall where `count` actors (`what`, counted) of `each`'s resources
     ({"num_cpus", "num_gpus"}) need more CPUs or GPUs than `have` (Ray's names) holds: before
     any starts, not a placement Ray waits on for ever. `where` qualifies the cluster's count."""
@@ -84,5 +85,7 @@ def check_fits(have: dict[str, float], each: dict[str, float], count: int, what:
         per_actor = each[f"num_{resource.lower()}s"]
         need, held = per_actor * count, have.get(resource, 0.0)
         if need > held:
-            raise ValueError(f"{what} x {per_actor:g} {kind} need {need:g} {kind}; "
-                             f"the Ray cluster has {held:g}{where}")  # fmt: skip
+            raise ValueError(
+                f"{what} x {per_actor:g} {kind} need {need:g} {kind}; "
+                f"the Ray cluster has {held:g}{where}"
+            )

@@ -69,8 +69,9 @@ class RolloutLoop:
         GroupGenerator's reward calls do). `inline`: see the module's docstring."""
         check_slots(staleness, len(slots))
         if inline and staleness != 0:
-            raise ValueError(f"inline fills need staleness 0 (the sides alternate), got "
-                             f"{staleness}")  # fmt: skip
+            raise ValueError(
+                f"inline fills need staleness 0 (the sides alternate), got {staleness}"
+            )
         self.inline = inline
         self.slots = slots
         self.staleness = staleness
@@ -153,8 +154,9 @@ class RolloutLoop:
         restored from a checkpoint is waiting; a failing fill raises as on the thread."""
         if self.inline and not self._filled.peek():
             if self.version < self.chunks_collected:  # (strict alternation: never waits)
-                raise RuntimeError(f"next_chunk at staleness 0 before update "
-                                   f"{self.chunks_collected} was published")  # fmt: skip
+                raise RuntimeError(
+                    f"next_chunk at staleness 0 before update {self.chunks_collected} was published"
+                )
             try:
                 self._fill_next()
             except HangError:
@@ -273,9 +275,12 @@ class RolloutLoop:
             hung = isinstance(self.channel.error, HangError) or self._hung
             self._thread.join(timeout=0.0 if hung else self._join_timeout_s)
             if self._thread.is_alive():
-                warnings.warn(f"the rollout thread is still inside a chunk after "
-                              f"{self._join_timeout_s:g} s; it ends when that chunk does",
-                              RuntimeWarning, stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    f"the rollout thread is still inside a chunk after "
+                    f"{self._join_timeout_s:g} s; it ends when that chunk does",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 return  # (the fill still runs: what it holds stays)
             self._thread = None
         if hasattr(self._fill, "close"):

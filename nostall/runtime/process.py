@@ -55,13 +55,24 @@ class ProcessRuntime(LoopRuntime):
         # Shared memory cannot also be pinned: a trainer on a GPU copies these chunks with a
         # host wait (each a few kB); the thread backend pins its chunks instead.
         slots = rollout_slots(
-            staleness, num_steps, num_envs=num_envs, obs_dim=obs_dim,
-            action_shape=action_shape, discrete=discrete, obs_dtype=obs_dtype,
-        )  # fmt: skip
+            staleness,
+            num_steps,
+            num_envs=num_envs,
+            obs_dim=obs_dim,
+            action_shape=action_shape,
+            discrete=discrete,
+            obs_dtype=obs_dtype,
+        )
         make_side = functools.partial(_process_side, make_env, make_agent, act, rollout, seed)
-        loop = ProcessLoop(slots, make_side, agent, staleness=staleness,
-                           torch_threads=torch_threads, join_timeout_s=join_timeout_s,
-                           liveness_timeout_s=liveness_timeout_s)  # fmt: skip
+        loop = ProcessLoop(
+            slots,
+            make_side,
+            agent,
+            staleness=staleness,
+            torch_threads=torch_threads,
+            join_timeout_s=join_timeout_s,
+            liveness_timeout_s=liveness_timeout_s,
+        )
         super().__init__(loop, num_workers=1, num_envs=num_envs)
 
     @property

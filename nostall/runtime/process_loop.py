@@ -42,8 +42,10 @@ class _SharedWeights:
     """The published weights in shared memory, their version and the trainer's progress."""
 
     def __init__(self, ctx, module: torch.nn.Module):
-        self.tensors = {k: v.detach().to("cpu", copy=True).share_memory_()
-                        for k, v in module.state_dict().items()}  # fmt: skip
+        self.tensors = {
+            k: v.detach().to("cpu", copy=True).share_memory_()
+            for k, v in module.state_dict().items()
+        }
         self.version = ctx.Value("q", 0)  # the version of the weights in `tensors`
         self.progress = ctx.Value("q", 0)  # updates the trainer has done
         self.pulls = ctx.Value("q", 0)  # weight checks the child has made (one per chunk)
@@ -64,8 +66,13 @@ class _SharedWeights:
         finally:
             self.lock.release()
 
-    def pull(self, module: torch.nn.Module, have: int, alive: Callable[[], None],
-             at_chunk_start: bool = False) -> int:  # fmt: skip
+    def pull(
+        self,
+        module: torch.nn.Module,
+        have: int,
+        alive: Callable[[], None],
+        at_chunk_start: bool = False,
+    ) -> int:
         """The child's side: loads the published weights if newer than `have` (counted in
         `pulls` at a chunk's start, not in flight)."""
         with self.locked(alive):
@@ -79,9 +86,21 @@ class _SharedWeights:
             return have
 
 
-def _fill_chunks(make_side: Callable, slots: list, weights: _SharedWeights, free, filled, stop,
-                 requests, responses, staleness: int, inflight: bool, torch_threads: int,
-                 initial_state: dict | None, alive: Heartbeat) -> None:  # fmt: skip
+def _fill_chunks(
+    make_side: Callable,
+    slots: list,
+    weights: _SharedWeights,
+    free,
+    filled,
+    stop,
+    requests,
+    responses,
+    staleness: int,
+    inflight: bool,
+    torch_threads: int,
+    initial_state: dict | None,
+    alive: Heartbeat,
+) -> None:
     """The child's body (run_child reports its failure)."""
     torch.set_num_threads(torch_threads)
     side = make_side()
@@ -108,20 +127,24 @@ def _fill_chunks(make_side: Callable, slots: list, weights: _SharedWeights, free
         side.refresh = refresh
     while not stop.is_set():
         # (Also where it stays once the trainer's last chunk is filled: it starts no more.)
-        while (weights.progress.value < collected - staleness
-               or 0 < weights.limit.value <= collected) and not stop.is_set():  # fmt: skip
+        while (
+            weights.progress.value < collected - staleness or 0 < weights.limit.value <= collected
+        ) and not stop.is_set():
             # Waiting for the next version is the one point where this side is between chunks
             # and stays there until the trainer publishes: checkpoints are taken here.
             alive()
             with contextlib.suppress(queue.Empty):
                 requests.get_nowait()
-                responses.put({
-                    "side": side.state_dict(),
-                    "rollout_weights": {k: v.detach().clone()
-                                        for k, v in model.state_dict().items()},
-                    "rollout_version": max(held["version"], 0),
-                    "chunks_collected": collected,
-                })  # fmt: skip
+                responses.put(
+                    {
+                        "side": side.state_dict(),
+                        "rollout_weights": {
+                            k: v.detach().clone() for k, v in model.state_dict().items()
+                        },
+                        "rollout_version": max(held["version"], 0),
+                        "chunks_collected": collected,
+                    }
+                )
             time.sleep(0.0005)
         if stop.is_set():
             break
@@ -171,11 +194,22 @@ class ProcessLoop:
         self._free, self._filled = ctx.Queue(), ctx.Queue()
         self._requests, self._responses = ctx.Queue(), ctx.Queue()
         self._free_slots = list(range(len(slots)))
-        self._child = ChildProcess(ctx, join_timeout_s=join_timeout_s,
-                                   liveness_timeout_s=liveness_timeout_s)  # fmt: skip
-        self._body_args = (make_side, slots, self._weights, self._free, self._filled,
-                           self._child.stop, self._requests, self._responses, staleness,
-                           inflight, torch_threads)  # fmt: skip
+        self._child = ChildProcess(
+            ctx, join_timeout_s=join_timeout_s, liveness_timeout_s=liveness_timeout_s
+        )
+        self._body_args = (
+            make_side,
+            slots,
+            self._weights,
+            self._free,
+            self._filled,
+            self._child.stop,
+            self._requests,
+            self._responses,
+            staleness,
+            inflight,
+            torch_threads,
+        )
         self._initial_state: dict | None = None
         self._queued: list[int] = []  # restored slots, handed out first
         self._taken = 0  # chunks the child collected that the trainer has taken
@@ -236,8 +270,9 @@ class ProcessLoop:
         """Takes the rollout process's state at its next wait for a policy version (before the
         block's publish lets it go on), and receives the chunks it filled before that."""
         received = self._taken + len(self._queued) + len(self._ahead)
-        state, ahead = self._child.state_at_next_wait(self._requests, self._responses,
-                                                      self._filled, received)  # fmt: skip
+        state, ahead = self._child.state_at_next_wait(
+            self._requests, self._responses, self._filled, received
+        )
         self._ahead += ahead
         self._snapshot = state
         try:
@@ -279,8 +314,9 @@ class ProcessLoop:
             raise RuntimeError("ProcessLoop.fill_state is taken inside `with boundary():`")
         return self._snapshot["side"]
 
-    def load_state_dict(self, state: dict, trainer_model: torch.nn.Module,
-                        restore_slot: Callable[[Any, dict], None]) -> None:  # fmt: skip
+    def load_state_dict(
+        self, state: dict, trainer_model: torch.nn.Module, restore_slot: Callable[[Any, dict], None]
+    ) -> None:
         """Before `start`: restores a state_dict (its weights published as the saved version);
         load_fill_state gives the side's own state."""
         if self._child.process is not None:
@@ -319,8 +355,9 @@ class ProcessLoop:
         for i in self._free_slots:
             self._free.put(i)
         body = functools.partial(_fill_chunks, *self._body_args, self._initial_state)
-        self._child.start(run_child, (body, self._child.heartbeat(), self._child.errors,
-                                      self._child.stop))  # fmt: skip
+        self._child.start(
+            run_child, (body, self._child.heartbeat(), self._child.errors, self._child.stop)
+        )
         try:
             self._wait_ready()
         except BaseException:  # the child failed to start: it is joined before the error

@@ -26,7 +26,11 @@ def init_ray(ray, address: str | None, hidden_gpu: str | None) -> None:
     probe(address)
     try:
         with hidden_from_ray(hidden_gpu):
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)  # fmt: skip
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
     except ConnectionError as e:
         raise RuntimeError(f"cannot reach the Ray cluster at {address!r}: {e}") from e

@@ -51,8 +51,10 @@ class WorkerLoss:
             after = f"after chunk {seq}" if seq >= 0 else "at the checkpoint"
             self.restarts.append(f"worker {worker} restarted; its streams resumed {after}")
         elif worker in self.unsaved:
-            self.restarts.append(f"worker {worker} restarted from its seed: its side cannot be "
-                                 f"saved ({self.unsaved[worker]})")  # fmt: skip
+            self.restarts.append(
+                f"worker {worker} restarted from its seed: its side cannot be "
+                f"saved ({self.unsaved[worker]})"
+            )
         else:  # nothing delivered yet: its seed is where its streams stood
             self.restarts.append(f"worker {worker} restarted at its start")
 

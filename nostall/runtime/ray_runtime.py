@@ -51,15 +51,30 @@ class RayRuntime(LoopRuntime):
     ):
         """make_env(seed) -> one worker's vector env; make_agent(env) -> a policy of `agent`'s
         architecture. `address`: None starts a local cluster, "auto" joins a running one."""
-        slots = rollout_slots(0, num_steps, num_envs=num_envs, obs_dim=obs_dim,
-                              action_shape=action_shape, discrete=discrete,
-                              obs_dtype=obs_dtype)  # fmt: skip
-        make_side = functools.partial(make_env_side, make_env, make_agent, act, rollout, seed,
-                                      num_envs)  # fmt: skip
-        loop = RayLoop(slots, make_side, agent, staleness=staleness, num_workers=num_workers,
-                       address=address, cpus_per_worker=cpus_per_worker,
-                       gpus_per_worker=gpus_per_worker, max_restarts=max_restarts,
-                       weights=weights)  # fmt: skip
+        slots = rollout_slots(
+            0,
+            num_steps,
+            num_envs=num_envs,
+            obs_dim=obs_dim,
+            action_shape=action_shape,
+            discrete=discrete,
+            obs_dtype=obs_dtype,
+        )
+        make_side = functools.partial(
+            make_env_side, make_env, make_agent, act, rollout, seed, num_envs
+        )
+        loop = RayLoop(
+            slots,
+            make_side,
+            agent,
+            staleness=staleness,
+            num_workers=num_workers,
+            address=address,
+            cpus_per_worker=cpus_per_worker,
+            gpus_per_worker=gpus_per_worker,
+            max_restarts=max_restarts,
+            weights=weights,
+        )
         super().__init__(loop, num_workers=num_workers, num_envs=num_envs)
         self.loss = loop.loss
         self._template = agent

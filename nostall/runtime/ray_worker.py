@@ -87,8 +87,9 @@ class Worker:
         from nostall.runtime.collective_weights import Receiver, flat_size
 
         model = self.side.model
-        self.receiver = Receiver(host, port, self.worker + 1, world, flat_size(model),
-                                 torch.device(device))  # fmt: skip
+        self.receiver = Receiver(
+            host, port, self.worker + 1, world, flat_size(model), torch.device(device)
+        )
         return self.worker
 
     def ready(self) -> int:
@@ -120,13 +121,21 @@ class Worker:
         )
         stats = self.side.stats() if hasattr(self.side, "stats") else {}
         return {
-            "worker": self.worker, "seq": seq, "version": version, "start": start, "end": end,
+            "worker": self.worker,
+            "seq": seq,
+            "version": version,
+            "start": start,
+            "end": end,
             # (A host slot's tensors as they are; a device slot's copied to the host.)
-            "tensors": {k: v.cpu().numpy()  # sync: a device slot's chunk, once a fill
-                        for k, v in self.slot.tensors().items()},
-            "host": self.slot.host_state(), "stats": stats,
-            "side": self._side_state(), "side_unsaved": self.unsaved,
-        }  # fmt: skip
+            "tensors": {
+                k: v.cpu().numpy()  # sync: a device slot's chunk, once a fill
+                for k, v in self.slot.tensors().items()
+            },
+            "host": self.slot.host_state(),
+            "stats": stats,
+            "side": self._side_state(),
+            "side_unsaved": self.unsaved,
+        }
 
     def _side_state(self) -> dict | None:
         """The side's state after this fill (its prompt and environment streams, its sampling

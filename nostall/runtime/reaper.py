@@ -43,8 +43,9 @@ def children(pid: int) -> set[tuple[int, str]]:
     return {(child, start) for child, start in descendants(pid, depth=1)}
 
 
-def descendants(root: int, spare: set[tuple[int, str]] = frozenset(),
-                depth: int | None = None) -> list[tuple[int, str]]:  # fmt: skip
+def descendants(
+    root: int, spare: set[tuple[int, str]] = frozenset(), depth: int | None = None
+) -> list[tuple[int, str]]:
     """(pid, start time) of every live descendant of `root` (Linux /proc; [] elsewhere) but
     those in `spare` and theirs; with `depth`, only that many generations down."""
     if not Path("/proc").is_dir():

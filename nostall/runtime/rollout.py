@@ -56,8 +56,13 @@ def _collect_steps(env: VectorEnv, act: ActFn, chunk: Chunk, generator: torch.Ge
 
 def _step_rows(chunk: Chunk, t: int) -> EnvStep:
     """Where step t's results go: obs[t + 1] and the step's rewards and flags."""
-    return EnvStep(chunk.obs[t + 1], chunk.rewards[t], chunk.terminated[t], chunk.truncated[t],
-                   chunk.final_obs[t])  # fmt: skip
+    return EnvStep(
+        chunk.obs[t + 1],
+        chunk.rewards[t],
+        chunk.terminated[t],
+        chunk.truncated[t],
+        chunk.final_obs[t],
+    )
 
 
 def _collect_pipelined(

@@ -61,8 +61,14 @@ class Runtime(LoopRuntime):
         # copies the weights to the host once, at construction.
         self.rollout_agent = copy.deepcopy(agent).cpu()  # sync: one-time copy to the rollout side
         side = EnvSide(env, self.rollout_agent, act, rollout, seed, seed)
-        loop = RolloutLoop(slots, side, self.rollout_agent, agent, staleness=staleness,
-                           join_timeout_s=join_timeout_s)  # fmt: skip
+        loop = RolloutLoop(
+            slots,
+            side,
+            self.rollout_agent,
+            agent,
+            staleness=staleness,
+            join_timeout_s=join_timeout_s,
+        )
         super().__init__(loop, num_workers=1, num_envs=env.num_envs)
 
     @property

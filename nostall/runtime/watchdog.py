@@ -73,8 +73,10 @@ class Watchdog:
         if elapsed > limit:
             what, _, name = self._what.value.decode(errors="replace").partition("\x1f")
             setting = f"{name} = {limit:g} s" if name else f"{limit:g} s"
-            raise HangError(f"{what} has not returned after {elapsed:.1f} s (limit: "
-                            f"{setting}): hung, or too slow for the limit")  # fmt: skip
+            raise HangError(
+                f"{what} has not returned after {elapsed:.1f} s (limit: "
+                f"{setting}): hung, or too slow for the limit"
+            )
 
 
 def run_watched(fn: Callable[[], Any], watchdog: Watchdog | None) -> Any:

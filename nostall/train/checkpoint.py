@@ -45,8 +45,9 @@ def check_path_template(path: str | None, flag: str, placeholder: str) -> None:
     try:
         path.format(**{placeholder: 1})
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"{flag} {path!r}: the only placeholder is {{{placeholder}}} "
-                         f"({type(e).__name__}: {e})") from None  # fmt: skip
+        raise ValueError(
+            f"{flag} {path!r}: the only placeholder is {{{placeholder}}} ({type(e).__name__}: {e})"
+        ) from None
 
 
 def prune(written: list[str], keep: int) -> tuple[list[str], list[Path]]:
@@ -182,8 +183,11 @@ def save(path: str | Path, algorithm: str, args: dict, state: dict) -> None:
         failed = e if isinstance(e, OSError) else getattr(writer, "error", None)
         if failed is None:
             raise
-        raise OSError(failed.errno, f"cannot write checkpoint {path} ({failed.strerror}); the "
-                      "previous checkpoint there, if any, is intact") from e  # fmt: skip
+        raise OSError(
+            failed.errno,
+            f"cannot write checkpoint {path} ({failed.strerror}); the "
+            "previous checkpoint there, if any, is intact",
+        ) from e
 
 
 def _file_digest(path: Path, length: int) -> str:
@@ -216,8 +220,10 @@ def load(path: str | Path, algorithm: str) -> tuple[dict, dict]:
     try:
         record = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
     except Exception as e:  # torch.load fails in many ways on a damaged file
-        raise CheckpointError(f"checkpoint {path} is unreadable (damaged or not a "
-                              f"checkpoint): {type(e).__name__}: {e}") from None  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable (damaged or not a "
+            f"checkpoint): {type(e).__name__}: {e}"
+        ) from None
     _check_record(record, path, algorithm)
     if not isinstance(record.get("args"), dict) or not isinstance(record.get("state"), dict):
         raise CheckpointError(f"checkpoint {path} is malformed")
@@ -243,8 +249,10 @@ def _load_version_1(path: Path, algorithm: str) -> tuple[dict, dict]:
     try:
         record = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # torch.load fails in many ways on a damaged file
-        raise CheckpointError(f"checkpoint {path} is unreadable (damaged or not a "
-                              f"checkpoint): {type(e).__name__}: {e}") from None  # fmt: skip
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable (damaged or not a "
+            f"checkpoint): {type(e).__name__}: {e}"
+        ) from None
     _check_record(record, path, algorithm)
     payload = record.get("payload")
     if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
@@ -264,10 +272,19 @@ def _load_version_1(path: Path, algorithm: str) -> tuple[dict, dict]:
 # What a resume may change in every trainer's config: where it writes and keeps checkpoints,
 # how it logs and watches, its backend and threads, when it stops. Each algorithm adds its own
 # (the run's length, its device where the state allows).
-RUN_RESUMABLE = frozenset({
-    "checkpoint", "checkpoint_every", "resume", "log_interval", "stop_when_solved",
-    "watch_syncs", "backend", "torch_threads", "output_dir",
-})  # fmt: skip
+RUN_RESUMABLE = frozenset(
+    {
+        "checkpoint",
+        "checkpoint_every",
+        "resume",
+        "log_interval",
+        "stop_when_solved",
+        "watch_syncs",
+        "backend",
+        "torch_threads",
+        "output_dir",
+    }
+)
 
 
 def check_compatible(saved: dict, current: dict, may_differ: set[str]) -> None:
@@ -275,6 +292,7 @@ def check_compatible(saved: dict, current: dict, may_differ: set[str]) -> None:
     fields = sorted(k for k in set(saved) | set(current) if k not in may_differ)
     conflicts = [k for k in fields if saved.get(k) != current.get(k)]
     if conflicts:
-        detail = ", ".join(f"{k} (saved {saved.get(k)!r}, now {current.get(k)!r})"
-                           for k in conflicts)  # fmt: skip
+        detail = ", ".join(
+            f"{k} (saved {saved.get(k)!r}, now {current.get(k)!r})" for k in conflicts
+        )
         raise CheckpointError(f"cannot resume: arguments differ from the checkpoint's: {detail}")

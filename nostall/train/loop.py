@@ -68,8 +68,9 @@ class Hooks(Protocol):
     def at_boundary(self, step: int, clock: Clock) -> None: ...
     def snapshot(self, step: int) -> dict: ...
     def checkpoint_path(self, step: int) -> str: ...
-    def log_values(self, step: int, values: dict[str, float], lag: int,
-                   clock: Clock) -> tuple[int, dict[str, float]]: ...  # fmt: skip
+    def log_values(
+        self, step: int, values: dict[str, float], lag: int, clock: Clock
+    ) -> tuple[int, dict[str, float]]: ...
     def solved(self) -> bool: ...
     def finish(self, clock: Clock, end: float) -> TrainResult: ...
     def completed(self, result: TrainResult) -> None: ...  # saves what the run leaves behind
@@ -120,8 +121,9 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
     return result
 
 
-def _steps(hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: Clock,
-           syncs: list[int]) -> float:  # fmt: skip
+def _steps(
+    hooks: Hooks, log: LogFn | None, time_limit_s: float | None, clock: Clock, syncs: list[int]
+) -> float:
     """The steps, in the order every trainer shares; returns the clock when the last update
     ended."""
     config, runtime, result = hooks.config, hooks.runtime, hooks.result

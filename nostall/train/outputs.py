@@ -14,9 +14,13 @@ from nostall import files
 from nostall.train.result import TrainResult
 
 # The figures the bar shows, when a log line has them.
-BAR_FIGURES = {"steps_per_second": ("steps/s", "{:.0f}"), "episode_return": ("return", "{:.1f}"),
-               "reward": ("reward", "{:.3f}"), "tokens_per_second": ("tok_s", "{:.0f}"),
-               "version_lag": ("lag", "{:.0f}")}  # fmt: skip
+BAR_FIGURES = {
+    "steps_per_second": ("steps/s", "{:.0f}"),
+    "episode_return": ("return", "{:.1f}"),
+    "reward": ("reward", "{:.3f}"),
+    "tokens_per_second": ("tok_s", "{:.0f}"),
+    "version_lag": ("lag", "{:.0f}"),
+}
 
 
 class Progress:
@@ -25,8 +29,9 @@ class Progress:
     Each run writes its own folder under out_dir/tensorboard/ (its start time and process), so
     two runs into one output folder stay two runs in TensorBoard."""
 
-    def __init__(self, total: int, out_dir: Path, unit: str = "step", first: int = 0,
-                 bar: bool = True):  # fmt: skip
+    def __init__(
+        self, total: int, out_dir: Path, unit: str = "step", first: int = 0, bar: bool = True
+    ):
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
@@ -40,8 +45,9 @@ class Progress:
         if self.bar is not None:
             self.bar.update(progress - self._last)
             shown = {key: figure for key, figure in BAR_FIGURES.items() if key in metrics}
-            self.bar.set_postfix({name: form.format(metrics[key])
-                                  for key, (name, form) in shown.items()})  # fmt: skip
+            self.bar.set_postfix(
+                {name: form.format(metrics[key]) for key, (name, form) in shown.items()}
+            )
         self._last = progress
         for name, value in metrics.items():
             self.writer.add_scalar(f"train/{name}", value, progress)
@@ -101,12 +107,19 @@ def downsampled(x: list[float], y: list[float], points: int = CURVE_POINTS):
         return list(x), list(y)
     size = -(-len(x) // points)
     runs = range(0, len(x), size)
-    return ([sum(x[i : i + size]) / len(x[i : i + size]) for i in runs],
-            [sum(y[i : i + size]) / len(y[i : i + size]) for i in runs])  # fmt: skip
+    return (
+        [sum(x[i : i + size]) / len(x[i : i + size]) for i in runs],
+        [sum(y[i : i + size]) / len(y[i : i + size]) for i in runs],
+    )
 
 
-def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float = 2.0,
-                  rollout_label: str = "rollout") -> None:  # fmt: skip
+def plot_timeline(
+    result: TrainResult,
+    path: Path,
+    title: str,
+    window_s: float = 2.0,
+    rollout_label: str = "rollout",
+) -> None:
     """`window_s` seconds after warm-up (the 12th span on): when each side was busy."""
     spans = result.timeline.spans  # the run's first spans: the window lies among them
     fig, ax = figure((9, 2.6))
@@ -114,12 +127,18 @@ def plot_timeline(result: TrainResult, path: Path, title: str, window_s: float =
         origin = spans[min(len(spans) - 1, 12)][1]  # past warm-up and the watched steps
         for row, (side, color) in enumerate((("train", "tab:orange"), ("rollout", "tab:blue"))):
             # One collection a side: a bar per span as its own artist took a second to draw.
-            bars = [(start - origin, end - start) for s, start, end in spans
-                    if s == side and origin <= start <= origin + window_s]  # fmt: skip
+            bars = [
+                (start - origin, end - start)
+                for s, start, end in spans
+                if s == side and origin <= start <= origin + window_s
+            ]
             ax.broken_barh(bars, (row - 0.4, 0.8), color=color)
         # Weight pushes into a generation engine, inside the rollout side's spans.
-        pushes = [(start - origin, end - start) for s, start, end in spans
-                  if s == "push" and origin <= start <= origin + window_s]  # fmt: skip
+        pushes = [
+            (start - origin, end - start)
+            for s, start, end in spans
+            if s == "push" and origin <= start <= origin + window_s
+        ]
         if pushes:
             ax.broken_barh(pushes, (0.6, 0.8), color="tab:green", label="weight push")
             ax.legend(loc="upper right", fontsize="small")
@@ -155,8 +174,13 @@ def write_outputs(result: TrainResult, out_dir: Path, subject: str) -> str:
     # At least four of the slower side's spans: a real model's step can outlast the default.
     spans = [result.side_ms(s) or 0.0 for s in ("rollout", "train")]
     window_s = max(result.timeline_window_s, 4e-3 * max(spans))
-    plot_timeline(result, out_dir / "timeline.png", f"{title}: {side} and training over time",
-                  window_s=window_s, rollout_label=side)  # fmt: skip
+    plot_timeline(
+        result,
+        out_dir / "timeline.png",
+        f"{title}: {side} and training over time",
+        window_s=window_s,
+        rollout_label=side,
+    )
     files.write_text(out_dir / "report.json", json.dumps(summary, indent=2))
     text = "\n".join(result.summary_lines(summary))
     files.write_text(out_dir / "report.txt", text + "\n")

@@ -91,14 +91,18 @@ class TrainResult:
             share = f"{100 * overlap:.0f}%"
             lines.append(f"  {self.rollout_label} ran during {share} of the updates' time")
         if summary.get("timeline_late_s"):
-            lines.append(f"  {summary['timeline_late_s']} s of spans began too far back to be "
-                         f"counted in the overlap")  # fmt: skip
+            lines.append(
+                f"  {summary['timeline_late_s']} s of spans began too far back to be "
+                f"counted in the overlap"
+            )
         peak = summary.get("peak_memory_mib") or {}
         if peak:
             lines.append("  peak memory: " + ", ".join(f"{k} {v} MiB" for k, v in peak.items()))
         if summary.get("dropped_chunks"):
-            lines.append(f"  chunks dropped with a lost worker: {summary['dropped_chunks']} "
-                         f"({'; '.join(summary['dropped_causes'])})")  # fmt: skip
+            lines.append(
+                f"  chunks dropped with a lost worker: {summary['dropped_chunks']} "
+                f"({'; '.join(summary['dropped_causes'])})"
+            )
         for restart in summary.get("worker_restarts") or []:
             lines.append(f"  {restart}")
         return lines

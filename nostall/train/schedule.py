@@ -8,8 +8,9 @@ import math
 SCHEDULES = ("constant", "linear", "cosine")
 
 
-def learning_rate_at(base: float, step: int, total: int, kind: str = "constant",
-                     warmup: int = 0) -> float:  # fmt: skip
+def learning_rate_at(
+    base: float, step: int, total: int, kind: str = "constant", warmup: int = 0
+) -> float:
     """The learning rate of `step` (1-based) of `total`: `warmup` steps rising from 0, then
     `kind` from `base` (linear and cosine decay to 0 at the end of the run)."""
     done = step - 1

@@ -26,9 +26,12 @@ runs it, with TRL's names, and the waits taken out:
   (nostall/lm/precision.py); the gap between generation's and the trainer's log-probs is
   reported every update and, where they can differ, corrected by the capped weight above.
 Read top to bottom:
-- config.py: every setting, TRL's names; runtime_options.py: the checks of where it generates;
+- config.py: every setting, TRL's names; config_checks.py: the checks of TRL's options;
+  runtime_options.py: the checks of where it generates;
 - loss.py: log-probs and the clipped surrogate; update.py: an update on one batch;
   explicit_update.py: the same update by explicit adjoints, no autograd graph;
+- generation.py: the generation side (prompts, rewards, engine, GroupGenerator), built in
+  the trainer's process or where a transport runs it;
 - setup.py: what a run builds, once each and in order (prompts, rewards, the model and its
   precision, the generation side and its transport, the optimizer, the reference model);
 - state.py: a checkpoint's state, its restore, the model saved for transformers;

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import torch
 
+from nostall.algos.grpo.config_checks import check_trl_options
 from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.lm.models import BUILTIN_SIZES
 from nostall.lm.precision import DTYPES, MASTER_DTYPES
 from nostall.ops.losses import GROUP_SCALES
 from nostall.train.checkpoint import RUN_RESUMABLE, check_path_template
-from nostall.train.schedule import SCHEDULES, learning_rate_at
+from nostall.train.schedule import learning_rate_at
 
 # Settings whose default depends on the model: (a built-in model's, a model directory's).
 MODEL_DEFAULTS = {"max_new_tokens": (5, 256), "learning_rate": (1.1e-3, 1e-6)}
@@ -28,17 +29,32 @@ AGGREGATIONS = {
 
 # Arguments a resume may change; every other one must match the checkpoint's.
 RESUMABLE = RUN_RESUMABLE | {
-    "steps", "target_reward", "generator", "ray_weights", "gpus_per_worker", "trainers",
-    "save_total_limit", "log_completions", "reward_timeout", "generation_timeout", "dtype",
-    "epsilon", "epsilon_high", "num_iterations", "max_completion_length",
-}  # fmt: skip
+    "steps",
+    "target_reward",
+    "generator",
+    "ray_weights",
+    "gpus_per_worker",
+    "trainers",
+    "save_total_limit",
+    "log_completions",
+    "reward_timeout",
+    "generation_timeout",
+    "dtype",
+    "epsilon",
+    "epsilon_high",
+    "num_iterations",
+    "max_completion_length",
+}
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
 
 # TRL's names -> the settings they name here.
-ALIASES = {"epsilon": "clip_low", "epsilon_high": "clip_high",
-           "num_iterations": "updates_per_batch",
-           "max_completion_length": "max_new_tokens"}  # fmt: skip
+ALIASES = {
+    "epsilon": "clip_low",
+    "epsilon_high": "clip_high",
+    "num_iterations": "updates_per_batch",
+    "max_completion_length": "max_new_tokens",
+}
 
 
 @dataclass
@@ -259,8 +275,10 @@ class GRPOConfig:
             default = GRPOConfig.__dataclass_fields__[name].default
             current = getattr(self, name)
             if current != default and current != value:
-                raise ValueError(f"--{_flag(alias)} {value} and --{_flag(name)} {current} name "
-                                 f"the same setting: give one")  # fmt: skip
+                raise ValueError(
+                    f"--{_flag(alias)} {value} and --{_flag(name)} {current} name "
+                    f"the same setting: give one"
+                )
             setattr(self, name, value)
             setattr(self, alias, None)
             self.__dict__.setdefault("_from_alias", {})[name] = alias  # (for check's messages)
@@ -291,16 +309,24 @@ class GRPOConfig:
         except ValueError as e:
             message = str(e)
             for name, alias in self.__dict__.get("_from_alias", {}).items():
-                message = message.replace(f"--{_flag(name)} ", f"--{_flag(alias)} "
-                                          f"(--{_flag(name)}) ")  # fmt: skip
+                message = message.replace(
+                    f"--{_flag(name)} ", f"--{_flag(alias)} (--{_flag(name)}) "
+                )
             raise ValueError(message) from None
 
     def _check(self) -> None:
         self.take_aliases()
         self.resolve_defaults()
-        for name in ("steps", "num_prompts", "max_new_tokens", "updates_per_batch",
-                     "log_interval", "checkpoint_every", "torch_threads",
-                     "gradient_accumulation_steps"):  # fmt: skip
+        for name in (
+            "steps",
+            "num_prompts",
+            "max_new_tokens",
+            "updates_per_batch",
+            "log_interval",
+            "checkpoint_every",
+            "torch_threads",
+            "gradient_accumulation_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.num_generations < 2:
@@ -308,9 +334,15 @@ class GRPOConfig:
                 f"--num-generations must be at least 2 (a group of one has no relative "
                 f"advantage), got {self.num_generations}"
             )
-        caps = (("num_prompts", 1 << 16), ("num_generations", 1 << 12),
-                ("max_new_tokens", 1 << 20), ("updates_per_batch", 1 << 10), ("staleness", 64),
-                ("torch_threads", 1024), ("seed", (1 << 62) - 1))  # fmt: skip
+        caps = (
+            ("num_prompts", 1 << 16),
+            ("num_generations", 1 << 12),
+            ("max_new_tokens", 1 << 20),
+            ("updates_per_batch", 1 << 10),
+            ("staleness", 64),
+            ("torch_threads", 1024),
+            ("seed", (1 << 62) - 1),
+        )
         for name, cap in caps:
             if getattr(self, name) > cap:
                 raise ValueError(
@@ -341,8 +373,9 @@ class GRPOConfig:
         if not -float("inf") < self.target_reward < float("inf"):
             raise ValueError(f"--target-reward must be finite, got {self.target_reward}")
         if self.loss_type not in AGGREGATIONS:
-            raise ValueError(f"--loss-type must be one of {', '.join(AGGREGATIONS)}, "
-                             f"got {self.loss_type!r}")  # fmt: skip
+            raise ValueError(
+                f"--loss-type must be one of {', '.join(AGGREGATIONS)}, got {self.loss_type!r}"
+            )
         try:
             device = torch.device(self.device)
         except RuntimeError:
@@ -354,73 +387,27 @@ class GRPOConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.master_dtype not in MASTER_DTYPES:
-            raise ValueError(f"--master-dtype must be {' or '.join(MASTER_DTYPES)}, got "
-                             f"{self.master_dtype!r}")  # fmt: skip
+            raise ValueError(
+                f"--master-dtype must be {' or '.join(MASTER_DTYPES)}, got {self.master_dtype!r}"
+            )
         if self.master_dtype == "bfloat16" and self.dtype == "float32":
             raise ValueError("--master-dtype bfloat16 computes in bf16: drop --dtype float32")
         check_runtime(self, device)
         if self.scale_rewards not in GROUP_SCALES:
-            raise ValueError(f"--scale-rewards must be group, batch or none, got "
-                             f"{self.scale_rewards!r}")  # fmt: skip
+            raise ValueError(
+                f"--scale-rewards must be group, batch or none, got {self.scale_rewards!r}"
+            )
         check_path_template(self.checkpoint, "--checkpoint", "step")
         self.weights()
-        self._check_trl_options()
-
-    def _check_trl_options(self) -> None:
-        size = self.micro_batch_size
-        if size is not None:
-            if size < 1 or size % self.num_generations or self.batch_size % size:
-                raise ValueError(f"--micro-batch-size {size} must be a multiple of "
-                                 f"--num-generations {self.num_generations} dividing the batch "
-                                 f"of {self.batch_size} completions")  # fmt: skip
-            if self.steps_per_generation not in (None, self.batch_size // size):
-                raise ValueError(f"--micro-batch-size {size} and --steps-per-generation "
-                                 f"{self.steps_per_generation} disagree: give one")  # fmt: skip
-        micro = self.micro_batches
-        if micro < 1:
-            raise ValueError(f"--steps-per-generation must be at least 1, got {micro}")
-        if micro % self.gradient_accumulation_steps:
-            raise ValueError(f"--steps-per-generation {micro} must be a multiple of "
-                             "--gradient-accumulation-steps "
-                             f"{self.gradient_accumulation_steps}")  # fmt: skip
-        if self.num_prompts % micro:
-            raise ValueError(f"--num-prompts {self.num_prompts} must split into {micro} "
-                             "micro-batches of whole prompt groups (a multiple of "
-                             "--steps-per-generation)")  # fmt: skip
-        if self.lr_scheduler_type not in SCHEDULES:
-            raise ValueError(f"--lr-scheduler-type must be one of {', '.join(SCHEDULES)}, got "
-                             f"{self.lr_scheduler_type!r}")  # fmt: skip
-        if not 0 <= self.warmup_ratio <= 1:
-            raise ValueError(f"--warmup-ratio must lie in [0, 1], got {self.warmup_ratio}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
-        if not 0 <= self.weight_decay < float("inf"):
-            raise ValueError(f"--weight-decay must be a finite number >= 0, got "
-                             f"{self.weight_decay}")  # fmt: skip
-        if self.lora_r and not 0 < self.lora_alpha < float("inf"):
-            raise ValueError(f"--lora-alpha must be a positive finite number, got "
-                             f"{self.lora_alpha}")  # fmt: skip
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"--min-p must lie in [0, 1), got {self.min_p}")
-        if not 0 < self.repetition_penalty < float("inf"):
-            raise ValueError(f"--repetition-penalty must be a positive finite number, got "
-                             f"{self.repetition_penalty}")  # fmt: skip
-        if self.save_total_limit is not None:
-            if self.save_total_limit < 1:
-                raise ValueError(f"--save-total-limit must be at least 1, got "
-                                 f"{self.save_total_limit}")  # fmt: skip
-            if not self.checkpoint or "{step" not in Path(self.checkpoint).name:
-                raise ValueError("--save-total-limit needs --checkpoint with {step} in its "
-                                 "file name (one file a save)")  # fmt: skip
-        if self.log_completions and not self.output_dir:
-            raise ValueError("--log-completions writes into --output-dir: give one")
+        check_trl_options(self)
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of generation batch `step` (1-based), as transformers' schedulers
         with warm-up give it."""
         warmup = self.warmup_steps or math.ceil(self.warmup_ratio * self.steps)
-        return learning_rate_at(self.learning_rate, step, self.steps, self.lr_scheduler_type,
-                                warmup)  # fmt: skip
+        return learning_rate_at(
+            self.learning_rate, step, self.steps, self.lr_scheduler_type, warmup
+        )
 
     def weights(self) -> list[float] | None:
         """reward_weights as numbers (a list, or the command's "1,0.5"); ValueError for a
@@ -429,8 +416,9 @@ class GRPOConfig:
         if weights is None:
             return None
         try:
-            values = [float(w) for w in (weights.split(",") if isinstance(weights, str)
-                                         else weights)]  # fmt: skip
+            values = [
+                float(w) for w in (weights.split(",") if isinstance(weights, str) else weights)
+            ]
         except (TypeError, ValueError):
             raise ValueError(f"--reward-weights must be numbers, got {weights!r}") from None
         if not all(math.isfinite(v) for v in values):

@@ -49,13 +49,18 @@ class ExplicitUpdate:
         with torch.no_grad():  # views of the packed parameters (Decoder._fuse)
             fused = [decoder._fuse(layer) for layer in layers]
         for (qkv, _, gate_up), layer in zip(fused, layers, strict=True):
-            if (qkv.data_ptr() != layer.self_attn.q_proj.weight.data_ptr()
-                    or gate_up.data_ptr() != layer.mlp.gate_proj.weight.data_ptr()):  # fmt: skip
+            if (
+                qkv.data_ptr() != layer.self_attn.q_proj.weight.data_ptr()
+                or gate_up.data_ptr() != layer.mlp.gate_proj.weight.data_ptr()
+            ):
                 raise ValueError("ExplicitUpdate needs the parameters packed in training_order")
         # decoder_train's weight arguments: views of the flat buffer, valid for every step.
         weights = DecoderWeights.of(decoder, fused).detached()
-        self.qkv, self.qkv_bias, self.gate_up = (weights.qkv_weight, weights.qkv_bias,
-                                                 weights.gate_up_weight)  # fmt: skip
+        self.qkv, self.qkv_bias, self.gate_up = (
+            weights.qkv_weight,
+            weights.qkv_bias,
+            weights.gate_up_weight,
+        )
         self.weights = (*weights, *decoder.native_tables)
         self.config = decoder._native_config()
         self.tied = decoder.output_weight is decoder.embed.weight
@@ -86,9 +91,18 @@ class ExplicitUpdate:
         ]
 
     @torch.no_grad()
-    def gradients(self, batch, advantage: Tensor, loss_mask: Tensor, args,
-                  vocab: SampledVocab | None, decoupled: bool, old_log_prob: Tensor | None,
-                  scale: float = 1.0, accumulate: bool = False) -> tuple[Tensor, ...]:  # fmt: skip
+    def gradients(
+        self,
+        batch,
+        advantage: Tensor,
+        loss_mask: Tensor,
+        args,
+        vocab: SampledVocab | None,
+        decoupled: bool,
+        old_log_prob: Tensor | None,
+        scale: float = 1.0,
+        accumulate: bool = False,
+    ) -> tuple[Tensor, ...]:
         """The gradient of the loss on `batch` (its tokens in `loss_mask`), times `scale`, into
         the optimizer's flat gradient (added to it with `accumulate`, else replacing it):
         (log_prob, loss, clip_fraction, approx_kl, entropy), the log-probs before the step, the
@@ -100,9 +114,13 @@ class ExplicitUpdate:
         prompt_ids, prompt_mask = batch.prompt_ids[::G], batch.prompt_mask[::G]
         weights, config = self.weights, self.config
         hidden, *saved = torch.ops.nostall.decoder_train.default(
-            prompt_ids, prompt_mask, batch.completion_ids, batch.completion_mask, *weights,
+            prompt_ids,
+            prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            *weights,
             *config,
-        )  # fmt: skip
+        )
         # (At temperature 1 the division is exact: skipped, with its twin in the backward.)
         unit = args.temperature == 1.0
         scaled = hidden.view(B, C, -1) if unit else hidden.view(B, C, -1) / args.temperature
@@ -119,10 +137,18 @@ class ExplicitUpdate:
         aggregation = AGGREGATIONS[args.loss_type]
         clip_high = args.clip_low if args.clip_high is None else args.clip_high
         loss, clip_fraction, approx_kl, token_grad = torch.ops.nostall.clipped_policy_loss.default(
-            log_prob, old_log_prob, advantage, loss_mask, float(args.clip_low),
-            float(clip_high), aggregation, C, None, batch.log_probs if decoupled else None,
+            log_prob,
+            old_log_prob,
+            advantage,
+            loss_mask,
+            float(args.clip_low),
+            float(clip_high),
+            aggregation,
+            C,
+            None,
+            batch.log_probs if decoupled else None,
             float(args.is_cap),
-        )  # fmt: skip
+        )
         grad_log_prob = torch.ops.nostall.clipped_policy_loss_backward.default(
             torch.full_like(loss, scale), token_grad, loss_mask, aggregation, C
         )
@@ -146,10 +172,16 @@ class ExplicitUpdate:
         # Every decoder gradient straight into the flat buffer (set, or added when accumulating).
         torch.ops.nostall.decoder_train_backward_into.default(
             (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1).float(),
-            prompt_ids, prompt_mask,
-            batch.completion_ids, batch.completion_mask, *weights, *saved, *config,
-            self.decoder_grad, accumulate,
-        )  # fmt: skip
+            prompt_ids,
+            prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            *weights,
+            *saved,
+            *config,
+            self.decoder_grad,
+            accumulate,
+        )
         output_grad = self.output_grad  # (tied: the embedding's, which has its token rows)
         if not self.tied and not accumulate:
             output_grad.zero_()

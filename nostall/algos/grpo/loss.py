@@ -15,16 +15,27 @@ from nostall.lm.rollout import LMBatch
 from nostall.lm.softcap import softcapped_token_entropy, softcapped_token_log_prob
 
 
-def policy_log_probs(decoder: Decoder, batch: LMBatch, temperature: float,
-                     vocab: SampledVocab | None, group_size: int) -> torch.Tensor:  # fmt: skip
+def policy_log_probs(
+    decoder: Decoder,
+    batch: LMBatch,
+    temperature: float,
+    vocab: SampledVocab | None,
+    group_size: int,
+) -> torch.Tensor:
     """[B, C] log-probabilities of the completion tokens under the sampling distribution (the
     model's, at `temperature`, over the tokens the sampler may draw: `vocab`, None for all);
     each group's prompt is run once."""
     return policy_terms(decoder, batch, temperature, vocab, group_size)[0]
 
 
-def policy_terms(decoder, batch: LMBatch, temperature: float, vocab: SampledVocab | None,
-                 group_size: int, entropy: bool = False):  # fmt: skip
+def policy_terms(
+    decoder,
+    batch: LMBatch,
+    temperature: float,
+    vocab: SampledVocab | None,
+    group_size: int,
+    entropy: bool = False,
+):
     """(log-probs [B, C], the sampling distribution's entropies [B, C] or None without
     `entropy`) of the completion tokens: policy_head's states, then the chunked head. A
     PolicyTerms module computes them in one call of its own forward."""
@@ -46,13 +57,24 @@ class PolicyTerms(torch.nn.Module):
         self.model = model
         self.decoder = HFDecoder(model, static_cache=False)  # (training only: no cache)
 
-    def forward(self, batch: LMBatch, temperature: float, vocab: SampledVocab | None,
-                group_size: int, entropy: bool = False):  # fmt: skip
+    def forward(
+        self,
+        batch: LMBatch,
+        temperature: float,
+        vocab: SampledVocab | None,
+        group_size: int,
+        entropy: bool = False,
+    ):
         return policy_terms(self.decoder, batch, temperature, vocab, group_size, entropy)
 
 
-def head_log_probs(decoder: Decoder, hidden: torch.Tensor, weight: torch.Tensor,
-                   tokens: torch.Tensor, temperature: float) -> torch.Tensor:  # fmt: skip
+def head_log_probs(
+    decoder: Decoder,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
     """Float32 log-probs of `tokens` from policy_head's hidden states (over the temperature)
     and output weight, in chunks: the native op, or for a model whose logits are soft-capped
     (Gemma2) the same chunks in tensor ops with the cap."""
@@ -62,16 +84,22 @@ def head_log_probs(decoder: Decoder, hidden: torch.Tensor, weight: torch.Tensor,
     return nostall.token_log_prob_linear(hidden, weight, tokens).float()
 
 
-def head_entropy(decoder: Decoder, hidden: torch.Tensor, weight: torch.Tensor,
-                 temperature: float) -> torch.Tensor:  # fmt: skip
+def head_entropy(
+    decoder: Decoder, hidden: torch.Tensor, weight: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """Float32 entropies of the sampling distribution (see head_log_probs)."""
     if decoder.softcap:
         return softcapped_token_entropy(hidden, weight, decoder.softcap, temperature)
     return nostall.token_entropy_linear(hidden, weight).float()
 
 
-def policy_head(decoder: Decoder, batch: LMBatch, temperature: float,
-                vocab: SampledVocab | None, group_size: int):  # fmt: skip
+def policy_head(
+    decoder: Decoder,
+    batch: LMBatch,
+    temperature: float,
+    vocab: SampledVocab | None,
+    group_size: int,
+):
     """(hidden [B, C, H] over the temperature, output weight [V', H], tokens [B, C] in [0, V'))
     of the sampling distribution at the completion tokens, V' the tokens the sampler may draw:
     the arguments of token_log_prob_linear (and token_entropy_linear)."""
@@ -92,8 +120,9 @@ def policy_head(decoder: Decoder, batch: LMBatch, temperature: float,
     return hidden, weight, tokens
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str,
-              max_tokens: int) -> torch.Tensor:  # fmt: skip
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_tokens: int
+) -> torch.Tensor:
     """A [B, C] per-token quantity reduced as the loss type reduces the surrogate."""
     m = mask.to(per_token.dtype)
     if loss_type == "grpo":
@@ -110,18 +139,31 @@ def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (per_token * m).sum() / m.sum().clamp(min=1)
 
 
-def grpo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantage: torch.Tensor,
-              mask: torch.Tensor, args: GRPOConfig, behavior_log_prob: torch.Tensor | None = None,
-              ref_log_prob: torch.Tensor | None = None):  # fmt: skip
+def grpo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    mask: torch.Tensor,
+    args: GRPOConfig,
+    behavior_log_prob: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
+):
     """(loss, clip_fraction, approx_kl, kl) of [B, C] token log-probs: the clipped surrogate
     aggregated as `args.loss_type`, weighted by the capped behaviour ratio when
     `behavior_log_prob` is given (decoupled objective), plus beta * k3 KL to `ref_log_prob`."""
     C = mask.shape[1]
     out = nostall.clipped_policy_loss(
-        log_prob, old_log_prob, advantage, mask, args.clip_low, args.clip_high,
-        AGGREGATIONS[args.loss_type], C, behavior_log_prob=behavior_log_prob,
+        log_prob,
+        old_log_prob,
+        advantage,
+        mask,
+        args.clip_low,
+        args.clip_high,
+        AGGREGATIONS[args.loss_type],
+        C,
+        behavior_log_prob=behavior_log_prob,
         is_cap=args.is_cap,
-    )  # fmt: skip
+    )
     loss, kl = out.loss, torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     if ref_log_prob is not None:
         delta = ref_log_prob - log_prob

@@ -69,14 +69,24 @@ class _Rank:
             dist.destroy_process_group()
 
 
-def _trainer(args: GRPOConfig, start: dict, rank: int, world: int,
-             device: torch.device) -> ShardedTrainer:  # fmt: skip
+def _trainer(
+    args: GRPOConfig, start: dict, rank: int, world: int, device: torch.device
+) -> ShardedTrainer:
     vocab = start["vocab"]
     if vocab is not None:
         vocab = SampledVocab(vocab.ids.to(device), vocab.index.to(device))
-    trainer = ShardedTrainer(start["model"].to(device), args, rank, world, start["dtype"], vocab,
-                             start["eos_token_id"], start["decoupled"], device,
-                             start["reference"])  # fmt: skip
+    trainer = ShardedTrainer(
+        start["model"].to(device),
+        args,
+        rank,
+        world,
+        start["dtype"],
+        vocab,
+        start["eos_token_id"],
+        start["decoupled"],
+        device,
+        start["reference"],
+    )
     trainer.load_optimizer_state(start["optimizer"])
     return trainer
 
@@ -84,10 +94,18 @@ def _trainer(args: GRPOConfig, start: dict, rank: int, world: int,
 class GRPORanks:
     """The M ranks of a run (M >= 2), started inside the run's loop (Ray up) by `with`."""
 
-    def __init__(self, args: GRPOConfig, model: torch.nn.Module, compute: torch.nn.Module,
-                 optimizer: ClippedAdam, compute_dtype: torch.dtype,
-                 vocab: SampledVocab | None, eos_token_id: int | None,
-                 decoupled: bool, reference: torch.nn.Module | None = None):  # fmt: skip
+    def __init__(
+        self,
+        args: GRPOConfig,
+        model: torch.nn.Module,
+        compute: torch.nn.Module,
+        optimizer: ClippedAdam,
+        compute_dtype: torch.dtype,
+        vocab: SampledVocab | None,
+        eos_token_id: int | None,
+        decoupled: bool,
+        reference: torch.nn.Module | None = None,
+    ):
         """`reference`: --beta's reference model (the driver's, whole), sharded on the ranks."""
         if args.trainers < 2:
             raise ValueError(f"GRPORanks needs at least 2 ranks, got {args.trainers}")
@@ -107,8 +125,9 @@ class GRPORanks:
         names = {id(p): name for name, p in model.named_parameters()}
         self.names = [names[id(p)] for p in optimizer.parameters_in_order]
         # Where each update's gathered weights go: the model and, with bf16 compute, its copy.
-        self._targets = [dict(m.named_parameters())
-                         for m in ((model,) if compute is model else (model, compute))]  # fmt: skip
+        self._targets = [
+            dict(m.named_parameters()) for m in ((model,) if compute is model else (model, compute))
+        ]
         self.ray = None
         self.ranks: list = []
         self.local: ShardedTrainer | None = None
@@ -122,8 +141,13 @@ class GRPORanks:
         if vocab is not None:
             vocab = SampledVocab(vocab.ids.cpu(), vocab.index.cpu())  # sync: once, at start
         reference = None if self.reference is None else _whole_copy(self.reference)
-        return {**self._static, "model": _whole_copy(self.model), "vocab": vocab,
-                "optimizer": self._optimizer_state(), "reference": reference}  # fmt: skip
+        return {
+            **self._static,
+            "model": _whole_copy(self.model),
+            "vocab": vocab,
+            "optimizer": self._optimizer_state(),
+            "reference": reference,
+        }
 
     def _optimizer_state(self) -> dict:
         saved = self.optimizer.state_dict()["state"]
@@ -142,22 +166,29 @@ class GRPORanks:
         resources = {"num_cpus": float(self.args.torch_threads), "num_gpus": float(self.on_gpu)}
         # (Free now that the workers have theirs; the driver's GPU is not the cluster's.)
         besides = " and the driver's GPU" if self.on_gpu else ""
-        check_fits(ray.available_resources(), resources, self.world - 1,
-                   f"--trainers {self.world}: ranks 1..{self.world - 1}",
-                   f" free besides the generation workers'{besides}")  # fmt: skip
+        check_fits(
+            ray.available_resources(),
+            resources,
+            self.world - 1,
+            f"--trainers {self.world}: ranks 1..{self.world - 1}",
+            f" free besides the generation workers'{besides}",
+        )
         host = ray.util.get_node_ip_address()
         store = distributed.open_store(host, self.world)
         address = f"tcp://{host}:{store.port}"
         start = self._start_state()
         start_ref = ray.put(start)
         rank_class = ray.remote(_Rank).options(max_restarts=0, **resources)
-        self.ranks = [rank_class.remote(self.args, start_ref, r, self.world, address)
-                      for r in range(1, self.world)]  # fmt: skip
+        self.ranks = [
+            rank_class.remote(self.args, start_ref, r, self.world, address)
+            for r in range(1, self.world)
+        ]
         joined = []
         try:
             if self.on_gpu:  # one GPU a rank, or NCCL's first collective fails obscurely
-                uuids = ray.get([rank.gpu.remote() for rank in self.ranks],
-                                timeout=distributed.JOIN_TIMEOUT_S)  # fmt: skip
+                uuids = ray.get(
+                    [rank.gpu.remote() for rank in self.ranks], timeout=distributed.JOIN_TIMEOUT_S
+                )
                 check_distinct([gpu_uuid(self.device), *uuids])
             joined = [rank.join.remote() for rank in self.ranks]
             distributed.join(address, 0, self.world, start["backend"], store)  # once all joined
@@ -165,8 +196,9 @@ class GRPORanks:
             ray.get(joined, timeout=distributed.JOIN_TIMEOUT_S)
         except BaseException as e:
             self.close()
-            raise RuntimeError(f"--trainers {self.world}: the ranks did not start "
-                               f"({self._cause(joined, e)})") from e  # fmt: skip
+            raise RuntimeError(
+                f"--trainers {self.world}: the ranks did not start ({self._cause(joined, e)})"
+            ) from e
         return self
 
     def __exit__(self, *exc) -> None:

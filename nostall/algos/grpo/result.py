@@ -99,15 +99,19 @@ class GRPOResult(TrainResult):
 
     def summary_lines(self, summary: dict) -> list[str]:
         if summary["steps_to_target"] is not None:
-            reached = (f"reached mean reward {summary['target_reward']} (last 10 steps) at "
-                       f"step {summary['steps_to_target']}, "
-                       f"{summary['time_to_target_s']} s")  # fmt: skip
+            reached = (
+                f"reached mean reward {summary['target_reward']} (last 10 steps) at "
+                f"step {summary['steps_to_target']}, "
+                f"{summary['time_to_target_s']} s"
+            )
         else:
             reached = f"did not reach mean reward {summary['target_reward']}"
         inflight = ""
         if summary["inflight_weights"]:
-            inflight = (f" ({summary['mean_token_version_lag']} per token, "
-                        f"{summary['weight_swaps']} in-flight weight swaps)")  # fmt: skip
+            inflight = (
+                f" ({summary['mean_token_version_lag']} per token, "
+                f"{summary['weight_swaps']} in-flight weight swaps)"
+            )
         generator = ""
         if summary["generator"] == "vllm":
             pushes = f"{summary['weight_pushes']} weight pushes, {summary['weight_push_ms']} ms"
@@ -134,8 +138,15 @@ class GRPOResult(TrainResult):
 
     def learning_curve(self) -> Curve:
         steps = [float(i) for i in range(1, len(self.rewards) + 1)]
-        return Curve(steps, list(self.rewards), "step (generation batch)", "reward",
-                     "batch mean reward", target=self.args["target_reward"], smooth=10)  # fmt: skip
+        return Curve(
+            steps,
+            list(self.rewards),
+            "step (generation batch)",
+            "reward",
+            "batch mean reward",
+            target=self.args["target_reward"],
+            smooth=10,
+        )
 
 
 def _ranks(summary: dict) -> str:

@@ -14,23 +14,28 @@ def check_runtime(config, device: torch.device) -> None:
     if config.backend not in BACKENDS:
         raise ValueError(f"--backend must be thread, process or ray, got {config.backend!r}")
     if config.backend == "process" and device.type != "cpu":
-        raise ValueError(f"--backend process generates on the CPU; with --device "
-                         f"{config.device} use --backend thread or ray")  # fmt: skip
+        raise ValueError(
+            f"--backend process generates on the CPU; with --device "
+            f"{config.device} use --backend thread or ray"
+        )
     _check_worker_gpus(config, device)
     if config.num_workers < 1:
         raise ValueError(f"--num-workers must be at least 1, got {config.num_workers}")
     if config.num_workers > 1 and config.backend != "ray":
         raise ValueError("--num-workers > 1 needs --backend ray")
     if config.ray_weights not in ("store", "collective"):
-        raise ValueError(f"--ray-weights must be store or collective, got "
-                         f"{config.ray_weights!r}")  # fmt: skip
+        raise ValueError(f"--ray-weights must be store or collective, got {config.ray_weights!r}")
     _check_trainers(config)
     if config.backend == "ray" and config.inflight_weights:
-        raise ValueError("--inflight-weights is not available with --backend ray (a worker "
-                         "takes new weights between batches)")  # fmt: skip
+        raise ValueError(
+            "--inflight-weights is not available with --backend ray (a worker "
+            "takes new weights between batches)"
+        )
     if config.inflight_weights and config.staleness < 1:
-        raise ValueError("--inflight-weights needs --staleness of at least 1 (at staleness 0 "
-                         "no weights are published while a batch is generated)")  # fmt: skip
+        raise ValueError(
+            "--inflight-weights needs --staleness of at least 1 (at staleness 0 "
+            "no weights are published while a batch is generated)"
+        )
     _check_generator(config)
 
 
@@ -47,9 +52,11 @@ def _check_worker_gpus(config, device: torch.device) -> None:
     if gpus is not None and not 0 <= gpus < float("inf"):
         raise ValueError(f"--gpus-per-worker must be a finite number >= 0, got {gpus}")
     if config.backend == "ray" and device.type == "cuda" and worker_gpus(config, device) == 0:
-        raise ValueError("--device cuda with --backend ray generates on the workers' GPUs: "
-                         "--gpus-per-worker must be above 0 (a Ray actor that reserves no GPU "
-                         "sees none)")  # fmt: skip
+        raise ValueError(
+            "--device cuda with --backend ray generates on the workers' GPUs: "
+            "--gpus-per-worker must be above 0 (a Ray actor that reserves no GPU "
+            "sees none)"
+        )
 
 
 def _check_trainers(config) -> None:
@@ -63,22 +70,30 @@ def _check_trainers(config) -> None:
         return  # (named by the micro-batch checks)
     groups = config.num_prompts // config.micro_batches
     if groups % config.trainers:
-        raise ValueError(f"--trainers {config.trainers} must divide the {groups} prompt groups "
-                         "of a micro-batch (each rank trains on whole groups): change "
-                         "--num-prompts or --steps-per-generation")  # fmt: skip
+        raise ValueError(
+            f"--trainers {config.trainers} must divide the {groups} prompt groups "
+            "of a micro-batch (each rank trains on whole groups): change "
+            "--num-prompts or --steps-per-generation"
+        )
 
 
 def _check_generator(config) -> None:
     if config.generator not in GENERATORS:
         raise ValueError(f"--generator must be native or vllm, got {config.generator!r}")
     if not 0 < config.vllm_gpu_memory_utilization <= 1:
-        raise ValueError("--vllm-gpu-memory-utilization must lie in (0, 1], got "
-                         f"{config.vllm_gpu_memory_utilization}")  # fmt: skip
+        raise ValueError(
+            "--vllm-gpu-memory-utilization must lie in (0, 1], got "
+            f"{config.vllm_gpu_memory_utilization}"
+        )
     if config.generator != "vllm":
         return
     if config.inflight_weights:
-        raise ValueError("--generator vllm takes new weights between batches, not between "
-                         "decode steps: drop --inflight-weights")  # fmt: skip
+        raise ValueError(
+            "--generator vllm takes new weights between batches, not between "
+            "decode steps: drop --inflight-weights"
+        )
     if config.lora_r:
-        raise ValueError("--generator vllm does not take LoRA adapters yet: drop --lora-r, or "
-                         "generate with --generator native")  # fmt: skip
+        raise ValueError(
+            "--generator vllm does not take LoRA adapters yet: drop --lora-r, or "
+            "generate with --generator native"
+        )

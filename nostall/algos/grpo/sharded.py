@@ -41,8 +41,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     names = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
-        raise ValueError(f"--trainers: cannot find the decoder layers of {type(model).__name__} "
-                         "(it names no _no_split_modules) to shard")  # fmt: skip
+        raise ValueError(
+            f"--trainers: cannot find the decoder layers of {type(model).__name__} "
+            "(it names no _no_split_modules) to shard"
+        )
     return layers
 
 
@@ -53,8 +55,9 @@ class ShardedAdam:
     def __init__(self, params: list[torch.nn.Parameter], args: GRPOConfig):
         self.params = params
         self.max_grad_norm = args.max_grad_norm
-        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate_at(1), foreach=True,
-                                           weight_decay=args.weight_decay)  # fmt: skip
+        self.optimizer = torch.optim.AdamW(
+            params, lr=args.learning_rate_at(1), foreach=True, weight_decay=args.weight_decay
+        )
 
     @property
     def param_groups(self) -> list[dict]:
@@ -84,10 +87,19 @@ class ShardedTrainer:
     `model` (a whole float32 or master-dtype copy, sharded in place), its optimizer, and the
     update of its share of a batch; `reference` (--beta's, a whole copy) is sharded too."""
 
-    def __init__(self, model: torch.nn.Module, args: GRPOConfig, rank: int, world: int,
-                 compute_dtype: torch.dtype, vocab: SampledVocab | None,
-                 eos_token_id: int | None, decoupled: bool, device: torch.device,
-                 reference: torch.nn.Module | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: GRPOConfig,
+        rank: int,
+        world: int,
+        compute_dtype: torch.dtype,
+        vocab: SampledVocab | None,
+        eos_token_id: int | None,
+        decoupled: bool,
+        device: torch.device,
+        reference: torch.nn.Module | None = None,
+    ):
         self.args, self.rank, self.world = args, rank, world
         self.vocab, self.eos_token_id, self.decoupled = vocab, eos_token_id, decoupled
         if device.type == "cuda":  # (the mesh would pick rank % GPUs seen, not this one)
@@ -98,8 +110,10 @@ class ShardedTrainer:
             enable_checkpointing(model)
         mesh = init_device_mesh(device.type, (world,))
         master = next(model.parameters()).dtype
-        mixed = MixedPrecisionPolicy(param_dtype=compute_dtype if compute_dtype != master
-                                     else None, reduce_dtype=torch.float32)  # fmt: skip
+        mixed = MixedPrecisionPolicy(
+            param_dtype=compute_dtype if compute_dtype != master else None,
+            reduce_dtype=torch.float32,
+        )
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mixed)
         self.terms = fully_shard(PolicyTerms(model), mesh=mesh, mp_policy=mixed)
@@ -116,16 +130,25 @@ class ShardedTrainer:
         self.named = [(name.removeprefix("model."), p) for name, p in self.terms.named_parameters()]
         self.optimizer = ShardedAdam([p for _, p in self.named], args)
         self.group_index = torch.arange(args.num_prompts, device=device).repeat_interleave(
-            args.num_generations)  # fmt: skip
+            args.num_generations
+        )
 
     def update(self, batch: LMBatch, lr: float) -> dict[str, torch.Tensor]:
         """GRPO's update on this rank's share of `batch` (the whole batch, on every rank);
         the metrics over every rank's share (means; maxima and minima of /max and /min)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        context = UpdateContext(self.terms, self.optimizer, self.args, self.vocab,
-                                self.group_index, self.reference, self.eos_token_id,
-                                rank=(self.rank, self.world), autograd=True)  # fmt: skip
+        context = UpdateContext(
+            self.terms,
+            self.optimizer,
+            self.args,
+            self.vocab,
+            self.group_index,
+            self.reference,
+            self.eos_token_id,
+            rank=(self.rank, self.world),
+            autograd=True,
+        )
         metrics = grpo_update(context, batch, self.decoupled)
         reduced = {}
         for name, value in metrics.items():
@@ -147,8 +170,10 @@ class ShardedTrainer:
         for name, p in self.named:
             entry = self.optimizer.optimizer.state.get(p)
             if entry:
-                state[name] = {"step": entry["step"].clone(),
-                               **{k: entry[k].full_tensor() for k in MOMENTS}}  # fmt: skip
+                state[name] = {
+                    "step": entry["step"].clone(),
+                    **{k: entry[k].full_tensor() for k in MOMENTS},
+                }
         return state
 
     def load_optimizer_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -160,7 +185,13 @@ class ShardedTrainer:
             entry = state[name]
             self.optimizer.optimizer.state[p] = {
                 "step": entry["step"].float().clone(),  # (a host scalar, as AdamW keeps it)
-                **{k: distribute_tensor(entry[k].to(p.device, p.dtype), p.device_mesh,
-                                        p.placements, src_data_rank=None)
-                   for k in MOMENTS},
-            }  # fmt: skip
+                **{
+                    k: distribute_tensor(
+                        entry[k].to(p.device, p.dtype),
+                        p.device_mesh,
+                        p.placements,
+                        src_data_rank=None,
+                    )
+                    for k in MOMENTS
+                },
+            }

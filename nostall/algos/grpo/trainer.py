@@ -45,9 +45,16 @@ from nostall.train.outputs import write_outputs
 class GRPOTrainer(WritesOutputs):
     algorithm = "grpo"
 
-    def __init__(self, model=None, reward_funcs=None, args: GRPOConfig | None = None,
-                 train_dataset=None, processing_class=None, *,
-                 setup: Setup | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model=None,
+        reward_funcs=None,
+        args: GRPOConfig | None = None,
+        train_dataset=None,
+        processing_class=None,
+        *,
+        setup: Setup | None = None,
+    ):
         """TRL's arguments (see the module's docstring); `setup` when the caller built the run
         already (nostall.algos.grpo.setup.build)."""
         args = GRPOConfig() if args is None else args
@@ -62,10 +69,15 @@ class GRPOTrainer(WritesOutputs):
         self.model = self.setup.lm.model
         self.published_model = self.setup.compute  # (bf16 compute: the copy generation reads)
         self._update_context = UpdateContext(
-            self.setup.decoder, self.setup.stepper, args, self.setup.vocab,
-            self.setup.group_index, self.setup.reference, self.setup.lm.eos_token_id,
+            self.setup.decoder,
+            self.setup.stepper,
+            args,
+            self.setup.vocab,
+            self.setup.group_index,
+            self.setup.reference,
+            self.setup.lm.eos_token_id,
             self.setup.writing,
-        )  # fmt: skip
+        )
         self.result = GRPOResult(self.algorithm, asdict(args))
         self.first_step, self.last_step = 1, args.steps
         self._offset = 0.0  # seconds of the run before a resume
@@ -79,9 +91,11 @@ class GRPOTrainer(WritesOutputs):
             saved_step = restore(self.setup, state, self.result)
             self.result.checkpoints = checkpoint.lineage(state, args.resume)
             if args.steps <= saved_step:
-                raise ValueError(f"--steps {args.steps} is not past the checkpoint's step "
-                                 f"{saved_step}: nothing would be trained (give --steps above "
-                                 f"{saved_step})")  # fmt: skip
+                raise ValueError(
+                    f"--steps {args.steps} is not past the checkpoint's step "
+                    f"{saved_step}: nothing would be trained (give --steps above "
+                    f"{saved_step})"
+                )
             self.first_step = saved_step + 1
             self.result.find_target(args.target_reward)
             steps = self.result.step_times
@@ -98,8 +112,13 @@ class GRPOTrainer(WritesOutputs):
         self.report: str | None = None  # the report's text, once written
 
     # What a run leaves in its output_dir.
-    outputs = ("report", "learning_curve.png", "timeline.png", "tensorboard/",
-               "model/ for from_pretrained")  # fmt: skip
+    outputs = (
+        "report",
+        "learning_curve.png",
+        "timeline.png",
+        "tensorboard/",
+        "model/ for from_pretrained",
+    )
 
     def train(self, log: LogFn | None = None, time_limit_s: float | None = None) -> GRPOResult:
         """Runs the loop, calling log(step, metrics) every log_interval steps (stopping at the
@@ -184,10 +203,11 @@ class GRPOTrainer(WritesOutputs):
     def log_values(self, step: int, values: dict[str, float], lag: int, clock: Clock):
         recent = self.result.rewards[-10:]
         values.update(
-            reward=sum(recent) / len(recent), version_lag=float(lag),
+            reward=sum(recent) / len(recent),
+            version_lag=float(lag),
             tokens_per_second=self._new_tokens / (time.perf_counter() - clock.ready),
             learning_rate=float(self.setup.optimizer.param_groups[0]["lr"]),
-        )  # fmt: skip
+        )
         # TRL's figures, each the mean over the batches since the last log.
         values.update({name: _nanmean(v) for name, v in self._stats.items()})
         self._stats.clear()
@@ -258,7 +278,11 @@ def _reward(fn) -> Callable:
     return fn
 
 
-def train(args: GRPOConfig, log: LogFn | None = None, setup: Setup | None = None,
-          time_limit_s: float | None = None) -> GRPOResult:  # fmt: skip
+def train(
+    args: GRPOConfig,
+    log: LogFn | None = None,
+    setup: Setup | None = None,
+    time_limit_s: float | None = None,
+) -> GRPOResult:
     """`GRPOTrainer(args=args, setup=setup).train(log, time_limit_s)`."""
     return GRPOTrainer(args=args, setup=setup).train(log, time_limit_s)

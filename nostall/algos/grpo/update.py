@@ -40,9 +40,12 @@ def micro_batches(batch: LMBatch, count: int) -> list[LMBatch]:
     if count == 1:
         return [batch]
     rows = batch.completion_ids.shape[0] // count
-    return [dataclasses.replace(batch, **{name: t[i * rows : (i + 1) * rows]
-                                          for name, t in batch.tensors().items()})
-            for i in range(count)]  # fmt: skip
+    return [
+        dataclasses.replace(
+            batch, **{name: t[i * rows : (i + 1) * rows] for name, t in batch.tensors().items()}
+        )
+        for i in range(count)
+    ]
 
 
 def rank_rows(tensor: torch.Tensor, count: int, rank: tuple[int, int]) -> torch.Tensor:
@@ -51,8 +54,9 @@ def rank_rows(tensor: torch.Tensor, count: int, rank: tuple[int, int]) -> torch.
     r, M = rank
     rows = tensor.shape[0] // count
     share = rows // M
-    return torch.cat([tensor[i * rows + r * share : i * rows + (r + 1) * share]
-                      for i in range(count)])  # fmt: skip
+    return torch.cat(
+        [tensor[i * rows + r * share : i * rows + (r + 1) * share] for i in range(count)]
+    )
 
 
 def rank_weights(loss_mask: torch.Tensor, count: int, rank: tuple[int, int], loss_type: str):
@@ -101,8 +105,9 @@ def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict
     weighs each token by the behaviour ratio (setup.corrects_behaviour)."""
     decoder, optimizer, args = context.decoder, context.optimizer, context.args
     vocab, reference, rank = context.vocab, context.reference, context.rank
-    advantage = nostall.group_advantages(batch.rewards, context.group_index, args.num_prompts,
-                                         args.scale_rewards)  # fmt: skip
+    advantage = nostall.group_advantages(
+        batch.rewards, context.group_index, args.num_prompts, args.scale_rewards
+    )
     loss_mask = batch.completion_mask
     if args.mask_truncated_completions:
         if context.eos_token_id is None:
@@ -119,8 +124,9 @@ def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict
         weights = rank_weights(loss_mask, count, rank, args.loss_type)
         mask = batch.completion_mask
         share = rank[1] * rank_rows(mask, count, rank).sum() / mask.sum().clamp(min=1)
-        batch = dataclasses.replace(batch, **{name: rank_rows(t, count, rank)
-                                              for name, t in batch.tensors().items()})  # fmt: skip
+        batch = dataclasses.replace(
+            batch, **{name: rank_rows(t, count, rank) for name, t in batch.tensors().items()}
+        )
         advantage, loss_mask = rank_rows(advantage, count, rank), rank_rows(loss_mask, count, rank)
     accumulate = args.gradient_accumulation_steps
     parts = micro_batches(batch, count)
@@ -129,23 +135,32 @@ def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict
     ref_log_probs = [None] * count
     if reference is not None:
         with torch.no_grad():
-            ref_log_probs = [policy_log_probs(reference, p, args.temperature, vocab, G)
-                             for p in parts]  # fmt: skip
+            ref_log_probs = [
+                policy_log_probs(reference, p, args.temperature, vocab, G) for p in parts
+            ]
     # The proximal policy: the weights before this batch's first optimizer step. With one
     # step a pass, each micro-batch's first pass gives its log-probs; with more, a
     # micro-batch after the first step needs them taken beforehand (TRL's old_per_token_logps).
     old_log_probs: list[torch.Tensor | None] = [None] * count
     if count > accumulate:
         with torch.no_grad():
-            old_log_probs = [policy_log_probs(decoder, p, args.temperature, vocab, G)
-                             for p in parts]  # fmt: skip
+            old_log_probs = [
+                policy_log_probs(decoder, p, args.temperature, vocab, G) for p in parts
+            ]
     names = METRICS if args.entropy_coef else METRICS[:-1]  # (entropy: computed with a bonus)
     totals = torch.zeros(len(names), device=batch.rewards.device)
     passes = _Passes(context, explicit, decoupled, old_log_probs, 1.0 / accumulate)
     for _ in range(args.updates_per_batch):
         for i, part in enumerate(parts):
-            step = _Part(i, part, advantages[i], masks[i], ref_log_probs[i],
-                         first_of_step=i % accumulate == 0, weights=weights[i])  # fmt: skip
+            step = _Part(
+                i,
+                part,
+                advantages[i],
+                masks[i],
+                ref_log_probs[i],
+                first_of_step=i % accumulate == 0,
+                weights=weights[i],
+            )
             values = _micro_batch(passes, step)
             if (i + 1) % accumulate == 0:
                 with context.writing():
@@ -157,8 +172,9 @@ def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict
     return metrics
 
 
-def behaviour_mismatch(trainer: torch.Tensor, batch: LMBatch, cap: float,
-                       share: float | torch.Tensor = 1.0) -> dict:  # fmt: skip
+def behaviour_mismatch(
+    trainer: torch.Tensor, batch: LMBatch, cap: float, share: float | torch.Tensor = 1.0
+) -> dict:
     """How far generation's log-probs of the completion tokens are from the trainer's at the
     batch's first step (its proximal policy), under TRL's names: |difference| mean and max,
     and the importance ratio trainer / generation, capped (the weight the decoupled objective
@@ -213,27 +229,44 @@ def _micro_batch(passes: _Passes, step: _Part) -> list[torch.Tensor]:
     the first of an optimizer step); returns its metrics. Fills old_log_probs[i] on its first
     pass."""
     optimizer, args, vocab = passes.context.optimizer, passes.context.args, passes.context.vocab
-    explicit, decoupled, old_log_probs, scale = (passes.explicit, passes.decoupled,
-                                                 passes.old_log_probs, passes.scale)  # fmt: skip
+    explicit, decoupled, old_log_probs, scale = (
+        passes.explicit,
+        passes.decoupled,
+        passes.old_log_probs,
+        passes.scale,
+    )
     i, part, advantage, loss_mask = step.i, step.part, step.advantage, step.loss_mask
     ref_log_prob, first_of_step, weights = step.ref_log_prob, step.first_of_step, step.weights
     decoder = passes.context.decoder
     old_log_prob = old_log_probs[i]
     if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
         log_prob, loss, clip_fraction, approx_kl, entropy = explicit.gradients(
-            part, advantage, loss_mask, args, vocab, decoupled, old_log_prob, scale,
+            part,
+            advantage,
+            loss_mask,
+            args,
+            vocab,
+            decoupled,
+            old_log_prob,
+            scale,
             accumulate=not first_of_step,
-        )  # fmt: skip
+        )
         kl = torch.zeros_like(loss)  # (no reference: it applies without one)
         optimizer.collect_gradients()  # (master weights: into their float32 sum)
     else:
         G = args.num_generations
-        log_prob, entropies = policy_terms(decoder, part, args.temperature, vocab, G,
-                                           bool(args.entropy_coef))  # fmt: skip
+        log_prob, entropies = policy_terms(
+            decoder, part, args.temperature, vocab, G, bool(args.entropy_coef)
+        )
         loss, clip_fraction, approx_kl, kl = grpo_loss(
-            log_prob, log_prob.detach() if old_log_prob is None else old_log_prob,
-            advantage, loss_mask, args, part.log_probs if decoupled else None, ref_log_prob,
-        )  # fmt: skip
+            log_prob,
+            log_prob.detach() if old_log_prob is None else old_log_prob,
+            advantage,
+            loss_mask,
+            args,
+            part.log_probs if decoupled else None,
+            ref_log_prob,
+        )
         loss_weight, token_weight = weights
         objective = loss * loss_weight
         entropy = None

@@ -126,7 +126,18 @@ def native_rollout(agent: ActorCritic, env, chunk, generator: torch.Generator) -
     draw = torch.rand if agent.discrete else torch.randn
     noise = draw(T, N, action_dim, generator=generator)
     torch.ops.nostall.env_rollout(
-        env.handle, chunk.obs, chunk.actions, chunk.log_probs, chunk.values, chunk.rewards,
-        chunk.terminated, chunk.truncated, chunk.final_obs, noise, *_layers(agent.actor),
-        *_layers(agent.critic), agent.log_std, "tanh",
-    )  # fmt: skip
+        env.handle,
+        chunk.obs,
+        chunk.actions,
+        chunk.log_probs,
+        chunk.values,
+        chunk.rewards,
+        chunk.terminated,
+        chunk.truncated,
+        chunk.final_obs,
+        noise,
+        *_layers(agent.actor),
+        *_layers(agent.critic),
+        agent.log_std,
+        "tanh",
+    )

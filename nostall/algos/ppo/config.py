@@ -137,9 +137,11 @@ class PPOConfig:
         default = type(self).__dataclass_fields__["total_timesteps"].default
         if steps == self.total_timesteps or self.total_timesteps == default:
             return None
-        return (f"{self.total_timesteps} steps is not a whole number of batches of "
-                f"{self.batch_size} (num_envs * num_steps): training {steps} steps "
-                f"({self.num_iterations} iterations)")  # fmt: skip
+        return (
+            f"{self.total_timesteps} steps is not a whole number of batches of "
+            f"{self.batch_size} (num_envs * num_steps): training {steps} steps "
+            f"({self.num_iterations} iterations)"
+        )
 
     def check(self) -> None:
         """ValueError naming the flag for any argument out of its range (NaN included)."""
@@ -162,9 +164,15 @@ class PPOConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         # Sizes past these are typos, not experiments: say so rather than fail to allocate.
-        for name, cap in (("num_envs", 1 << 20), ("num_steps", 1 << 20), ("hidden", 1 << 16),
-                          ("staleness", 64), ("torch_threads", 1024), ("update_epochs", 1 << 16),
-                          ("num_minibatches", 1 << 24)):  # fmt: skip
+        for name, cap in (
+            ("num_envs", 1 << 20),
+            ("num_steps", 1 << 20),
+            ("hidden", 1 << 16),
+            ("staleness", 64),
+            ("torch_threads", 1024),
+            ("update_epochs", 1 << 16),
+            ("num_minibatches", 1 << 24),
+        ):
             if getattr(self, name) > cap:
                 raise ValueError(f"{name} must be at most {cap}, got {getattr(self, name)}")
         if self.batch_size > 1 << 26:
@@ -213,9 +221,11 @@ class PPOConfig:
         if self.trainers > 1 and self.backend != "ray":
             raise ValueError("trainers > 1 needs --backend ray (the ranks are Ray actors)")
         if self.trainers > 1 and (self.batch_size // self.num_minibatches) % self.trainers:
-            raise ValueError(f"the minibatch ({self.batch_size // self.num_minibatches} samples) "
-                             "must split evenly "
-                             f"over {self.trainers} trainers")  # fmt: skip
+            raise ValueError(
+                f"the minibatch ({self.batch_size // self.num_minibatches} samples) "
+                "must split evenly "
+                f"over {self.trainers} trainers"
+            )
         check_path_template(self.checkpoint, "checkpoint", "iteration")
         try:
             device = torch.device(self.device)

@@ -27,8 +27,13 @@ def evaluate(policy: Policy, episodes: int, seed: int = 0) -> dict:
     """Mean, spread and every return of `episodes` episodes."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
-    env = make_env(policy.env_id, episodes, seed=seed, backend=policy.env_backend,
-                   frame_stack=policy.frame_stack)  # fmt: skip
+    env = make_env(
+        policy.env_id,
+        episodes,
+        seed=seed,
+        backend=policy.env_backend,
+        frame_stack=policy.frame_stack,
+    )
     try:
         obs = env.torch.reset(seed=seed).numpy()  # sync: none; the env's tensors are host ones
         out = env.torch.empty_step()
@@ -114,8 +119,9 @@ def _record_envpool(policy: Policy, seed: int) -> list[np.ndarray]:
     that one is left out."""
     from nostall.envs.envpool_adapter import EnvPoolVectorEnv
 
-    env = EnvPoolVectorEnv(policy.env_id, 1, seed=seed, render_mode="rgb_array",
-                           frame_stack=policy.frame_stack)  # fmt: skip
+    env = EnvPoolVectorEnv(
+        policy.env_id, 1, seed=seed, render_mode="rgb_array", frame_stack=policy.frame_stack
+    )
     try:
         obs = env.torch.reset().numpy()  # sync: none; host rows
         out = env.torch.empty_step()

@@ -36,8 +36,9 @@ def policy_record(agent: ActorCritic, env, args) -> dict:
     # sync: once, at the end of a run: the weights come to the host to be saved
     record["state_dict"] = {k: v.detach().cpu().clone() for k, v in weights}  # sync: end of run
     if isinstance(agent, ConvActorCritic):
-        record.update(kind="cnn", obs_shape=list(agent.obs_shape),
-                      channels_last=agent.channels_last)  # fmt: skip
+        record.update(
+            kind="cnn", obs_shape=list(agent.obs_shape), channels_last=agent.channels_last
+        )
     return record
 
 
@@ -58,8 +59,12 @@ class Policy:
         self.frame_stack = int(record.get("frame_stack", 0))
         self.discrete = record["discrete"]
         if record.get("kind") == "cnn":
-            self.agent = ConvActorCritic(record["obs_shape"], record["action_dim"],
-                                         record["discrete"], record["channels_last"])  # fmt: skip
+            self.agent = ConvActorCritic(
+                record["obs_shape"],
+                record["action_dim"],
+                record["discrete"],
+                record["channels_last"],
+            )
         else:
             self.agent = ActorCritic(
                 record["obs_dim"], record["action_dim"], record["discrete"], record["hidden"]
@@ -97,8 +102,9 @@ class Policy:
         return actions[0] if single else actions
 
 
-def load_policy(path: str | Path, deterministic: bool = True, seed: int = 0,
-                env_id: str | None = None) -> Policy:  # fmt: skip
+def load_policy(
+    path: str | Path, deterministic: bool = True, seed: int = 0, env_id: str | None = None
+) -> Policy:
     """The policy saved at `path` (a run's `policy.pt`, or the run directory itself), acting
     in the environment the file names or in `env_id`.
 

@@ -25,9 +25,11 @@ class TrainerRanks:
         if args.trainers > 1:  # rank 0's state, for the ranks to start from
             self._state = {
                 "agent": copy.deepcopy(agent).cpu(),  # sync: once, the ranks' starting weights
-                "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                "layout": slot_layout(env), "device": str(next(agent.parameters()).device),
-            }  # fmt: skip
+                "optimizer": optimizer.state_dict(),
+                "generator": generator.get_state(),
+                "layout": slot_layout(env),
+                "device": str(next(agent.parameters()).device),
+            }
             self._build = functools.partial(build_rank, args, advantage_fn)
             self._optimizer = optimizer
 
@@ -35,8 +37,9 @@ class TrainerRanks:
         if self.args.trainers > 1:
             from nostall.runtime import distributed  # torch.distributed: only for ranks
 
-            self.ranks = distributed.TrainerRanks(self.args.trainers, self._build, self._state,
-                                          self._optimizer)  # fmt: skip
+            self.ranks = distributed.TrainerRanks(
+                self.args.trainers, self._build, self._state, self._optimizer
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -72,9 +75,14 @@ class RankUpdate:
 
     def __init__(self, args: PPOConfig, advantage_fn, layout: dict, device: torch.device):
         self.args, self.advantage_fn, self.device = args, advantage_fn, device
-        self.chunk = Chunk.empty(args.num_steps, layout["num_envs"], layout["obs_dim"],
-                                 layout["action_shape"], layout["discrete"],
-                                 obs_dtype=layout["obs_dtype"])  # fmt: skip
+        self.chunk = Chunk.empty(
+            args.num_steps,
+            layout["num_envs"],
+            layout["obs_dim"],
+            layout["action_shape"],
+            layout["discrete"],
+            obs_dtype=layout["obs_dtype"],
+        )
 
     def empty_chunk(self) -> Chunk:
         return self.chunk

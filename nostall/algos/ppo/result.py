@@ -71,5 +71,6 @@ class PPOResult(TrainResult):
     def learning_curve(self) -> Curve:
         steps = [float(p[0]) for p in self.curve]
         returns = [p[2] for p in self.curve]
-        return Curve(steps, returns, "environment steps", "episode return",
-                     "mean return, last 20 episodes")  # fmt: skip
+        return Curve(
+            steps, returns, "environment steps", "episode return", "mean return, last 20 episodes"
+        )

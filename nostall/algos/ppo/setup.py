@@ -19,8 +19,13 @@ from nostall.runtime.runner import Runtime
 
 def make_seeded_env(args: PPOConfig, seed: int):
     """The run's environments (a Ray worker's seeded apart from the other workers')."""
-    return make_env(args.env_id, args.num_envs, seed=seed, backend=args.env_backend,
-                    frame_stack=args.frame_stack)  # fmt: skip
+    return make_env(
+        args.env_id,
+        args.num_envs,
+        seed=seed,
+        backend=args.env_backend,
+        frame_stack=args.frame_stack,
+    )
 
 
 def make_run_env(args: PPOConfig):
@@ -35,22 +40,45 @@ def make_runtime(args: PPOConfig, env, agent: ActorCritic, own_env: bool = False
     rollout = native_rollout if args.native_rollout and native else None
     if args.backend == "thread":
         return Runtime(
-            env, agent, act, num_steps=args.num_steps, staleness=args.staleness, seed=args.seed,
+            env,
+            agent,
+            act,
+            num_steps=args.num_steps,
+            staleness=args.staleness,
+            seed=args.seed,
             rollout=rollout,
-        )  # fmt: skip
+        )
     if own_env:
-        raise ValueError(f"backend {args.backend!r} builds its environments where it runs: give "
-                         "the env as an id (env_id) or use backend 'thread'")  # fmt: skip
+        raise ValueError(
+            f"backend {args.backend!r} builds its environments where it runs: give "
+            "the env as an id (env_id) or use backend 'thread'"
+        )
     build_agent = functools.partial(make_agent, hidden=args.hidden, policy=args.policy)
     if args.backend == "ray":
         return RayRuntime(
-            functools.partial(make_seeded_env, args), build_agent, agent, act,
-            num_workers=args.num_workers, num_steps=args.num_steps, staleness=args.staleness,
-            seed=args.seed, rollout=rollout, address=args.ray_address,
-            cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-            weights=args.ray_weights, **slot_layout(env),
-        )  # fmt: skip
+            functools.partial(make_seeded_env, args),
+            build_agent,
+            agent,
+            act,
+            num_workers=args.num_workers,
+            num_steps=args.num_steps,
+            staleness=args.staleness,
+            seed=args.seed,
+            rollout=rollout,
+            address=args.ray_address,
+            cpus_per_worker=args.cpus_per_worker,
+            gpus_per_worker=args.gpus_per_worker,
+            weights=args.ray_weights,
+            **slot_layout(env),
+        )
     return ProcessRuntime(
-        functools.partial(make_run_env, args), build_agent, agent, act, num_steps=args.num_steps,
-        staleness=args.staleness, seed=args.seed, rollout=rollout, **slot_layout(env),
-    )  # fmt: skip
+        functools.partial(make_run_env, args),
+        build_agent,
+        agent,
+        act,
+        num_steps=args.num_steps,
+        staleness=args.staleness,
+        seed=args.seed,
+        rollout=rollout,
+        **slot_layout(env),
+    )

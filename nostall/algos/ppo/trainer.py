@@ -62,16 +62,18 @@ class PPOTrainer(WritesOutputs):
         if args.checkpoint:
             self.env.state_dict()  # an env that cannot be saved fails now, not at the first save
         info = self.env.info
-        self.solved_return = info.reward_threshold if args.solved_return is None else (
-            args.solved_return)  # fmt: skip
+        self.solved_return = (
+            info.reward_threshold if args.solved_return is None else (args.solved_return)
+        )
         device = torch.device(args.device)
         self.model = self.agent = make_agent(self.env, args.hidden, args.policy).to(device)
         self.published_model = self.model
         # A tensor on the trainer's device: annealing it needs no host value.
         self.lr = torch.tensor(args.learning_rate, device=device)
         # Gradient clipping and fused Adam in one lean step (nostall/optim.py).
-        self.optimizer = ClippedAdam(self.agent.parameters(), lr=self.lr,
-                                     max_grad_norm=args.max_grad_norm, eps=1e-5)  # fmt: skip
+        self.optimizer = ClippedAdam(
+            self.agent.parameters(), lr=self.lr, max_grad_norm=args.max_grad_norm, eps=1e-5
+        )
         self.generator = torch.Generator(device).manual_seed(args.seed + 1)
         self.runtime = make_runtime(args, self.env, self.agent, own_env)
         # Host chunks to the trainer's device.
@@ -82,8 +84,9 @@ class PPOTrainer(WritesOutputs):
             state = load_checkpoint(args.resume, self.algorithm, args)
             self._restore(state)
             self.result.checkpoints = checkpoint.lineage(state, args.resume)
-        self.ranks = TrainerRanks(args, self.agent, self.optimizer, self.generator,
-                                  type(self).advantage_fn, self.env)  # fmt: skip
+        self.ranks = TrainerRanks(
+            args, self.agent, self.optimizer, self.generator, type(self).advantage_fn, self.env
+        )
         self._lr_value = args.learning_rate
         self._episodes: tuple[int, float | None, float | None] = (0, None, None)
         self.report: str | None = None  # the report's text, once written
@@ -146,8 +149,9 @@ class PPOTrainer(WritesOutputs):
         chunk = self.device_chunks.to_device(host_chunk)
         self.ranks.dispatch(host_chunk, self._lr_value)  # ranks 1..M-1 start on their shards
         targets = type(self).advantage_fn(self.agent, chunk, args)
-        metrics = ppo_update(self.agent, self.optimizer, chunk, targets, args, self.generator,
-                             (0, args.trainers))  # fmt: skip
+        metrics = ppo_update(
+            self.agent, self.optimizer, chunk, targets, args, self.generator, (0, args.trainers)
+        )
         self.ranks.wait()
         self.device_chunks.wait_copied()
         return metrics
@@ -169,8 +173,9 @@ class PPOTrainer(WritesOutputs):
             result.first_iteration_at = (result.steps, time.perf_counter() - clock.started)
 
     def snapshot(self, step: int) -> dict:
-        return snapshot(self.agent, self.optimizer, self.lr, self.runtime, self.generator, step,
-                        self.result)  # fmt: skip
+        return snapshot(
+            self.agent, self.optimizer, self.lr, self.runtime, self.generator, step, self.result
+        )
 
     def checkpoint_path(self, step: int) -> str:
         return self.config.checkpoint.format(iteration=step)
@@ -212,13 +217,14 @@ def _check_own_env(env, args: PPOConfig) -> None:
     """A vector env object steps the run as it is: it must have the runtime's interface and
     reset in the same step (a finished episode's last observation apart, for bootstrapping)."""
     if not all(hasattr(env, name) for name in ("torch", "info", "num_envs", "state_dict")):
-        raise ValueError(f"env must be an environment id or a vector env from "
-                         f"nostall.envs.make / nostall.envs.backends.make_env, got "
-                         f"{type(env).__name__}")  # fmt: skip
+        raise ValueError(
+            f"env must be an environment id or a vector env from "
+            f"nostall.envs.make / nostall.envs.backends.make_env, got "
+            f"{type(env).__name__}"
+        )
     mode = getattr(env, "metadata", {}).get("autoreset_mode")
     if mode is not None and AutoresetMode(mode) != AutoresetMode.SAME_STEP:
-        raise ValueError(f"env must reset in the same step (autoreset_mode='SameStep'), got "
-                         f"{mode}")  # fmt: skip
+        raise ValueError(f"env must reset in the same step (autoreset_mode='SameStep'), got {mode}")
     args.env_id, args.num_envs = env.info.id, env.num_envs
 
 

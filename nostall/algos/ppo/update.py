@@ -133,17 +133,37 @@ def minibatch_loss(
     logits, new_value = agent.logits_value(obs)  # one pass of a shared torso (the CNN's)
     if agent.discrete:  # the whole loss in one native op, forward and backward
         out = nostall.ppo_loss(
-            logits, actions, new_value, old_log_prob, old_value, adv, value_target,
-            args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,
-        )  # fmt: skip
+            logits,
+            actions,
+            new_value,
+            old_log_prob,
+            old_value,
+            adv,
+            value_target,
+            args.clip_coef,
+            value_clip,
+            args.ent_coef,
+            args.vf_coef,
+            args.norm_adv,
+        )
         return out.loss, out.stats.detach()
     # Any other policy: its log-probabilities and entropies from its distribution, the rest of
     # the loss in one native op.
     new_log_prob, entropy = log_prob_entropy(logits, actions, agent.log_std)
     out = nostall.ppo_loss_from_log_prob(
-        new_log_prob, entropy, new_value, old_log_prob, old_value, adv, value_target,
-        args.clip_coef, value_clip, args.ent_coef, args.vf_coef, args.norm_adv,
-    )  # fmt: skip
+        new_log_prob,
+        entropy,
+        new_value,
+        old_log_prob,
+        old_value,
+        adv,
+        value_target,
+        args.clip_coef,
+        value_clip,
+        args.ent_coef,
+        args.vf_coef,
+        args.norm_adv,
+    )
     return out.loss, out.stats.detach()
 
 
