@@ -22,10 +22,12 @@ RolloutLoop.state_dict, so a checkpoint resumes on either transport. Failures: c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import queue
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,23 +88,39 @@ class _SharedWeights:
             return have
 
 
-def _fill_chunks(
-    make_side: Callable,
-    slots: list,
-    weights: _SharedWeights,
-    free,
-    filled,
-    stop,
-    requests,
-    responses,
-    staleness: int,
-    inflight: bool,
-    torch_threads: int,
-    initial_state: dict | None,
-    alive: Heartbeat,
-) -> None:
+@dataclass
+class _ChildPlan:
+    """What the rollout process is given (pickled to it): the recipe of its side, the shared
+    slots and weights, the queues (free and filled slots; checkpoint requests and responses),
+    the stop flag, the staleness bound, whether weights swap in flight, its torch threads, and
+    a resumed run's state (None: a fresh start)."""
+
+    make_side: Callable
+    slots: list
+    weights: _SharedWeights
+    free: Any
+    filled: Any
+    stop: Any
+    requests: Any
+    responses: Any
+    staleness: int
+    inflight: bool
+    torch_threads: int
+    initial_state: dict | None = None
+
+
+def _fill_chunks(plan: _ChildPlan, alive: Heartbeat) -> None:
     """The child's body (run_child reports its failure)."""
-    torch.set_num_threads(torch_threads)
+    make_side, slots, weights, staleness = plan.make_side, plan.slots, plan.weights, plan.staleness
+    free, filled, stop, requests, responses = (
+        plan.free,
+        plan.filled,
+        plan.stop,
+        plan.requests,
+        plan.responses,
+    )
+    inflight, initial_state = plan.inflight, plan.initial_state
+    torch.set_num_threads(plan.torch_threads)
     side = make_side()
     if hasattr(side, "watchdog"):  # the steps it marks reach the trainer (ChildProcess.check)
         side.watchdog = alive.watchdog
@@ -197,7 +215,7 @@ class ProcessLoop:
         self._child = ChildProcess(
             ctx, join_timeout_s=join_timeout_s, liveness_timeout_s=liveness_timeout_s
         )
-        self._body_args = (
+        self._plan = _ChildPlan(
             make_side,
             slots,
             self._weights,
@@ -354,7 +372,8 @@ class ProcessLoop:
     def start(self) -> ProcessLoop:
         for i in self._free_slots:
             self._free.put(i)
-        body = functools.partial(_fill_chunks, *self._body_args, self._initial_state)
+        plan = dataclasses.replace(self._plan, initial_state=self._initial_state)
+        body = functools.partial(_fill_chunks, plan)
         self._child.start(
             run_child, (body, self._child.heartbeat(), self._child.errors, self._child.stop)
         )
