@@ -1,4 +1,4 @@
-"""Published weights broadcast to every Ray worker by a collective (`RayLoop(...,
+"""Published weights broadcast to every Ray worker by a collective (`RayOptions(
 weights="collective")`): gloo between CPUs, NCCL between GPUs, instead of one `ray.put` per
 version read by each worker from the object store. On GPUs this keeps the weights on the
 devices (no host round trip); the interface and the versions are the store's.

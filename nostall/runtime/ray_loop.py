@@ -33,6 +33,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,6 +52,27 @@ from nostall.runtime.watchdog import HangError
 PLACE_TIMEOUT_S = 60.0
 
 
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how a RayLoop's workers run."""
+
+    num_workers: int = 1
+    address: str | None = None  # None: a local cluster started for the run; "auto": the running
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    max_restarts: int = 3  # Ray's restarts of a worker that died
+    torch_threads: int = 1  # each worker's
+    # "store": each version `ray.put` once; "collective": broadcast by gloo or NCCL
+    # (collective_weights.py; a worker lost then ends the run, as it cannot rejoin).
+    weights: str = "store"
+    # The longest the trainer waits for a chunk from any worker (one hung whole; a step a
+    # worker's own watchdog finds hung comes back as its error).
+    chunk_timeout_s: float = 3600.0
+    # The driver has NCCL peers of its own on the cluster (trainer ranks), so a local cluster
+    # leaves its GPU out, as it does for a collective broadcast (gpus.py).
+    private_gpu: bool = False
+
+
 class RayLoop(RayCheckpoints):
     inline = False  # (Ray workers fill)
 
@@ -61,24 +83,12 @@ class RayLoop(RayCheckpoints):
         trainer_model: torch.nn.Module,
         *,
         staleness: int = 0,
-        num_workers: int = 1,
-        address: str | None = None,
-        cpus_per_worker: float = 1.0,
-        gpus_per_worker: float = 0.0,
-        max_restarts: int = 3,
-        torch_threads: int = 1,
-        weights: str = "store",
-        chunk_timeout_s: float = 3600.0,
-        private_gpu: bool = False,
+        options: RayOptions = RayOptions(),
     ):
-        """`slots`: the trainer's (at least 2; received slots are copied into them).
-        `chunk_timeout_s`: the longest the trainer waits for a chunk from any worker (one hung
-        whole; a step a worker's own watchdog finds hung comes back as its error).
-        `address`: None starts a local cluster, "auto" joins a running one. `weights`:
-        "store" (each version `ray.put` once) or "collective" (broadcast by gloo or NCCL,
-        collective_weights.py; a worker lost then ends the run, as it cannot rejoin).
-        `private_gpu`: the driver has NCCL peers of its own on the cluster (trainer ranks), so
-        a local cluster leaves its GPU out, as it does for a collective broadcast (gpus.py)."""
+        """`slots`: the trainer's (at least 2; received slots are copied into them);
+        `make_side(worker)`: a worker's side, built in the worker; `options`: where and how the
+        workers run (RayOptions)."""
+        num_workers, weights = options.num_workers, options.weights
         if weights not in ("store", "collective"):
             raise ValueError(f"weights must be store or collective, got {weights!r}")
         check_slots(staleness, max(len(slots), staleness + 2))
@@ -89,15 +99,15 @@ class RayLoop(RayCheckpoints):
         self.ray = ray_module()
         self.slots, self.staleness, self.num_workers = slots, staleness, num_workers
         self._make_side, self._trainer_model = make_side, trainer_model
-        self._address, self._threads = address, torch_threads
-        self._chunk_timeout_s = chunk_timeout_s
+        self._address, self._threads = options.address, options.torch_threads
+        self._chunk_timeout_s = options.chunk_timeout_s
         self._collective = weights == "collective"
-        self._max_restarts = 0 if self._collective else max_restarts
-        self._private_gpu = private_gpu or self._collective
+        self._max_restarts = 0 if self._collective else options.max_restarts
+        self._private_gpu = options.private_gpu or self._collective
         self._hidden_gpu: str | None = None  # the driver's, left out of a local cluster
         self._sender = None  # with weights="collective": collective_weights.Sender
         self._published: dict[str, torch.Tensor] | None = None  # its newest, for checkpoints
-        self._resources = {"num_cpus": cpus_per_worker, "num_gpus": gpus_per_worker}
+        self._resources = {"num_cpus": options.cpus_per_worker, "num_gpus": options.gpus_per_worker}
         self._free, self.timeline = list(range(len(slots))), Timeline()
         self.loss = WorkerLoss()
         self.version = 0  # updates the trainer has published

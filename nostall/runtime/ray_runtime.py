@@ -20,7 +20,7 @@ import torch
 
 from nostall.runtime.env_runtime import LoopRuntime
 from nostall.runtime.env_side import make_env_side
-from nostall.runtime.ray_loop import RayLoop
+from nostall.runtime.ray_loop import RayLoop, RayOptions
 from nostall.runtime.rollout import ActFn
 from nostall.runtime.storage import rollout_slots
 
@@ -63,11 +63,7 @@ class RayRuntime(LoopRuntime):
         make_side = functools.partial(
             make_env_side, make_env, make_agent, act, rollout, seed, num_envs
         )
-        loop = RayLoop(
-            slots,
-            make_side,
-            agent,
-            staleness=staleness,
+        options = RayOptions(
             num_workers=num_workers,
             address=address,
             cpus_per_worker=cpus_per_worker,
@@ -75,6 +71,7 @@ class RayRuntime(LoopRuntime):
             max_restarts=max_restarts,
             weights=weights,
         )
+        loop = RayLoop(slots, make_side, agent, staleness=staleness, options=options)
         super().__init__(loop, num_workers=num_workers, num_envs=num_envs)
         self.loss = loop.loss
         self._template = agent

@@ -41,7 +41,7 @@ from nostall.runtime.heap import return_free_memory
 from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.process_loop import ProcessLoop
 from nostall.runtime.protocol import Transport
-from nostall.runtime.ray_loop import RayLoop
+from nostall.runtime.ray_loop import RayLoop, RayOptions
 from nostall.runtime.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -156,11 +156,7 @@ def _rollout(
         rewards = len(generation.rewards.functions)
         chunk_timeout = args.generation_timeout + rewards * args.reward_timeout
         # With trainer ranks (NCCL peers of the driver on GPUs) no worker gets the driver's GPU.
-        loop = RayLoop(
-            slots,
-            functools.partial(ray_generator, args, inputs),
-            compute,
-            staleness=args.staleness,
+        options = RayOptions(
             num_workers=args.num_workers,
             address=args.ray_address,
             torch_threads=args.torch_threads,
@@ -169,6 +165,8 @@ def _rollout(
             chunk_timeout_s=chunk_timeout + 60.0,
             private_gpu=args.trainers > 1,
         )
+        make_side = functools.partial(ray_generator, args, inputs)
+        loop = RayLoop(slots, make_side, compute, staleness=args.staleness, options=options)
         return loop, None, contextlib.nullcontext  # (workers generate from copies)
     if args.backend == "process":
         loop = ProcessLoop(
