@@ -336,3 +336,20 @@ def test_conversational_prompts_without_a_chat_template_are_refused():
     with pytest.raises(ValueError, match="must be a string or a conversation"):
         grpo.GRPOTrainer(model="tiny", train_dataset=[{"prompt": 5}],
                          args=grpo.GRPOConfig(watch_syncs=False))  # fmt: skip
+
+
+def test_a_setting_the_config_lacks_is_refused_with_the_closest_names():
+    """A TRL script's name nostall does not take is a ValueError naming it and what is close,
+    never Python's bare "unexpected keyword argument"; SB3's names on PPO likewise."""
+    from nostall.algos import appo, ppo
+
+    with pytest.raises(ValueError, match=r"GRPOConfig has no setting 'max_steps' \(closest: steps"):
+        grpo.GRPOConfig(max_steps=3)
+    with pytest.raises(ValueError, match=r"'learning_rte' \(closest: learning_rate\)"):
+        grpo.GRPOConfig(learning_rte=1e-3)
+    with pytest.raises(ValueError, match=r"PPOConfig has no setting 'n_steps' \(closest: num_st"):
+        ppo.PPOConfig(n_steps=8)
+    with pytest.raises(ValueError, match=r"APPOConfig has no setting 'num_env' \(closest: num_"):
+        appo.APPOConfig(num_env=4)
+    assert grpo.GRPOConfig(steps=3).steps == 3  # known names and dataclasses.replace untouched
+    assert dataclasses.replace(grpo.GRPOConfig(), steps=5).steps == 5

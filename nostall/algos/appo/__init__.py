@@ -24,8 +24,10 @@ from nostall.algos.ppo import PPOConfig, PPOResult, PPOTrainer, Targets, bootstr
 from nostall.algos.ppo.agent import ActorCritic, log_prob_entropy
 from nostall.runtime.storage import Chunk
 from nostall.train.loop import LogFn
+from nostall.train.names import refuses_unknown_names
 
 
+@refuses_unknown_names
 @dataclass
 class APPOConfig(PPOConfig):
     """PPOConfig with APPO's defaults and V-trace's clips (`nostall train appo --rho-bar 1`)."""

@@ -14,6 +14,7 @@ from nostall.lm.models import BUILTIN_SIZES
 from nostall.lm.precision import DTYPES, MASTER_DTYPES
 from nostall.ops.losses import GROUP_SCALES
 from nostall.train.checkpoint import RUN_RESUMABLE, check_path_template
+from nostall.train.names import refuses_unknown_names
 from nostall.train.schedule import learning_rate_at
 
 # Settings whose default depends on the model: (a built-in model's, a model directory's).
@@ -57,6 +58,7 @@ ALIASES = {
 }
 
 
+@refuses_unknown_names
 @dataclass
 class GRPOConfig:
     """A GRPO run's settings, with TRL's GRPOConfig names where TRL has the setting; every

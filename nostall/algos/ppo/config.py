@@ -11,8 +11,10 @@ import torch
 from nostall.algos.ppo.policies import POLICIES
 from nostall.envs.backends import BACKENDS as ENV_BACKENDS
 from nostall.train.checkpoint import check_path_template
+from nostall.train.names import refuses_unknown_names
 
 
+@refuses_unknown_names
 @dataclass
 class PPOConfig:
     """A PPO run's settings, CleanRL's names; every field is also a flag of `nostall train

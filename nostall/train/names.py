@@ -1,0 +1,33 @@
+"""A trainer's config refuses a setting it does not have by name, with the closest it has: a
+script written for another library (TRL's `max_steps`, SB3's `n_steps`) learns what to write
+instead of meeting Python's bare "unexpected keyword argument"."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+
+
+def refuses_unknown_names(cls: type) -> type:
+    """Wraps a dataclass's generated __init__: ValueError naming each unknown keyword."""
+    init = cls.__init__
+    names = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        unknown = [name for name in kwargs if name not in names]
+        if unknown:
+            parts = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+                hint = f" (closest: {', '.join(close)})" if close else ""
+                parts.append(f"{name!r}{hint}")
+            raise ValueError(
+                f"{cls.__name__} has no setting {'; '.join(parts)}; its settings "
+                f"are the fields of {cls.__name__}, the command's flags"
+            )
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
