@@ -155,7 +155,9 @@ class RayLoop(RayCheckpoints):
             max_restarts=self._max_restarts, max_task_retries=0, **self._resources
         )
         self.workers = [
-            worker_class.remote(self._make_side, w, self.slots[0], self._threads)
+            worker_class.remote(
+                self._make_side, w, self.slots[0], self._threads, self._max_restarts > 0
+            )
             for w in range(self.num_workers)
         ]
         # Every worker placed and built before the run's clock: a failure now, with its cause.

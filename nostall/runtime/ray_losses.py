@@ -47,7 +47,14 @@ class WorkerLoss:
         delivered nothing in a fresh run, starts from its seed, and the report says which."""
         seq, side = self.sides.get(worker, (-1, None))
         if side is not None:
-            ray.get(handle.restore_side.remote(side), timeout=timeout_s)
+            for attempt in range(3):  # (a call right after the restart may meet it "unavailable")
+                try:
+                    ray.get(handle.restore_side.remote(side), timeout=timeout_s)
+                    break
+                except ray.exceptions.ActorUnavailableError:
+                    if attempt == 2:
+                        raise
+                    await_restart(ray, handle, f"worker {worker}", timeout_s)
             after = f"after chunk {seq}" if seq >= 0 else "at the checkpoint"
             self.restarts.append(f"worker {worker} restarted; its streams resumed {after}")
         elif worker in self.unsaved:

@@ -70,7 +70,14 @@ def _empty_like(slot: Any, device: torch.device | str = "cpu") -> Any:
 class Worker:
     """One rollout worker (a Ray actor): its side, its slot, the weights version it holds."""
 
-    def __init__(self, make_side: Callable, worker: int, slot: Any, torch_threads: int):
+    def __init__(
+        self,
+        make_side: Callable,
+        worker: int,
+        slot: Any,
+        torch_threads: int,
+        restartable: bool = True,
+    ):
         torch.set_num_threads(torch_threads)
         self.worker = worker
         self.side = make_side(worker)
@@ -80,7 +87,9 @@ class Worker:
         self.slot = _empty_like(slot, getattr(self.side, "slot_device", "cpu"))
         self.version = -1  # the side's own initial weights, not yet any published version
         self.receiver = None  # with weights="collective": collective_weights.Receiver
-        self.unsaved: str | None = None  # why the side's state cannot be taken, once known
+        # Why the side's state cannot be taken, once known; a worker Ray never restarts (the
+        # collective broadcast) needs none taken after each fill.
+        self.unsaved: str | None = None if restartable else "the worker is not restarted"
 
     def join_weights(self, host: str, port: int, world: int, device: str) -> int:
         """Joins the trainer's weight broadcast (weights="collective") as rank worker + 1."""

@@ -193,14 +193,15 @@ def build_generator(
     inputs = inputs or Inputs()
     seed = args.seed if seed is None else seed
     lm = lm or inputs.lm
-    if lm is None:
+    loaded = lm is None  # (in a rollout process or worker: the model loaded anew)
+    if loaded:
         lm = load_run_model(args, inputs)
-        generation = generation or Generation.build(args, inputs, lm)
+    generation = generation or Generation.build(args, inputs, lm)
+    if loaded:
         rollout_model = lm.model.to(torch.device(args.device))
         if dtype_of(rollout_model) != generation.dtype:  # (cast as the trainer's: buffers kept)
             rollout_model = compute_copy(rollout_model, generation.dtype)
     else:
-        generation = generation or Generation.build(args, inputs, lm)
         # Shared: the trainer's optimizer packs its parameters as pack_parameters would. Else a
         # copy in the run's compute dtype (bf16: half a float32 copy's memory).
         rollout_model = lm.model if share else compute_copy(lm.model, generation.dtype)
