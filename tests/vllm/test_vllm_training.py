@@ -32,7 +32,13 @@ def nostall(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 
 
 def test_learns_copy_with_vllm_generating(model_dir, tmp_path):
-    """Chance is about 0.1 a position; staleness 0 reached 0.7 at step 118 on this seed."""
+    """Learning, not one seed's luck: chance is about 0.1 a position (the first 10 steps'
+    mean reward is 0.07-0.17 on seeds 1-8). After 150 steps the final reward ranged 0.35-0.95
+    over seeds 1-8 with vLLM generating (0.35 on this seed, median 0.68) and 0.52-0.81 with the
+    native engine (median 0.69): the same median, vLLM's sampler drawing other samples. An
+    engine whose pushed weights were never used stays near chance (this seed ends at 0.04 with
+    every push after the first dropped); 0.25 is 2.5 times chance and below every seed's
+    result."""
     out = tmp_path / "run"
     result = nostall("--generator", "vllm", "--model", str(model_dir), "--task", "copy",
                      "--staleness", "0", "--steps", "150", "--seed", "1", "--log-interval",
@@ -43,7 +49,7 @@ def test_learns_copy_with_vllm_generating(model_dir, tmp_path):
     assert report["weight_pushes"] == 150  # one a version: the start's, then one an update
     # At staleness 0 the engine takes each version between updates: none of it overlaps one.
     assert report["weight_push_overlap"] == 0.0
-    assert report["final_reward"] > 0.5, report["final_reward"]
+    assert report["final_reward"] > 0.25, report["final_reward"]
 
 
 def test_each_batch_is_generated_by_the_weights_it_is_tagged_with(model_dir):
