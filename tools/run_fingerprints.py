@@ -38,6 +38,7 @@ PPO_RUNS = {
     "ppo": (ppo, dict()),
     "ppo constant rate": (ppo, dict(anneal_lr=False)),
     "appo process": (appo, dict(backend="process")),
+    "ppo ray": (ppo, dict(backend="ray")),
 }
 
 

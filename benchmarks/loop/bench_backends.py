@@ -15,7 +15,7 @@ cluster on this machine), on the same PPO run, in one run of this script.
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import sys
 import time
 import warnings
@@ -26,13 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
 
 from nostall.algos import appo, ppo
-from nostall.algos.ppo.agent import act, native_rollout
 from nostall.algos.ppo.policies import make_agent
-from nostall.algos.ppo.setup import make_run_env, make_seeded_env
-from nostall.envs.layout import slot_layout
-from nostall.runtime import Runtime
-from nostall.runtime.process import ProcessRuntime
-from nostall.runtime.ray_runtime import RayRuntime
+from nostall.algos.ppo.setup import make_run_env, make_transport
 
 BACKENDS = {  # name: (backend, num_workers)
     "thread": ("thread", 1),
@@ -43,18 +38,13 @@ BACKENDS = {  # name: (backend, num_workers)
 
 
 def _runtime(backend: str, workers: int, args: ppo.PPOConfig, native: bool):
+    """The transport PPO builds for `backend` (staleness 1), and the agent it publishes."""
+    args = dataclasses.replace(
+        args, backend=backend, num_workers=workers, staleness=1, seed=0, native_rollout=native
+    )
     env = make_run_env(args)
     agent = make_agent(env)
-    rollout = native_rollout if native else None
-    common = dict(num_steps=args.num_steps, staleness=1, seed=0, rollout=rollout)
-    if backend == "thread":
-        return Runtime(env, agent, act, **common), agent
-    make = functools.partial(make_agent, hidden=args.hidden, policy=args.policy)
-    if backend == "process":
-        return ProcessRuntime(functools.partial(make_run_env, args), make, agent, act,
-                              **common, **slot_layout(env)), agent  # fmt: skip
-    return RayRuntime(functools.partial(make_seeded_env, args), make, agent, act,
-                      num_workers=workers, **common, **slot_layout(env)), agent  # fmt: skip
+    return make_transport(args, env, agent), agent
 
 
 def transport(backend: str, workers: int, chunks: int, native: bool) -> tuple[float, int]:

@@ -132,6 +132,9 @@ class GenerationEngine:
         self._cache = None
         self._shape: tuple[int, int] | None = None
 
+    def attach(self, loop) -> None:
+        """(It reads the weights it is given at each step: nothing ties it to a loop.)"""
+
     @property
     def model(self) -> torch.nn.Module:
         """The model generating (published weights are loaded into it)."""

@@ -2,7 +2,7 @@
 per prompt with the rollout side's model copy, scores them with the reward functions, and
 writes everything into a preallocated batch for the trainer.
 
-This is the `fill` of nostall.runtime.loop.RolloutLoop: it runs on the rollout side (a thread
+This is the `fill` of nostall.runtime.thread.RolloutLoop: it runs on the rollout side (a thread
 of its own), so generation and rewards stay off the trainer's critical path, and a reward
 function that raises stops the run with its traceback within the loop's poll interval.
 """
@@ -292,6 +292,14 @@ class GroupGenerator:
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
         self.source.load_state_dict(state["prompts"])
+
+    def attach(self, loop) -> None:
+        """Built beside the trainer (the thread transport): its reward calls are watched from
+        this thread where the loop fills inline, the trainer's weights it reads are let go once
+        a batch is generated (`release`), and the engine is told the version it holds."""
+        self.watch_rewards_here = loop.inline
+        self.release = loop.release_weights
+        self.engine.attach(loop)
 
     def stats(self) -> dict:
         return {

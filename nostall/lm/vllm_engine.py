@@ -160,6 +160,12 @@ class VLLMEngine:
         self._TokensPrompt = vllm.inputs.TokensPrompt
         self._SamplingParams = vllm.SamplingParams
 
+    def attach(self, loop) -> None:
+        """Beside the trainer (the thread transport): each version pushed once (the loop's
+        `rollout_version` says which it holds), then the trainer's weights let go."""
+        self.held_version = lambda: loop.rollout_version
+        self.weights_taken = loop.release_weights
+
     def push_weights(self) -> None:
         """The rollout model's weights into the engine, in place."""
         start, wall = time.perf_counter(), time.time()

@@ -1,6 +1,7 @@
 """Episode returns and lengths, tracked on the rollout side without a host sync: each step, or
 each whole chunk, is one native op (`nostall::episode_update`) that writes finished episodes
-into a ring of the most recent ones, and only logging reads it."""
+into a ring of the most recent ones, and only logging reads it. A trainer keeps one tracker a
+worker (WorkerEpisodes), from the chunks it receives, whatever transport carried them."""
 
 from __future__ import annotations
 
@@ -74,3 +75,40 @@ class EpisodeTracker:
         with self._lock:
             for k, v in state.items():
                 getattr(self, k).copy_(v)
+
+
+class WorkerEpisodes:
+    """Every worker's episodes, each worker's rows tracked apart (an episode never mixes two
+    workers' steps)."""
+
+    def __init__(self, num_workers: int, num_envs: int):
+        self.trackers = [EpisodeTracker(num_envs) for _ in range(num_workers)]
+
+    def update(self, worker: int, rewards: torch.Tensor, done: torch.Tensor) -> None:
+        self.trackers[worker].update(rewards, done)
+
+    def add_chunk(self, chunk) -> None:
+        """A received chunk's steps, into the tracker of the worker that collected it."""
+        worker = getattr(chunk, "worker", 0)
+        self.update(worker, chunk.rewards, chunk.terminated | chunk.truncated)
+
+    def recent(self, n: int) -> tuple[int, float | None, float | None]:
+        """(episodes finished, mean return and length of each worker's last n, pooled)."""
+        finished, returns, lengths, weights = 0, 0.0, 0.0, 0
+        for tracker in self.trackers:
+            count, mean_return, mean_length = tracker.recent(n)
+            finished += count
+            if mean_return is not None:
+                k = min(n, count, tracker.capacity)
+                returns, lengths = returns + k * mean_return, lengths + k * mean_length
+                weights += k
+        if weights == 0:
+            return finished, None, None
+        return finished, returns / weights, lengths / weights
+
+    def state_dict(self) -> list[dict]:
+        return [tracker.state_dict() for tracker in self.trackers]
+
+    def load_state_dict(self, states: list[dict]) -> None:
+        for tracker, state in zip(self.trackers, states, strict=True):
+            tracker.load_state_dict(state)

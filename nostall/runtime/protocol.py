@@ -30,6 +30,10 @@ class Fill(Protocol):
     def state_dict(self) -> dict: ...  # what resumes it exactly (envs, generators, prompts)
     def load_state_dict(self, state: dict) -> None: ...
 
+    # Optional, set or called by the transport where the fill has them: `watchdog` (the one
+    # its steps are marked on), `refresh` (in-flight weight swaps), and `attach(loop)` (a fill
+    # built beside the trainer, on the thread transport, tied to its loop).
+
 
 @runtime_checkable
 class Transport(Protocol):
@@ -46,6 +50,8 @@ class Transport(Protocol):
     def lag(self, chunk: Any) -> int: ...
     def expect(self, total: int) -> None: ...  # the chunks the trainer takes in all
     def boundary(self) -> contextlib.AbstractContextManager: ...  # rollout side between chunks
+    # Around the trainer's in-place writes of its weights: a side reading them waits.
+    def writing(self) -> contextlib.AbstractContextManager: ...
     # Inside boundary(): the loop's state (LoopState's keys) and the fill's own.
     def state_dict(self, clone_slot: Callable[[Any], dict]) -> dict: ...
     def fill_state(self) -> dict: ...

@@ -1,5 +1,5 @@
 """The training loop every trainer shares, written once (as Sample Factory's and TRL's Trainer
-are): a step takes the next chunk from the runtime, updates on it, releases its slot, publishes
+are): a step takes the next chunk from the transport, updates on it, releases its slot, publishes
 the new weights, checkpoints at the rollout side's boundary, logs, and stops when solved.
 
 An algorithm gives the loop its pieces through the `Hooks` protocol (PPO's in
@@ -8,7 +8,7 @@ chunk, what to record from it, what a checkpoint holds, what a log line says. Th
 order of those pieces, which is what every algorithm must get right the same way:
 - the slot is released only after everything read from the chunk was read (the rollout side
   refills it at once);
-- a checkpoint is taken inside the runtime's boundary, after this step's publish, where the
+- a checkpoint is taken inside the transport's boundary, after this step's publish, where the
   rollout side is between chunks: its state and the chunks filled ahead are exact on every
   transport;
 - metrics are read (a host sync) only every `log_interval` steps;
@@ -39,7 +39,7 @@ LogFn = Callable[[int, dict[str, float]], None]
 
 @dataclass
 class Clock:
-    """perf_counter readings: `started` before the runtime starts, `ready` once it runs."""
+    """perf_counter readings: `started` before the transport starts, `ready` once it runs."""
 
     started: float
     ready: float = 0.0
@@ -47,12 +47,12 @@ class Clock:
 
 class Hooks(Protocol):
     """What an algorithm gives the loop. `config` has watch_syncs, log_interval, checkpoint,
-    checkpoint_every and stop_when_solved; `runtime` is a transport (nostall.runtime.Transport)
-    or a runtime over one."""
+    checkpoint_every and stop_when_solved; `transport` carries the chunks
+    (nostall.runtime.Transport)."""
 
     algorithm: str
     config: Any
-    runtime: Any
+    transport: Any
     model: torch.nn.Module  # the model trained: watched for syncs
     published_model: torch.nn.Module  # what the rollout side is sent (a compute copy, or model)
     result: TrainResult
@@ -93,13 +93,13 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
     """Trains from `hooks.first_step` to `hooks.last_step`, calling log(progress, values) every
     log_interval steps; stops at the first log once solved (with stop_when_solved) or past
     `time_limit_s` seconds of the run."""
-    config, runtime, result = hooks.config, hooks.runtime, hooks.result
+    config, transport, result = hooks.config, hooks.transport, hooks.result
     syncs: list[int] = []  # unintended syncs of each watched step
     if config.watch_syncs:
         SyncWatch.prepare()  # outside the run's clock
     clock = Clock(time.perf_counter())
     last = hooks.last_step
-    runtime.expect(last)  # the rollout side starts no chunk past the last step's
+    transport.expect(last)  # the rollout side starts no chunk past the last step's
     with hooks.running():
         clock.ready = time.perf_counter()
         try:
@@ -108,8 +108,8 @@ def run(hooks: Hooks, log: LogFn | None = None, time_limit_s: float | None = Non
             hooks.interrupted()
             raise
         result.syncs_per_update = sum(syncs) / len(syncs) if syncs else None
-        result.timeline = runtime.timeline
-        loss = getattr(runtime, "loss", None)  # chunks lost with a Ray worker
+        result.timeline = transport.timeline
+        loss = getattr(transport, "loss", None)  # chunks lost with a Ray worker
         if loss is not None:
             result.dropped_chunks, result.dropped_causes = loss.dropped, list(loss.causes)
             result.worker_restarts = list(loss.restarts)
@@ -126,29 +126,29 @@ def _steps(
 ) -> float:
     """The steps, in the order every trainer shares; returns the clock when the last update
     ended."""
-    config, runtime, result = hooks.config, hooks.runtime, hooks.result
+    config, transport, result = hooks.config, hooks.transport, hooks.result
     last = hooks.last_step
     for step in range(hooks.first_step, last + 1):
         hooks.begin_step(step)
         # (The run's own steps: a resumed run watches its 3rd and 4th too.)
         watched = config.watch_syncs and step - hooks.first_step + 1 in WATCHED_STEPS
         with contextlib.ExitStack() as watch_scope:
-            # An inline runtime generates here, on this thread: its syncs are the generator's to
+            # An inline transport generates here, on this thread: its syncs are the generator's to
             # count (it watches its own), not the update's, so its chunk is taken before the watch.
-            taken = runtime.next_chunk() if runtime.inline else None
+            taken = transport.next_chunk() if transport.inline else None
             watch = watch_scope.enter_context(SyncWatch(hooks.model)) if watched else None
-            slot, chunk = taken or runtime.next_chunk()
+            slot, chunk = taken or transport.next_chunk()
             if watch is not None:  # the chunk's tensors are the device tensors they are
                 watch.mark(*hooks.device_tensors(chunk))  # on a GPU
             began = time.perf_counter()
             metrics = hooks.update(chunk, step)
-            lag = runtime.lag(chunk)
+            lag = transport.lag(chunk)
             logging = step % config.log_interval == 0 or step == last
             hooks.record(chunk, lag, logging)  # before the release: the slot is refilled
-            runtime.release(slot)
+            transport.release(slot)
             saving = config.checkpoint and (step % config.checkpoint_every == 0 or step == last)
-            with runtime.boundary() if saving else contextlib.nullcontext():
-                runtime.publish(hooks.published_model, weights=hooks.publishes(step))
+            with transport.boundary() if saving else contextlib.nullcontext():
+                transport.publish(hooks.published_model, weights=hooks.publishes(step))
                 watch_scope.close()
                 hooks.at_boundary(step, clock)
                 if saving:
@@ -157,7 +157,7 @@ def _steps(
             report = watch.report()
             syncs.append(report.unintended_count)
             result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
-        runtime.timeline.record("train", began, time.perf_counter())
+        transport.timeline.record("train", began, time.perf_counter())
         if logging:
             with allow("metrics every log_interval steps"):
                 values = {k: float(v) for k, v in metrics.items()}  # sync: logging

@@ -1,4 +1,4 @@
-"""GRPO with generation on Ray workers (`backend="ray"`, nostall/runtime/ray_loop.py, the same
+"""GRPO with generation on Ray workers (`backend="ray"`, nostall/runtime/ray/loop.py, the same
 loop interface as the thread and process backends): the thread backend's run at staleness 0
 with one worker, bit for bit; exact resume across backends from the k-th checkpoint; two
 workers generating apart, every batch trained on once within the staleness bound."""

@@ -245,12 +245,12 @@ def test_the_iteration_sync_check_sees_chunk_tensors_and_the_publish():
 
 def test_vtrace_targets_leave_the_chunk_as_collected():
     import nostall.envs
-    from nostall.algos.ppo.agent import ActorCritic, act
-    from nostall.runtime import Runtime
+    from nostall.algos.ppo.agent import ActorCritic
+    from tests.runtime.env_loops import env_loop
 
     env = nostall.envs.make("CartPole-v1", 4, seed=0, autoreset_mode="SameStep")
     agent = ActorCritic.for_env(env)
-    with Runtime(env, agent, act, num_steps=16) as runtime:
+    with env_loop("thread", agent, env=env, num_steps=16) as runtime:
         slot, chunk = runtime.next_chunk()
         before = {k: v.clone() for k, v in chunk.tensors().items()}
         with torch.no_grad():

@@ -119,7 +119,7 @@ def test_a_batch_longer_than_the_liveness_timeout_is_not_killed(monkeypatch, tmp
 
     from nostall.algos import grpo
     from nostall.algos.grpo import setup as grpo_setup
-    from nostall.runtime.process_loop import ProcessLoop
+    from nostall.runtime.process.loop import ProcessLoop
 
     (tmp_path / "slow_reward.py").write_text(
         "import time\n"

@@ -13,7 +13,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from nostall.algos import ppo
-from nostall.algos.ppo.setup import make_runtime
+from nostall.algos.ppo.setup import make_transport
 from nostall.runtime import RuntimeStopped
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def _runtime(**kw):
     from nostall.algos.ppo.agent import ActorCritic
 
     env = nostall.envs.make("CartPole-v1", 8, seed=0, autoreset_mode="SameStep")
-    runtime = make_runtime(args, env, ActorCritic.for_env(env, 64))
+    runtime = make_transport(args, env, ActorCritic.for_env(env, 64))
     for k, v in kw.items():
         setattr(runtime._child, k, v)  # the child process watcher's timeouts
     return runtime
@@ -62,7 +62,7 @@ def test_killed_child_is_reported_within_a_second():
     with pytest.raises(RuntimeStopped, match=r"exited unexpectedly \(exit code -9\)"), runtime:
         slot, _ = runtime.next_chunk()
         runtime.release(slot)
-        os.kill(runtime._process.pid, signal.SIGKILL)
+        os.kill(runtime._child.process.pid, signal.SIGKILL)
         started = time.perf_counter()
         try:
             while True:
@@ -80,7 +80,7 @@ def test_stopped_child_trips_the_liveness_timeout():
     with pytest.raises(RuntimeStopped, match="made no progress for"), runtime:
         slot, _ = runtime.next_chunk()
         runtime.release(slot)
-        os.kill(runtime._process.pid, signal.SIGSTOP)
+        os.kill(runtime._child.process.pid, signal.SIGSTOP)
         started = time.perf_counter()
         try:
             runtime.publish(_AgentStandIn(), weights=False)

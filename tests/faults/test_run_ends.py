@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nostall.algos.grpo import GRPOConfig, GRPOTrainer
-from nostall.runtime.loop import RolloutLoop
+from nostall.runtime.thread import RolloutLoop
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -18,7 +18,7 @@ from nostall.lm.decoder import Decoder
 from nostall.lm.generation import Completions, GenerationEngine, SamplingConfig, positions_of
 from nostall.lm.models import builtin_model
 from nostall.lm.rollout import LMBatch
-from nostall.runtime.loop import RolloutLoop
+from nostall.runtime.thread import RolloutLoop
 
 PROMPTS = ["efffb=", "abc=", "h=", "0123="]
 C = 8

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from nostall.algos.grpo import GRPOConfig, GRPOTrainer
-from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.queue import RuntimeStopped
+from nostall.runtime.thread import RolloutLoop
 from nostall.runtime.watchdog import HangError, Watchdog
 
 

@@ -9,10 +9,11 @@ import torch.multiprocessing as mp
 
 import nostall.envs
 from nostall.algos import appo, ppo
-from nostall.algos.ppo.agent import ActorCritic, act
-from nostall.algos.ppo.setup import make_runtime
-from nostall.runtime import RuntimeStopped
-from nostall.runtime.process import ProcessRuntime
+from nostall.algos.ppo.agent import ActorCritic
+from nostall.algos.ppo.setup import make_transport
+from nostall.algos.ppo.state import restore_rollout
+from nostall.runtime import RuntimeStopped, WorkerEpisodes
+from tests.runtime.env_loops import cartpole, env_loop
 
 
 def test_process_backend_reproduces_the_thread_backend_at_staleness_0():
@@ -36,17 +37,8 @@ def _exploding_agent(env):
 def test_a_failure_in_the_rollout_process_reaches_the_trainer():
     env = nostall.envs.make("CartPole-v1", 4)
     agent = ActorCritic.for_env(env)
-    runtime = ProcessRuntime(
-        functools.partial(nostall.envs.make, "CartPole-v1", 4, autoreset_mode="SameStep"),
-        _exploding_agent,
-        agent,
-        act,
-        num_envs=4,
-        obs_dim=4,
-        action_shape=(),
-        discrete=True,
-        num_steps=8,
-    )
+    runtime = env_loop("process", agent, make_env=functools.partial(cartpole, 4), num_steps=8,
+                       make_agent=_exploding_agent)  # fmt: skip
     with pytest.raises(RuntimeStopped, match="cannot build the policy"), runtime:
         runtime.next_chunk()
     assert mp.active_children() == []
@@ -66,7 +58,8 @@ def test_a_checkpoint_loads_only_before_the_process_starts(tmp_path):
     assert {"env", "generator", "next_obs", "episodes", "queued"} <= set(state["runtime"])
     env = nostall.envs.make("CartPole-v1", 8, seed=0, autoreset_mode="SameStep")
     agent = ActorCritic.for_env(env, 64)
-    runtime = make_runtime(ppo.PPOConfig(backend="process"), env, agent)
+    runtime = make_transport(ppo.PPOConfig(backend="process"), env, agent)
+    episodes = WorkerEpisodes(1, 8)
     with runtime, pytest.raises(RuntimeError, match="must come before the rollout process"):
-        runtime.load_state_dict(state["runtime"], agent)
+        restore_rollout(runtime, episodes, state["runtime"], agent)
     assert torch.multiprocessing.active_children() == []

@@ -11,10 +11,10 @@ import torch
 import torch.multiprocessing as mp
 
 import nostall.envs
-from nostall.algos.ppo.agent import ActorCritic, act
+from nostall.algos.ppo.agent import ActorCritic
 from nostall.runtime import RuntimeStopped
-from nostall.runtime.process import ProcessRuntime
-from nostall.runtime.process_loop import _SharedWeights
+from nostall.runtime.process.loop import ProcessLoop, _SharedWeights
+from tests.runtime.env_loops import cartpole, env_loop
 
 HOLD_S = 6.0  # longer than the fixed 5 s the lock was once limited to
 
@@ -39,20 +39,17 @@ def test_a_long_copy_is_waited_for_while_its_holder_is_alive():
     assert checks and all(checks)  # the holder's liveness was checked all along
 
 
-def _cartpole_runtime() -> tuple[ProcessRuntime, torch.nn.Module]:
+def _cartpole_loop() -> tuple[ProcessLoop, torch.nn.Module]:
     env = nostall.envs.make("CartPole-v1", 2)
     agent = ActorCritic.for_env(env)
     env.close()
-    make_env = functools.partial(nostall.envs.make, "CartPole-v1", 2, autoreset_mode="SameStep")
-    runtime = ProcessRuntime(make_env, ActorCritic.for_env, agent, act, num_envs=2, obs_dim=4,
-                             action_shape=(), discrete=True, num_steps=8)  # fmt: skip
-    return runtime, agent
+    loop = env_loop("process", agent, make_env=functools.partial(cartpole, 2), num_steps=8)
+    return loop, agent
 
 
 def test_a_rollout_process_killed_holding_the_lock_is_named_by_publish():
-    runtime, agent = _cartpole_runtime()
-    with runtime:
-        loop = runtime.loop
+    loop, agent = _cartpole_loop()
+    with loop:
         loop.next_chunk()
         assert loop._weights.lock.acquire(timeout=10)  # as the child would, mid-copy
         os.kill(loop._child.process.pid, signal.SIGKILL)

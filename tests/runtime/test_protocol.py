@@ -12,9 +12,9 @@ import nostall.envs
 from nostall.algos.grpo import GRPOConfig, build
 from nostall.algos.ppo import PPOConfig
 from nostall.algos.ppo.agent import ActorCritic
-from nostall.algos.ppo.setup import make_runtime
+from nostall.algos.ppo.setup import make_transport
 from nostall.runtime.protocol import Fill, LoopState, Transport, fill_chunk
-from nostall.runtime.ray_loop import RayLoop
+from nostall.runtime.ray.loop import RayLoop
 from nostall.runtime.storage import chunk_state
 
 
@@ -26,14 +26,14 @@ def _env():
 def test_the_env_transports_are_transports_and_their_state_a_loop_state(backend):
     env = _env()
     agent = ActorCritic.for_env(env)
-    runtime = make_runtime(PPOConfig(num_envs=4, num_steps=8, backend=backend), env, agent)
-    assert isinstance(runtime.loop, Transport)
+    runtime = make_transport(PPOConfig(num_envs=4, num_steps=8, backend=backend), env, agent)
+    assert isinstance(runtime, Transport)
     with runtime:
         slot, _ = runtime.next_chunk()
         runtime.release(slot)
         with runtime.boundary():
             runtime.publish(agent)
-            state = runtime.loop.state_dict(chunk_state)
+            state = runtime.state_dict(chunk_state)
     names = {f for f in LoopState.__dataclass_fields__}
     assert set(state) <= names and set(state) >= names - {"workers", "worker_seq"}
     assert LoopState.from_dict(state).as_dict().keys() == state.keys()
@@ -47,8 +47,10 @@ def test_the_ray_loop_is_a_transport():
 
 
 def test_the_rollout_sides_are_fills():
-    runtime = make_runtime(PPOConfig(num_envs=4, num_steps=8), _env(), ActorCritic.for_env(_env()))
-    assert isinstance(runtime.loop._fill, Fill)  # EnvSide
+    runtime = make_transport(
+        PPOConfig(num_envs=4, num_steps=8), _env(), ActorCritic.for_env(_env())
+    )
+    assert isinstance(runtime._fill, Fill)  # EnvSide
     setup = build(GRPOConfig(num_prompts=2, num_generations=2, watch_syncs=False))
     assert isinstance(setup.generator, Fill)  # GroupGenerator
 

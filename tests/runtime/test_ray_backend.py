@@ -18,7 +18,8 @@ from nostall.envs.layout import slot_layout
 from tests.runtime.driver_kill import kill_mid_run
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
-from nostall.runtime.ray_runtime import RayRuntime  # noqa: E402
+from nostall.runtime.ray.loop import RayLoop  # noqa: E402
+from tests.runtime.env_loops import env_loop  # noqa: E402
 
 FAST = dict(watch_syncs=False, log_interval=1)
 
@@ -27,11 +28,12 @@ def _make_env(seed):
     return make_env("CartPole-v1", 4, seed=seed)
 
 
-def _runtime(num_workers, staleness, **kwargs) -> RayRuntime:
-    env = _make_env(0)
-    agent = make_agent(env)
-    return RayRuntime(_make_env, make_agent, agent, act, num_workers=num_workers, num_steps=16,
-                      staleness=staleness, seed=0, **slot_layout(env), **kwargs)  # fmt: skip
+def _runtime(num_workers, staleness, **kwargs) -> tuple[RayLoop, torch.nn.Module]:
+    """A Ray transport over CartPole and the trainer's agent it publishes."""
+    agent = make_agent(_make_env(0))
+    loop = env_loop("ray", agent, make_env=_make_env, make_agent=make_agent, num_steps=16,
+                    staleness=staleness, num_workers=num_workers, **kwargs)  # fmt: skip
+    return loop, agent
 
 
 def test_staleness_zero_one_worker_is_the_thread_run_bit_for_bit(local_cluster):
@@ -47,13 +49,14 @@ def test_staleness_zero_one_worker_is_the_thread_run_bit_for_bit(local_cluster):
 
 @pytest.mark.parametrize("staleness", [0, 1, 2])
 def test_two_workers_every_chunk_once_within_the_staleness_bound(local_cluster, staleness):
-    with _runtime(2, staleness) as runtime:
+    loop, agent = _runtime(2, staleness)
+    with loop as runtime:
         for _ in range(12):
             slot, chunk = runtime.next_chunk()
             assert 0 <= runtime.lag(chunk) <= staleness
             assert chunk.obs.abs().sum() > 0
             runtime.release(slot)
-            runtime.publish(runtime._template)
+            runtime.publish(agent)
         trained = runtime.trained
     assert len(set(trained)) == len(trained) == 12  # no chunk twice
     for worker in (0, 1):  # each worker's chunks in order, none skipped
@@ -67,8 +70,9 @@ def test_weights_reach_the_workers_once_per_version(local_cluster, monkeypatch):
     puts = []
     real_put = ray.put
     monkeypatch.setattr(ray, "put", lambda value: puts.append(value) or real_put(value))
-    with _runtime(2, 1) as runtime:
-        template = runtime._template
+    loop, agent = _runtime(2, 1)
+    with loop as runtime:
+        template = agent
         versions = []
         for _ in range(6):
             slot, chunk = runtime.next_chunk()
@@ -85,18 +89,19 @@ def test_weights_reach_the_workers_once_per_version(local_cluster, monkeypatch):
 
 
 def test_a_killed_worker_loses_its_chunk_which_is_counted_and_the_run_goes_on(local_cluster):
-    with _runtime(2, 1, max_restarts=2) as runtime:
+    loop, agent = _runtime(2, 1, max_restarts=2)
+    with loop as runtime:
         for _ in range(3):
             slot, _chunk = runtime.next_chunk()
             runtime.release(slot)
-            runtime.publish(runtime._template)
+            runtime.publish(agent)
         pid, _node = ray.get(runtime.workers[0].where.remote())
         os.kill(pid, signal.SIGKILL)
         start = time.perf_counter()
         for _ in range(10):
             slot, _chunk = runtime.next_chunk()
             runtime.release(slot)
-            runtime.publish(runtime._template)
+            runtime.publish(agent)
         assert time.perf_counter() - start < 60
         assert runtime.loss.dropped >= 1
         assert all("worker 0" in cause for cause in runtime.loss.causes), runtime.loss.causes
@@ -111,7 +116,8 @@ def _worker_zero_observations(chunks: int, kill_before: int | None) -> tuple[lis
     `kill_before`-th; the weights never change, so its chunks depend on its streams alone."""
     torch.manual_seed(0)  # the same template (the published weights) in every run
     seen = []
-    with _runtime(2, 1, max_restarts=2) as runtime:
+    loop, agent = _runtime(2, 1, max_restarts=2)
+    with loop as runtime:
         for i in range(chunks):
             if i == kill_before:
                 pid, _node = ray.get(runtime.workers[0].where.remote())
@@ -120,7 +126,7 @@ def _worker_zero_observations(chunks: int, kill_before: int | None) -> tuple[lis
             if chunk.worker == 0:
                 seen.append(chunk.obs.clone())
             runtime.release(slot)
-            runtime.publish(runtime._template)
+            runtime.publish(agent)
         return seen, runtime.loss
 
 
@@ -139,7 +145,7 @@ def test_a_restarted_worker_goes_on_with_its_streams_not_from_its_seed(local_clu
 def test_more_workers_than_the_cluster_can_place_fail_at_once(local_cluster):
     start = time.perf_counter()
     with pytest.raises(ValueError, match="3 workers x 1 CPUs need 3 CPUs; the Ray cluster has 2"):
-        _runtime(3, 0).start()
+        _runtime(3, 0)[0].start()
     assert time.perf_counter() - start < 5
 
 

@@ -8,7 +8,7 @@ from nostall.algos import appo
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from nostall.runtime.ray_runtime import RayRuntime  # noqa: E402
+from nostall.runtime.ray.loop import RayLoop  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +24,13 @@ def two_nodes():
 
 def test_workers_spread_over_two_nodes_and_every_chunk_is_trained_once(two_nodes, monkeypatch):
     runtimes = []
-    real_start = RayRuntime.start
+    real_start = RayLoop.start
 
     def start(self):
         runtimes.append(self)
         return real_start(self)
 
-    monkeypatch.setattr(RayRuntime, "start", start)
+    monkeypatch.setattr(RayLoop, "start", start)
     args = appo.APPOConfig(backend="ray", num_workers=2, total_timesteps=8 * 128 * 10,
                      watch_syncs=False, log_interval=1)  # fmt: skip
     nodes = set()

@@ -1,4 +1,4 @@
-"""The overlapped runtime: staleness bound, failure propagation, clean shutdown."""
+"""The thread transport over environments: staleness bound, failure propagation, clean shutdown."""
 
 import threading
 from types import SimpleNamespace
@@ -8,19 +8,22 @@ import torch
 
 import nostall.envs
 from nostall.algos.ppo.agent import ActorCritic, act
-from nostall.runtime import Runtime, RuntimeStopped
+from nostall.runtime import RuntimeStopped
+from tests.runtime.env_loops import env_loop
 
 
 def _runtime(staleness=0, act_fn=act, num_steps=8):
     env = nostall.envs.make("CartPole-v1", 4, seed=0, autoreset_mode="SameStep")
     agent = ActorCritic.for_env(env)
-    return Runtime(env, agent, act_fn, num_steps=num_steps, staleness=staleness), agent
+    loop = env_loop("thread", agent, env=env, act_fn=act_fn, num_steps=num_steps,
+                    staleness=staleness)  # fmt: skip
+    return loop, agent
 
 
 def _blocked_at_the_bound(runtime) -> tuple[threading.Event, threading.Event]:
     """Events around the rollout side's wait for a policy version: `blocked` when it waits for
     one the trainer has not published, `resumed` when such a wait returns."""
-    loop = runtime.loop
+    loop = runtime
     blocked, resumed = threading.Event(), threading.Event()
     wait_for = loop.weights.wait_for
 

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nostall.runtime.loop import RolloutLoop
 from nostall.runtime.queue import RuntimeStopped, SideChannel
 from nostall.runtime.shared_weights import SharedWeights
+from nostall.runtime.thread import RolloutLoop
 
 
 def _model() -> torch.nn.Module:

@@ -14,7 +14,7 @@ import pytest
 from nostall.algos import grpo
 from nostall.algos.grpo.setup import build
 from nostall.algos.grpo.trainer import GRPOTrainer
-from nostall.runtime.ray_losses import await_restart
+from nostall.runtime.ray.losses import await_restart
 from tests.runtime.driver_kill import kill_mid_run, ray_processes
 
 pytestmark = pytest.mark.vllm

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-BACKENDS = ("thread", "process", "ray")
+from nostall.runtime.transports import check_backend
+
 GENERATORS = ("native", "vllm")
 
 
 def check_runtime(config, device: torch.device) -> None:
     """ValueError naming the flag for a runtime setting `config` (a GRPOConfig) cannot run."""
-    if config.backend not in BACKENDS:
-        raise ValueError(f"--backend must be thread, process or ray, got {config.backend!r}")
+    check_backend(config.backend, "--backend")
     if config.backend == "process" and device.type != "cpu":
         raise ValueError(
             f"--backend process generates on the CPU; with --device "

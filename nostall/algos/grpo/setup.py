@@ -38,11 +38,9 @@ from nostall.lm.precision import MasterWeights, compute_copy
 from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
 from nostall.optim import ClippedAdam
 from nostall.runtime.heap import return_free_memory
-from nostall.runtime.loop import RolloutLoop
-from nostall.runtime.process_loop import ProcessLoop
 from nostall.runtime.protocol import Transport
-from nostall.runtime.ray_loop import RayLoop, RayOptions
-from nostall.runtime.watchdog import Watchdog
+from nostall.runtime.ray.loop import RayOptions
+from nostall.runtime.transports import SideRecipe, TransportOptions, open_transport
 
 if TYPE_CHECKING:
     from nostall.algos.grpo.ranks import GRPORanks
@@ -82,8 +80,8 @@ class Setup:
     args: GRPOConfig  # the run's settings, resolved (the config as checked, or a copy of it)
     lm: LanguageModel  # the model trained, saved and checkpointed (the master weights)
     decoder: Decoder  # the update's forward, over `compute`
-    generator: GroupGenerator | None  # the thread backend's (the process backend's is its own)
-    loop: RolloutLoop | ProcessLoop | RayLoop
+    generator: GroupGenerator | None  # the thread backend's (a process's or worker's is its own)
+    loop: Transport
     optimizer: ClippedAdam
     vocab: SampledVocab | None  # the tokens the sampler may draw (None: all)
     group_index: torch.Tensor
@@ -93,8 +91,8 @@ class Setup:
     compute: torch.nn.Module  # the model the update and generation run (lm.model in float32)
     precision: MasterWeights | None  # bf16 compute over float32 master weights, or None
     corrects: bool  # the loss weighs tokens by the behaviour ratio (see corrects_behaviour)
-    # Around each optimizer step: the thread backend's generation may read these very weights
-    # (RolloutLoop.writing); the other backends generate from copies of their own.
+    # Around each optimizer step (the transport's `writing`): the thread backend's generation
+    # may read these very weights; the other backends generate from copies of their own.
     writing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     # --trainers M > 1: the ranks that update the model (the optimizer then holds their state
     # only at checkpoints)
@@ -138,74 +136,62 @@ def _master_model(args: GRPOConfig, inputs: Inputs) -> LanguageModel:
     return lm
 
 
-Rollout = tuple[Transport, GroupGenerator | None, Callable]  # (loop, generator, writing)
-
-
 def _rollout(
     args: GRPOConfig,
     inputs: Inputs,
     generation: Generation,
     compute_lm: LanguageModel,
     slots: list[LMBatch],
-) -> Rollout:
-    """The transport joining the generation side to the trainer, the thread backend's generator
-    (the others build theirs where they run), and what the optimizer step is wrapped in."""
+) -> tuple[Transport, GroupGenerator | None]:
+    """The transport joining the generation side to the trainer, and the side built beside
+    the trainer (the thread backend's; a process or worker builds its own from the recipe)."""
     compute, device = compute_lm.model, torch.device(args.device)
-    if args.backend == "ray":
-        # A worker's own watchdog names a hang; this bounds a worker hung whole.
-        rewards = len(generation.rewards.functions)
-        chunk_timeout = args.generation_timeout + rewards * args.reward_timeout
-        # With trainer ranks (NCCL peers of the driver on GPUs) no worker gets the driver's GPU.
-        options = RayOptions(
+    # Beside the trainer, generation reads the trainer's own weights (no copy of them, and no
+    # publishing buffers): at staleness 0 no batch is generated during an update; at 1 or more
+    # on the CPU the optimizer step waits for a batch's generation (or, with in-flight weights,
+    # a decode step) and generation for the step (nostall/runtime/shared_weights.py). On a
+    # GPU, generation keeps a copy: its kernels are queued ahead of what they read. A vLLM
+    # engine holds its own copy: it reads the trainer's weights only to take them.
+    share = args.staleness == 0 or device.type == "cpu" or args.generator == "vllm"
+    beside: list[GroupGenerator] = []
+
+    def build_beside() -> GroupGenerator:
+        beside.append(
+            build_generator(args, compute_lm, inputs=inputs, share=share, generation=generation)
+        )
+        return beside[0]
+
+    recipe = SideRecipe(build_beside, functools.partial(ray_generator, args, inputs))
+    loop = open_transport(
+        args.backend, slots, recipe, compute, _transport_options(args, generation)
+    )
+    return loop, (beside[0] if beside else None)
+
+
+def _transport_options(args: GRPOConfig, generation: Generation) -> TransportOptions:
+    # A Ray worker's own watchdog names a hang; this bounds a worker hung whole.
+    chunk_timeout = (
+        args.generation_timeout + len(generation.rewards.functions) * args.reward_timeout
+    )
+    return TransportOptions(
+        staleness=args.staleness,
+        # At staleness 0 the batch is generated on the trainer's thread (one OpenMP team; see
+        # RolloutLoop), its reward calls then watched from there.
+        inline=args.staleness == 0,
+        inflight=args.inflight_weights,
+        torch_threads=args.torch_threads,
+        ray=RayOptions(
             num_workers=args.num_workers,
             address=args.ray_address,
             torch_threads=args.torch_threads,
             weights=args.ray_weights,
-            gpus_per_worker=worker_gpus(args, device),
+            gpus_per_worker=worker_gpus(args, torch.device(args.device)),
             chunk_timeout_s=chunk_timeout + 60.0,
+            # With trainer ranks (NCCL peers of the driver on GPUs) no worker gets the
+            # driver's GPU.
             private_gpu=args.trainers > 1,
-        )
-        make_side = functools.partial(ray_generator, args, inputs)
-        loop = RayLoop(slots, make_side, compute, staleness=args.staleness, options=options)
-        return loop, None, contextlib.nullcontext  # (workers generate from copies)
-    if args.backend == "process":
-        loop = ProcessLoop(
-            slots,
-            functools.partial(build_generator, args, inputs=inputs),
-            compute,
-            staleness=args.staleness,
-            inflight=args.inflight_weights,
-            torch_threads=args.torch_threads,
-        )
-        return loop, None, contextlib.nullcontext  # (the process generates from a copy)
-    # Generation reads the trainer's own weights (no copy of them, and no publishing buffers):
-    # at staleness 0 no batch is generated during an update; at 1 or more on the CPU the
-    # optimizer step waits for a batch's generation (or, with in-flight weights, a decode step)
-    # and generation for the step (nostall/runtime/shared_weights.py). On a GPU, generation
-    # keeps a copy: its kernels are queued ahead of what they read. A vLLM engine holds its own
-    # copy: it reads the trainer's weights only to take them.
-    share = args.staleness == 0 or device.type == "cpu" or args.generator == "vllm"
-    generator = build_generator(args, compute_lm, inputs=inputs, share=share, generation=generation)
-    generator.watchdog = Watchdog()
-    # At staleness 0 the batch is generated on the trainer's thread (one OpenMP team; see
-    # RolloutLoop), its reward calls then watched from there.
-    loop = RolloutLoop(
-        slots,
-        generator,
-        generator.model,
-        compute,
-        staleness=args.staleness,
-        watchdog=generator.watchdog,
-        inline=args.staleness == 0,
+        ),
     )
-    generator.watch_rewards_here = loop.inline
-    generator.release = loop.release_weights
-    if args.generator == "vllm":  # weights pushed once a version, then let go
-        generator.engine.held_version = lambda: loop.rollout_version
-        generator.engine.weights_taken = loop.release_weights
-    if args.inflight_weights:
-        generator.refresh = loop.refresh
-    return loop, generator, loop.writing
 
 
 def _optimizer(
@@ -251,7 +237,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         for _ in range(args.staleness + 2)
     ]
     compute_lm = LanguageModel(compute, lm.tokenizer, lm.name)
-    loop, generator, writing = _rollout(args, inputs, generation, compute_lm, slots)
+    loop, generator = _rollout(args, inputs, generation, compute_lm, slots)
     decoder = checkpointed(compute) if args.gradient_checkpointing else make_decoder(compute)
     optimizer = _optimizer(args, model, compute, decoder)
     precision = None
@@ -299,6 +285,6 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         compute,
         precision,
         corrects,
-        writing,
+        loop.writing,
         ranks,
     )

@@ -65,7 +65,7 @@ class GRPOTrainer(WritesOutputs):
         # The run's settings as resolved (a default completion length cut to the model's
         # context is the copy's; the config given is left as it was).
         self.config = args = self.setup.args
-        self.runtime = self.setup.loop
+        self.transport = self.setup.loop
         self.model = self.setup.lm.model
         self.published_model = self.setup.compute  # (bf16 compute: the copy generation reads)
         self._update_context = UpdateContext(
@@ -147,8 +147,8 @@ class GRPOTrainer(WritesOutputs):
         stack = contextlib.ExitStack()
         stack.enter_context(frozen_heap())
         # (A rollout process is ready when the loop's block begins: the clock starts after it.)
-        stack.enter_context(self.runtime)
-        if self.setup.ranks is not None:  # (on the cluster the runtime brought up)
+        stack.enter_context(self.transport)
+        if self.setup.ranks is not None:  # (on the cluster the transport brought up)
             stack.enter_context(self.setup.ranks)
         return stack
 
@@ -169,14 +169,14 @@ class GRPOTrainer(WritesOutputs):
         sums = self._lag_sums
         sums[0] += 1
         sums[1] += lag
-        sums[2] += batch.mean_token_lag(self.runtime.version)
+        sums[2] += batch.mean_token_lag(self.transport.version)
         self.result.rewards.append(batch.reward_mean)  # (host values: no sync)
         self.result.tokens += batch.tokens
         self._new_tokens += batch.tokens
         for name, value in batch.stats.items():
             self._stats.setdefault(name, []).append(value)
         if batch.weight_push:  # timed where the engine runs: by the wall clock
-            self.runtime.timeline.record_wall("push", *batch.weight_push)
+            self.transport.timeline.record_wall("push", *batch.weight_push)
         if logging and batch.samples:  # log_completions: the logged step's texts
             out_dir = Path(self.config.output_dir)
             out_dir.mkdir(parents=True, exist_ok=True)  # (the run's other outputs come later)
@@ -224,7 +224,7 @@ class GRPOTrainer(WritesOutputs):
     def finish(self, clock: Clock, end: float) -> GRPOResult:
         result = self.result
         result.seconds = end - clock.ready
-        stats = self.runtime.stats  # the generation side's figures
+        stats = self.transport.stats  # the generation side's figures
         result.syncs_per_decode_step = stats.get("syncs_per_decode_step")
         result.sync_sites += stats.get("sync_sites", [])
         count, lags, token_lags = self._lag_sums

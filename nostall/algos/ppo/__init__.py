@@ -20,7 +20,7 @@ The asynchronous variant, with V-trace correction for stale chunks, is nostall/a
 
 Read top to bottom: config.py (every setting), agent.py / conv_agent.py / policies.py (the
 actor-critic), update.py (GAE targets and the clipped-surrogate epochs), setup.py (the
-environments and the runtime), trainer.py (the run as the shared loop's hooks), state.py
+environments and the transport), trainer.py (the run as the shared loop's hooks), state.py
 (checkpoints), ranks.py (data-parallel trainers), policy.py / evaluate.py (the trained policy).
 """
 

@@ -10,6 +10,7 @@ import torch
 
 from nostall.algos.ppo.policies import POLICIES
 from nostall.envs.backends import BACKENDS as ENV_BACKENDS
+from nostall.runtime.transports import check_backend
 from nostall.train.checkpoint import check_path_template
 from nostall.train.names import refuses_unknown_names
 
@@ -210,8 +211,7 @@ class PPOConfig:
             raise ValueError(
                 f"env_backend must be one of {', '.join(ENV_BACKENDS)}, got {self.env_backend!r}"
             )
-        if self.backend not in ("thread", "process", "ray"):
-            raise ValueError(f"backend must be thread, process or ray, got {self.backend!r}")
+        check_backend(self.backend)
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
         if self.num_workers > 1 and self.backend != "ray":

@@ -3,7 +3,7 @@
     trainer = PPOTrainer(env="CartPole-v1", args=PPOConfig(total_timesteps=100_000))
     result = trainer.train()          # PPOResult: the curve, steps/s, when it was solved
 
-Building the trainer builds the run (environments, actor-critic, optimizer, runtime, and the
+Building the trainer builds the run (environments, actor-critic, optimizer, transport, and the
 checkpoint's state when resuming); `train()` runs nostall.train.loop, whose order of taking,
 updating, releasing, publishing and checkpointing every trainer shares. One step here is one
 iteration: a chunk of num_envs * num_steps environment steps, one update on it.
@@ -24,12 +24,13 @@ from nostall.algos.ppo.policies import make_agent
 from nostall.algos.ppo.policy import policy_record, save_policy
 from nostall.algos.ppo.ranks import TrainerRanks
 from nostall.algos.ppo.result import PPOResult
-from nostall.algos.ppo.setup import make_run_env, make_runtime
-from nostall.algos.ppo.state import load_checkpoint, snapshot
+from nostall.algos.ppo.setup import make_run_env, make_transport
+from nostall.algos.ppo.state import load_checkpoint, restore_rollout, rollout_state, snapshot
 from nostall.algos.ppo.update import AdvantageFn, gae_advantages, ppo_update
 from nostall.optim import ClippedAdam
 from nostall.profiler import allow
 from nostall.runtime.device import DeviceChunks
+from nostall.runtime.episodes import WorkerEpisodes
 from nostall.train import checkpoint, loop
 from nostall.train.hooks import WritesOutputs
 from nostall.train.loop import Clock, LogFn
@@ -75,9 +76,13 @@ class PPOTrainer(WritesOutputs):
             self.agent.parameters(), lr=self.lr, max_grad_norm=args.max_grad_norm, eps=1e-5
         )
         self.generator = torch.Generator(device).manual_seed(args.seed + 1)
-        self.runtime = make_runtime(args, self.env, self.agent, own_env)
+        self.transport = make_transport(args, self.env, self.agent, own_env)
+        # Kept from the chunks the trainer receives, a tracker for each worker that fills them.
+        self.episodes = WorkerEpisodes(
+            args.num_workers if args.backend == "ray" else 1, args.num_envs
+        )
         # Host chunks to the trainer's device.
-        self.device_chunks = DeviceChunks(self.runtime.slots[0], device)
+        self.device_chunks = DeviceChunks(self.transport.slots[0], device)
         self.result = PPOResult(self.algorithm, asdict(args))
         self.first_step, self.last_step = 1, args.num_iterations
         if args.resume:
@@ -98,7 +103,7 @@ class PPOTrainer(WritesOutputs):
         for group in self.optimizer.param_groups:  # loading replaced it with a copy: annealing
             group["lr"] = self.lr  # must keep acting on the optimizer's learning rate
         self.generator.set_state(state["trainer_generator"])
-        self.runtime.load_state_dict(state["runtime"], self.agent)
+        restore_rollout(self.transport, self.episodes, state["runtime"], self.agent)
         self.result.curve = [tuple(point) for point in state["curve"]]
         self.first_step = state["iteration"] + 1
         self.result.resumed_at_steps = state["iteration"] * self.config.batch_size
@@ -130,8 +135,8 @@ class PPOTrainer(WritesOutputs):
     # -- the loop's hooks (nostall.train.loop.Hooks) --------------------------------------------
     def running(self):
         stack = contextlib.ExitStack()
-        stack.enter_context(self.runtime)
-        stack.enter_context(self.ranks)  # the ranks join the cluster the runtime started
+        stack.enter_context(self.transport)
+        stack.enter_context(self.ranks)  # the ranks join the cluster the transport started
         return stack
 
     def begin_step(self, step: int) -> None:
@@ -157,10 +162,11 @@ class PPOTrainer(WritesOutputs):
         return metrics
 
     def record(self, chunk, lag: int, logging: bool) -> None:
+        self.episodes.add_chunk(chunk)  # (one native op on the host chunk: no sync)
         if logging:  # before the publish lets the rollout side run on (with staleness 0, the
             # statistics are then exactly those of the chunks trained on so far)
             with allow("episode statistics every log_interval iterations"):
-                self._episodes = self.runtime.episodes.recent(20)
+                self._episodes = self.episodes.recent(20)
                 # sync: logging only (the tracker's counters, on the host)
 
     def publishes(self, step: int) -> bool:
@@ -174,7 +180,13 @@ class PPOTrainer(WritesOutputs):
 
     def snapshot(self, step: int) -> dict:
         return snapshot(
-            self.agent, self.optimizer, self.lr, self.runtime, self.generator, step, self.result
+            self.agent,
+            self.optimizer,
+            self.lr,
+            rollout_state(self.transport, self.episodes),
+            self.generator,
+            step,
+            self.result,
         )
 
     def checkpoint_path(self, step: int) -> str:
@@ -214,7 +226,7 @@ class PPOTrainer(WritesOutputs):
 
 
 def _check_own_env(env, args: PPOConfig) -> None:
-    """A vector env object steps the run as it is: it must have the runtime's interface and
+    """A vector env object steps the run as it is: it must have a native vector env's interface and
     reset in the same step (a finished episode's last observation apart, for bootstrapping)."""
     if not all(hasattr(env, name) for name in ("torch", "info", "num_envs", "state_dict")):
         raise ValueError(

@@ -1,5 +1,5 @@
-"""A rollout side's process, spawned, watched and stopped the same way by every process
-transport (ProcessRuntime for environments, ProcessLoop for any fill).
+"""The process transport's child (ProcessLoop's rollout side, for any fill): spawned, watched
+and stopped.
 
 Failure, both ways, within about a second:
 - the child's exception reaches the trainer with the child's traceback (a death without one is

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from nostall.runtime.protocol import LoopState
-from nostall.runtime.ray_worker import from_array, to_arrays
+from nostall.runtime.ray.worker import from_array, to_arrays
 
 
 class RayCheckpoints:

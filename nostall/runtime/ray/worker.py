@@ -93,7 +93,7 @@ class Worker:
 
     def join_weights(self, host: str, port: int, world: int, device: str) -> int:
         """Joins the trainer's weight broadcast (weights="collective") as rank worker + 1."""
-        from nostall.runtime.collective_weights import Receiver, flat_size
+        from nostall.runtime.ray.collective_weights import Receiver, flat_size
 
         model = self.side.model
         self.receiver = Receiver(

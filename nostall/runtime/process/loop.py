@@ -13,7 +13,7 @@ The child builds its side from a picklable recipe, `make_side()`, which returns 
 
 Chunks live in shared memory (`chunk.tensors()`); what a chunk holds on the host travels with
 its slot index (`chunk.host_state()` / `chunk.load_host_state()`). Weights travel through one
-shared copy under a lock, as in ProcessRuntime. Checkpoints take the child's state at its next
+shared copy under a lock. Checkpoints take the child's state at its next
 wait for a policy version (the one point where it is between chunks and will not start another
 before the trainer's publish), plus the filled chunks not yet trained on: the keys of
 RolloutLoop.state_dict, so a checkpoint resumes on either transport. Failures: child.py.
@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from nostall.runtime.child import POLL_S, ChildProcess, Heartbeat, run_child
-from nostall.runtime.loop import check_slots
+from nostall.runtime.process.child import POLL_S, ChildProcess, Heartbeat, run_child
 from nostall.runtime.protocol import LoopState, fill_chunk
 from nostall.runtime.queue import RuntimeStopped
+from nostall.runtime.thread import check_slots
 from nostall.runtime.timeline import Timeline
 
 
@@ -233,6 +233,10 @@ class ProcessLoop:
         self._taken = 0  # chunks the child collected that the trainer has taken
         self._ahead: list[tuple] = []  # taken off the queue for a checkpoint, handed out next
         self._snapshot: dict | None = None
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """(The side reads a copy of the trainer's weights: its writes wait for nothing.)"""
+        return contextlib.nullcontext()
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Any]:

@@ -39,12 +39,12 @@ from typing import Any
 import torch
 
 from nostall.runtime.gpus import check_fits, physical_gpu
-from nostall.runtime.loop import check_slots
-from nostall.runtime.ray_checkpoints import RayCheckpoints
-from nostall.runtime.ray_cluster import init_ray
-from nostall.runtime.ray_losses import WorkerLoss, await_restart
-from nostall.runtime.ray_worker import Worker, copy_numpy, ray_module, to_arrays
-from nostall.runtime.reaper import Reaper, children, descendants
+from nostall.runtime.ray.checkpoints import RayCheckpoints
+from nostall.runtime.ray.cluster import init_ray
+from nostall.runtime.ray.losses import WorkerLoss, await_restart
+from nostall.runtime.ray.reaper import Reaper, children, descendants
+from nostall.runtime.ray.worker import Worker, copy_numpy, ray_module, to_arrays
+from nostall.runtime.thread import check_slots
 from nostall.runtime.timeline import Timeline
 from nostall.runtime.watchdog import HangError
 
@@ -177,8 +177,8 @@ class RayLoop(RayCheckpoints):
         return self
 
     def _join_collective(self) -> None:
-        from nostall.runtime.collective_weights import Sender
         from nostall.runtime.distributed import open_store
+        from nostall.runtime.ray.collective_weights import Sender
 
         host, world = self.ray.util.get_node_ip_address(), self.num_workers + 1
         store = open_store(host, world)  # (listening before any worker connects)
@@ -300,6 +300,10 @@ class RayLoop(RayCheckpoints):
             raise RuntimeError(f"Ray workers keep dying: {self.loss.causes[-3:]}") from error
         await_restart(self.ray, self.workers[worker], f"worker {worker}", PLACE_TIMEOUT_S)
         self.loss.restore(self.ray, self.workers[worker], worker, PLACE_TIMEOUT_S)
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """(The side reads a copy of the trainer's weights: its writes wait for nothing.)"""
+        return contextlib.nullcontext()
 
     # -- the trainer side ----------------------------------------------------------------------
     def next_chunk(self) -> tuple[int, Any]:
