@@ -7,6 +7,7 @@
 #include "ops/clipped_adam.h"
 #include "ops/decode_step.h"
 #include "ops/decoder_train.h"
+#include "ops/decoder_weights.h"
 #include "ops/discounted_returns.h"
 #include "ops/episodes.h"
 #include "ops/gae.h"
@@ -148,32 +149,29 @@ STABLE_TORCH_LIBRARY(nostall, m) {
   // (qkv_bias may be empty); keys, values [L, B, kv_heads, S, D] get this step's keys and values
   // at slot. Returns the next-token logits [B, V]. Inference only.
   m.def(
-      "decode_step(Tensor token, Tensor position, Tensor slot, Tensor slot_mask, Tensor embed, "
-      "Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, "
-      "Tensor[] post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, "
-      "Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int num_heads, "
-      "int kv_heads, float eps) -> Tensor logits");
+      "decode_step(Tensor token, Tensor position, Tensor slot, Tensor "
+      "slot_mask, " NOSTALL_DECODER_WEIGHTS_SCHEMA
+      ", Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
+      "int num_heads, int kv_heads, float eps) -> Tensor logits");
 
   // The prefill of the same decoder (see ops/prefill_prompts.h): prompt_ids int64 and
   // prompt_mask bool [Bp, P] (left-padded), each prompt's keys and values written into cache
   // slots [0, P) of its group's group_size rows; the next-token logits [Bp * group_size, V].
   m.def(
-      "prefill_prompts(Tensor prompt_ids, Tensor prompt_mask, int group_size, Tensor embed, "
-      "Tensor[] input_norm, Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, "
-      "Tensor[] post_norm, Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, "
-      "Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int num_heads, "
-      "int kv_heads, float eps) -> Tensor logits");
+      "prefill_prompts(Tensor prompt_ids, Tensor prompt_mask, int "
+      "group_size, " NOSTALL_DECODER_WEIGHTS_SCHEMA
+      ", Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
+      "int num_heads, int kv_heads, float eps) -> Tensor logits");
 
   // A whole batch of completions (see ops/generate_completions.h): the prefill, then the
   // sampler and a decode step per token, uniform [C, B, V] the noise of each token; returns
   // completion_ids int64, completion_mask bool and log_prob [B, C]. Inference only.
   m.def(
       "generate_completions(Tensor prompt_ids, Tensor prompt_mask, int group_size, "
-      "Tensor uniform, Tensor allowed, Tensor embed, Tensor[] input_norm, Tensor[] qkv_weight, "
-      "Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, Tensor[] gate_up_weight, "
-      "Tensor[] down_weight, Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, "
-      "Tensor(a!) keys, Tensor(b!) values, int num_heads, int kv_heads, float eps, "
-      "float temperature, int top_k, float top_p, int eos_token_id, int pad_token_id) "
+      "Tensor uniform, Tensor allowed, " NOSTALL_DECODER_WEIGHTS_SCHEMA
+      ", Tensor lm_head, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
+      "int num_heads, int kv_heads, float eps, float temperature, int top_k, float top_p, "
+      "int eos_token_id, int pad_token_id) "
       "-> (Tensor completion_ids, Tensor completion_mask, Tensor log_prob)");
 
   // The training forward of the same decoder over GRPO's grouped batch (see
@@ -182,31 +180,25 @@ STABLE_TORCH_LIBRARY(nostall, m) {
   // decoder_train_backward takes. Differentiable (nostall/ops/decoder.py).
   m.def(
       "decoder_train(Tensor prompt_ids, Tensor prompt_mask, Tensor completion_ids, "
-      "Tensor completion_mask, Tensor embed, Tensor[] input_norm, Tensor[] qkv_weight, "
-      "Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, Tensor[] gate_up_weight, "
-      "Tensor[] down_weight, Tensor final_norm, Tensor cos, Tensor sin, int num_heads, "
-      "int kv_heads, float eps) -> (Tensor hidden, Tensor residuals, Tensor qkv, Tensor probs, "
-      "Tensor attended, Tensor gate_up)");
+      "Tensor completion_mask, " NOSTALL_DECODER_WEIGHTS_SCHEMA
+      ", Tensor cos, Tensor sin, int num_heads, int kv_heads, float eps) -> (Tensor hidden, "
+      "Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up)");
   // Adjoint of decoder_train: the gradient of every weight from the hidden states' gradient.
   m.def(
       "decoder_train_backward(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask, "
-      "Tensor completion_ids, Tensor completion_mask, Tensor embed, Tensor[] input_norm, "
-      "Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, "
-      "Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, Tensor cos, Tensor sin, "
-      "Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up, "
-      "int num_heads, int kv_heads, float eps) -> (Tensor grad_embed, Tensor[] grad_input_norm, "
-      "Tensor[] grad_qkv_weight, Tensor[] grad_qkv_bias, Tensor[] grad_o_weight, "
-      "Tensor[] grad_post_norm, Tensor[] grad_gate_up_weight, Tensor[] grad_down_weight, "
-      "Tensor grad_final_norm)");
+      "Tensor completion_ids, Tensor completion_mask, " NOSTALL_DECODER_WEIGHTS_SCHEMA
+      ", Tensor cos, Tensor sin, Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, "
+      "Tensor gate_up, int num_heads, int kv_heads, float eps) -> "
+      "(" NOSTALL_DECODER_WEIGHT_GRADS_SCHEMA ")");
   // The same gradients written (or, with accumulate, added) into flat_grad, end to end in that
   // order: the GRPO update's flat gradient buffer, with no gradient tensor allocated.
   m.def(
-      "decoder_train_backward_into(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask, "
-      "Tensor completion_ids, Tensor completion_mask, Tensor embed, Tensor[] input_norm, "
-      "Tensor[] qkv_weight, Tensor[] qkv_bias, Tensor[] o_weight, Tensor[] post_norm, "
-      "Tensor[] gate_up_weight, Tensor[] down_weight, Tensor final_norm, Tensor cos, Tensor sin, "
-      "Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up, "
-      "int num_heads, int kv_heads, float eps, Tensor(a!) flat_grad, bool accumulate) -> ()");
+      "decoder_train_backward_into(Tensor grad_hidden, Tensor prompt_ids, "
+      "Tensor prompt_mask, Tensor completion_ids, Tensor "
+      "completion_mask, " NOSTALL_DECODER_WEIGHTS_SCHEMA
+      ", Tensor cos, Tensor sin, Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, "
+      "Tensor gate_up, int num_heads, int kv_heads, float eps, Tensor(a!) flat_grad, "
+      "bool accumulate) -> ()");
 
   // One step of Adam with global gradient-norm clipping over flat buffers, in place (see
   // ops/clipped_adam.h).

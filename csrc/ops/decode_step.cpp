@@ -9,17 +9,12 @@
 
 namespace nostall {
 
-Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_mask, Tensor embed,
-                       std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-                       std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-                       std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-                       std::vector<Tensor> down_weight, Tensor final_norm, Tensor lm_head,
-                       Tensor cos, Tensor sin, Tensor keys, Tensor values, int64_t num_heads,
-                       int64_t kv_heads, double eps) {
-  const decoder::Weights w = decoder::check(
-      "decode_step", embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
-      std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
-      final_norm, lm_head, cos, sin, keys, values, num_heads, kv_heads, eps);
+Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_mask,
+                       NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor lm_head, Tensor cos, Tensor sin,
+                       Tensor keys, Tensor values, int64_t num_heads, int64_t kv_heads,
+                       double eps) {
+  const decoder::Weights w = decoder::check("decode_step", NOSTALL_DECODER_WEIGHTS_GATHER, lm_head,
+                                            cos, sin, keys, values, num_heads, kv_heads, eps);
   STD_TORCH_CHECK(token.scalar_type() == ScalarType::Long && token.dim() == 1,
                   "decode_step: token must be int64 [B]");
   const int64_t B = token.size(0);

@@ -17,15 +17,12 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "ops/decoder_weights.h"
 
 namespace nostall {
 
-Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_mask, Tensor embed,
-                       std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-                       std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-                       std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-                       std::vector<Tensor> down_weight, Tensor final_norm, Tensor lm_head,
-                       Tensor cos, Tensor sin, Tensor keys, Tensor values, int64_t num_heads,
-                       int64_t kv_heads, double eps);
+Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_mask,
+                       NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor lm_head, Tensor cos, Tensor sin,
+                       Tensor keys, Tensor values, int64_t num_heads, int64_t kv_heads, double eps);
 
 }  // namespace nostall

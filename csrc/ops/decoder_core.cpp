@@ -164,12 +164,10 @@ NOSTALL_AVX2_CLONES void silu_gate(const float* gate_up, float* act, int64_t N, 
   }
 }
 
-Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_norm,
-                     std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
-                     std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-                     std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
-                     Tensor final_norm, Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads,
-                     double eps) {
+Weights check_layers(const char* op, LayerWeights weights, Tensor cos, Tensor sin,
+                     int64_t num_heads, int64_t kv_heads, double eps) {
+  auto& [embed, input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight, down_weight,
+         final_norm] = weights;
   const int64_t L = static_cast<int64_t>(input_norm.size());
   STD_TORCH_CHECK(L >= 1, op, ": at least one layer");
   STD_TORCH_CHECK(static_cast<int64_t>(qkv_weight.size()) == L &&
@@ -243,17 +241,11 @@ Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_nor
   return w;
 }
 
-Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
-              std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
-              std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-              std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
-              Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, const Tensor& keys,
-              const Tensor& values, int64_t num_heads, int64_t kv_heads, double eps) {
-  Weights w =
-      check_layers(op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
-                   std::move(o_weight), std::move(post_norm), std::move(gate_up_weight),
-                   std::move(down_weight), final_norm, cos, sin, num_heads, kv_heads, eps);
-  check_tensor(op, lm_head, "lm_head", 2, embed.scalar_type());
+Weights check(const char* op, LayerWeights weights, Tensor lm_head, Tensor cos, Tensor sin,
+              const Tensor& keys, const Tensor& values, int64_t num_heads, int64_t kv_heads,
+              double eps) {
+  Weights w = check_layers(op, std::move(weights), cos, sin, num_heads, kv_heads, eps);
+  check_tensor(op, lm_head, "lm_head", 2, w.embed.scalar_type());
   check_float(op, keys, "keys", 5);
   check_float(op, values, "values", 5);
   STD_TORCH_CHECK(keys.size(4) == w.head_dim, op,

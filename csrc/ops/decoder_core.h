@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "ops/decoder_weights.h"
 
 // An x86-64-v3 clone (AVX2 and FMA) of a per-token loop, chosen once at load where the CPU has
 // them (the library is built for baseline x86-64), its multiplies and adds fused (fp-contract:
@@ -35,12 +36,9 @@ namespace nostall::decoder {
 // norms' weights are widened once per call: the loops between the GEMMs are the float32 ones.
 // Hidden, as the stable ABI's Tensor it holds is: a struct more visible than its fields draws
 // -Wattributes (it never crosses the library's boundary).
-struct __attribute__((visibility("hidden"))) Weights {
-  Tensor embed;
-  // (input_norm, post_norm and final_norm: float32, widened from bf16 weights.)
-  std::vector<Tensor> input_norm, qkv_weight, qkv_bias, o_weight, post_norm, gate_up_weight,
-      down_weight;
-  Tensor final_norm, lm_head, cos, sin;
+// (Its LayerWeights' input_norm, post_norm and final_norm: float32, widened from bf16 weights.)
+struct __attribute__((visibility("hidden"))) Weights : LayerWeights {
+  Tensor lm_head, cos, sin;
   int64_t layers = 0, vocab = 0, hidden = 0, qkv_width = 0, intermediate = 0, head_dim = 0;
   int64_t num_heads = 0, kv_heads = 0, slots = 0, cache_rows = 0;
   float eps = 0.0f;
@@ -50,21 +48,14 @@ struct __attribute__((visibility("hidden"))) Weights {
 // Checks every layer weight and the final norm (contiguous, CPU, float32 or bfloat16 as embed is,
 // the shapes a decoder's layers need) and the rotary tables (float32; the head dimension is their
 // width); `op` prefixes every message. lm_head and the cache fields stay empty.
-Weights check_layers(const char* op, Tensor embed, std::vector<Tensor> input_norm,
-                     std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
-                     std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-                     std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
-                     Tensor final_norm, Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads,
-                     double eps);
+Weights check_layers(const char* op, LayerWeights weights, Tensor cos, Tensor sin,
+                     int64_t num_heads, int64_t kv_heads, double eps);
 
 // check_layers, then the output weight lm_head [V, H] (embed's dtype) and the float32 cache
 // (keys, values [L, rows, kv_heads, S, D]).
-Weights check(const char* op, Tensor embed, std::vector<Tensor> input_norm,
-              std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias,
-              std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-              std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight,
-              Tensor final_norm, Tensor lm_head, Tensor cos, Tensor sin, const Tensor& keys,
-              const Tensor& values, int64_t num_heads, int64_t kv_heads, double eps);
+Weights check(const char* op, LayerWeights weights, Tensor lm_head, Tensor cos, Tensor sin,
+              const Tensor& keys, const Tensor& values, int64_t num_heads, int64_t kv_heads,
+              double eps);
 
 // Fills x [N, H] (float32) with the embeddings of tokens[0..N).
 void embed_tokens(const Weights& w, const int64_t* tokens, int64_t N, Tensor& x);

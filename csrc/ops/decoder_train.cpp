@@ -27,15 +27,11 @@ void add_into(float* out, const float* a, const float* b, int64_t n) {
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
     Tensor prompt_ids, Tensor prompt_mask, Tensor completion_ids, Tensor completion_mask,
-    Tensor embed, std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-    std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-    std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight, Tensor final_norm,
-    Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads, double eps) {
+    NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads,
+    double eps) {
   const char* op = "decoder_train";
-  const Weights w = decoder::check_layers(
-      op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
-      std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
-      final_norm, cos, sin, num_heads, kv_heads, eps);
+  const Weights w =
+      decoder::check_layers(op, NOSTALL_DECODER_WEIGHTS_GATHER, cos, sin, num_heads, kv_heads, eps);
   const Layout lay =
       decoder::layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
   const int64_t L = w.layers, N = lay.N, S = lay.capacity, H = w.hidden, Q = w.qkv_width,

@@ -36,38 +36,32 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "ops/decoder_weights.h"
 
 namespace nostall {
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
     Tensor prompt_ids, Tensor prompt_mask, Tensor completion_ids, Tensor completion_mask,
-    Tensor embed, std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-    std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-    std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight, Tensor final_norm,
-    Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads, double eps);
+    NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor cos, Tensor sin, int64_t num_heads, int64_t kv_heads,
+    double eps);
 
 std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>,
            std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>,
            Tensor>
 decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
-                           Tensor completion_ids, Tensor completion_mask, Tensor embed,
-                           std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-                           std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-                           std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-                           std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos,
-                           Tensor sin, Tensor residuals, Tensor qkv, Tensor probs, Tensor attended,
-                           Tensor gate_up, int64_t num_heads, int64_t kv_heads, double eps);
+                           Tensor completion_ids, Tensor completion_mask,
+                           NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor cos, Tensor sin, Tensor residuals,
+                           Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up,
+                           int64_t num_heads, int64_t kv_heads, double eps);
 
 // decoder_train_backward with every gradient written into flat_grad (the weights' dtype, the
 // outputs end to end in their order: what the GRPO update's optimizer holds), set or, with
 // accumulate, added into: no gradient tensor is allocated (they are the size of the model).
-void decoder_train_backward_into_cpu(
-    Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask, Tensor completion_ids,
-    Tensor completion_mask, Tensor embed, std::vector<Tensor> input_norm,
-    std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-    std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-    std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos, Tensor sin, Tensor residuals,
-    Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up, int64_t num_heads, int64_t kv_heads,
-    double eps, Tensor flat_grad, bool accumulate);
+void decoder_train_backward_into_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
+                                     Tensor completion_ids, Tensor completion_mask,
+                                     NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor cos, Tensor sin,
+                                     Tensor residuals, Tensor qkv, Tensor probs, Tensor attended,
+                                     Tensor gate_up, int64_t num_heads, int64_t kv_heads,
+                                     double eps, Tensor flat_grad, bool accumulate);
 
 }  // namespace nostall

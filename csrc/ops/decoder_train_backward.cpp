@@ -196,18 +196,13 @@ Sink fresh_sink(const Weights& w) {
 
 // The backward into the sink make_sink gives for the checked weights.
 void backward(const char* op, Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
-              Tensor completion_ids, Tensor completion_mask, Tensor embed,
-              std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-              std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-              std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-              std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos, Tensor sin,
-              Tensor residuals, Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up,
-              int64_t num_heads, int64_t kv_heads, double eps,
+              Tensor completion_ids, Tensor completion_mask, decoder::LayerWeights weights,
+              Tensor cos, Tensor sin, Tensor residuals, Tensor qkv, Tensor probs, Tensor attended,
+              Tensor gate_up, int64_t num_heads, int64_t kv_heads, double eps,
               const std::function<Sink(const Weights&)>& make_sink, Sink& sink) {
-  const Weights w = decoder::check_layers(
-      op, embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
-      std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
-      final_norm, cos, sin, num_heads, kv_heads, eps);
+  const Weights w =
+      decoder::check_layers(op, std::move(weights), cos, sin, num_heads, kv_heads, eps);
+  const Tensor& embed = w.embed;  // (the template of every buffer below: its device)
   const Layout lay =
       decoder::layout(op, prompt_ids, prompt_mask, completion_ids, completion_mask, w);
   const int64_t L = w.layers, N = lay.N, S = lay.capacity, H = w.hidden, Q = w.qkv_width,
@@ -338,38 +333,29 @@ std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>
            std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>, std::vector<Tensor>,
            Tensor>
 decoder_train_backward_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
-                           Tensor completion_ids, Tensor completion_mask, Tensor embed,
-                           std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-                           std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-                           std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-                           std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos,
-                           Tensor sin, Tensor residuals, Tensor qkv, Tensor probs, Tensor attended,
-                           Tensor gate_up, int64_t num_heads, int64_t kv_heads, double eps) {
+                           Tensor completion_ids, Tensor completion_mask,
+                           NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor cos, Tensor sin, Tensor residuals,
+                           Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up,
+                           int64_t num_heads, int64_t kv_heads, double eps) {
   Sink g;
   backward("decoder_train_backward", grad_hidden, prompt_ids, prompt_mask, completion_ids,
-           completion_mask, embed, std::move(input_norm), std::move(qkv_weight),
-           std::move(qkv_bias), std::move(o_weight), std::move(post_norm),
-           std::move(gate_up_weight), std::move(down_weight), final_norm, cos, sin, residuals, qkv,
-           probs, attended, gate_up, num_heads, kv_heads, eps, fresh_sink, g);
+           completion_mask, NOSTALL_DECODER_WEIGHTS_GATHER, cos, sin, residuals, qkv, probs,
+           attended, gate_up, num_heads, kv_heads, eps, fresh_sink, g);
   return {g.embed, g.input_norm, g.qkv, g.bias, g.o, g.post_norm, g.gate_up, g.down, g.final_norm};
 }
 
-void decoder_train_backward_into_cpu(
-    Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask, Tensor completion_ids,
-    Tensor completion_mask, Tensor embed, std::vector<Tensor> input_norm,
-    std::vector<Tensor> qkv_weight, std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-    std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-    std::vector<Tensor> down_weight, Tensor final_norm, Tensor cos, Tensor sin, Tensor residuals,
-    Tensor qkv, Tensor probs, Tensor attended, Tensor gate_up, int64_t num_heads, int64_t kv_heads,
-    double eps, Tensor flat_grad, bool accumulate) {
+void decoder_train_backward_into_cpu(Tensor grad_hidden, Tensor prompt_ids, Tensor prompt_mask,
+                                     Tensor completion_ids, Tensor completion_mask,
+                                     NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor cos, Tensor sin,
+                                     Tensor residuals, Tensor qkv, Tensor probs, Tensor attended,
+                                     Tensor gate_up, int64_t num_heads, int64_t kv_heads,
+                                     double eps, Tensor flat_grad, bool accumulate) {
   const char* op = "decoder_train_backward_into";
   Sink g;
   backward(
-      op, grad_hidden, prompt_ids, prompt_mask, completion_ids, completion_mask, embed,
-      std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias), std::move(o_weight),
-      std::move(post_norm), std::move(gate_up_weight), std::move(down_weight), final_norm, cos, sin,
-      residuals, qkv, probs, attended, gate_up, num_heads, kv_heads, eps,
-      [&](const Weights& w) { return flat_sink(op, flat_grad, w, accumulate); }, g);
+      op, grad_hidden, prompt_ids, prompt_mask, completion_ids, completion_mask,
+      NOSTALL_DECODER_WEIGHTS_GATHER, cos, sin, residuals, qkv, probs, attended, gate_up, num_heads,
+      kv_heads, eps, [&](const Weights& w) { return flat_sink(op, flat_grad, w, accumulate); }, g);
 }
 
 }  // namespace nostall

@@ -15,12 +15,9 @@ namespace nostall {
 
 std::tuple<Tensor, Tensor, Tensor> generate_completions_cpu(
     Tensor prompt_ids, Tensor prompt_mask, int64_t group_size, Tensor uniform, Tensor allowed,
-    Tensor embed, std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-    std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-    std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight, Tensor final_norm,
-    Tensor lm_head, Tensor cos, Tensor sin, Tensor keys, Tensor values, int64_t num_heads,
-    int64_t kv_heads, double eps, double temperature, int64_t top_k, double top_p,
-    int64_t eos_token_id, int64_t pad_token_id) {
+    NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor lm_head, Tensor cos, Tensor sin, Tensor keys,
+    Tensor values, int64_t num_heads, int64_t kv_heads, double eps, double temperature,
+    int64_t top_k, double top_p, int64_t eos_token_id, int64_t pad_token_id) {
   const char* op = "generate_completions";
   STD_TORCH_CHECK(
       prompt_ids.scalar_type() == ScalarType::Long && prompt_ids.dim() == 2 && prompt_ids.is_cpu(),
@@ -44,8 +41,7 @@ std::tuple<Tensor, Tensor, Tensor> generate_completions_cpu(
   prompt_mask = as_contiguous(prompt_mask);
 
   Tensor logits =
-      prefill_prompts_cpu(prompt_ids, prompt_mask, group_size, embed, input_norm, qkv_weight,
-                          qkv_bias, o_weight, post_norm, gate_up_weight, down_weight, final_norm,
+      prefill_prompts_cpu(prompt_ids, prompt_mask, group_size, NOSTALL_DECODER_WEIGHTS_ARGS,
                           lm_head, cos, sin, keys, values, num_heads, kv_heads, eps);
   // Each row's attention slots (its prompt's real tokens, then each token decoded) and the
   // position of its first completion token.
@@ -101,8 +97,7 @@ std::tuple<Tensor, Tensor, Tensor> generate_completions_cpu(
       pos[r] = first[r] + t;
     }
     slot.mutable_data_ptr<int64_t>()[0] = P + t;
-    logits = decode_step_cpu(token, position, slot, slot_mask, embed, input_norm, qkv_weight,
-                             qkv_bias, o_weight, post_norm, gate_up_weight, down_weight, final_norm,
+    logits = decode_step_cpu(token, position, slot, slot_mask, NOSTALL_DECODER_WEIGHTS_ARGS,
                              lm_head, cos, sin, keys, values, num_heads, kv_heads, eps);
   }
   return {ids, mask, log_prob};

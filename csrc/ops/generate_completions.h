@@ -21,16 +21,14 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "ops/decoder_weights.h"
 
 namespace nostall {
 
 std::tuple<Tensor, Tensor, Tensor> generate_completions_cpu(
     Tensor prompt_ids, Tensor prompt_mask, int64_t group_size, Tensor uniform, Tensor allowed,
-    Tensor embed, std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-    std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight, std::vector<Tensor> post_norm,
-    std::vector<Tensor> gate_up_weight, std::vector<Tensor> down_weight, Tensor final_norm,
-    Tensor lm_head, Tensor cos, Tensor sin, Tensor keys, Tensor values, int64_t num_heads,
-    int64_t kv_heads, double eps, double temperature, int64_t top_k, double top_p,
-    int64_t eos_token_id, int64_t pad_token_id);
+    NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor lm_head, Tensor cos, Tensor sin, Tensor keys,
+    Tensor values, int64_t num_heads, int64_t kv_heads, double eps, double temperature,
+    int64_t top_k, double top_p, int64_t eos_token_id, int64_t pad_token_id);
 
 }  // namespace nostall

@@ -11,17 +11,13 @@
 
 namespace nostall {
 
-Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_size, Tensor embed,
-                           std::vector<Tensor> input_norm, std::vector<Tensor> qkv_weight,
-                           std::vector<Tensor> qkv_bias, std::vector<Tensor> o_weight,
-                           std::vector<Tensor> post_norm, std::vector<Tensor> gate_up_weight,
-                           std::vector<Tensor> down_weight, Tensor final_norm, Tensor lm_head,
-                           Tensor cos, Tensor sin, Tensor keys, Tensor values, int64_t num_heads,
-                           int64_t kv_heads, double eps) {
-  const decoder::Weights w = decoder::check(
-      "prefill_prompts", embed, std::move(input_norm), std::move(qkv_weight), std::move(qkv_bias),
-      std::move(o_weight), std::move(post_norm), std::move(gate_up_weight), std::move(down_weight),
-      final_norm, lm_head, cos, sin, keys, values, num_heads, kv_heads, eps);
+Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_size,
+                           NOSTALL_DECODER_WEIGHTS_PARAMS, Tensor lm_head, Tensor cos, Tensor sin,
+                           Tensor keys, Tensor values, int64_t num_heads, int64_t kv_heads,
+                           double eps) {
+  const decoder::Weights w =
+      decoder::check("prefill_prompts", NOSTALL_DECODER_WEIGHTS_GATHER, lm_head, cos, sin, keys,
+                     values, num_heads, kv_heads, eps);
   STD_TORCH_CHECK(
       prompt_ids.scalar_type() == ScalarType::Long && prompt_ids.dim() == 2 && prompt_ids.is_cpu(),
       "prefill_prompts: prompt_ids must be a CPU int64 [Bp, P]");
