@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -67,6 +68,19 @@ def _kv_cache_bytes(config, batch: int, max_len: int, dtype: torch.dtype) -> int
     return max(64 << 20, 2 * per_token * batch * (max_len + 16))
 
 
+@dataclass(frozen=True)
+class VLLMOptions:
+    """How a VLLMEngine is sized and run: the batch it generates (rows), the longest sequence
+    (prompt and completion), its sampling seed, the share of a GPU's memory it may take, and
+    `sleep`: its KV cache let go between batches (the update's meanwhile, at staleness 0)."""
+
+    batch_size: int
+    max_len: int
+    seed: int = 0
+    gpu_memory_utilization: float = 0.3
+    sleep: bool = False
+
+
 class VLLMEngine:
     """Generates completions for batches of one shape with a vLLM engine over `model`'s
     weights (the rollout model: published weights are loaded into it, then pushed to vLLM)."""
@@ -79,11 +93,7 @@ class VLLMEngine:
         eos_token_id: int,
         pad_token_id: int,
         banned_token_ids: list[int],
-        batch_size: int,
-        max_len: int,
-        seed: int = 0,
-        gpu_memory_utilization: float = 0.3,
-        sleep: bool = False,
+        options: VLLMOptions,
     ):
         if sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
@@ -121,7 +131,7 @@ class VLLMEngine:
         # another process, compares it with its update's time); None: that call pushed none.
         self.last_push: tuple[float, float] | None = None
         self._pushed_version: int | None = None
-        self.sleep = sleep and weight.device.type == "cuda"
+        self.sleep = options.sleep and weight.device.type == "cuda"
         self._asleep = False
         dtype = weight.dtype
         self._folder = tempfile.mkdtemp(prefix="nostall-vllm-")
@@ -130,29 +140,30 @@ class VLLMEngine:
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             model.save_pretrained(self._folder, state_dict=state)
             del state
-            options = dict(
+            settings = dict(
                 model=self._folder,
                 dtype=_vllm_dtype(dtype),
                 skip_tokenizer_init=True,
                 enforce_eager=True,
-                max_model_len=max_len,
-                max_num_seqs=batch_size,
-                seed=seed,
+                max_model_len=options.max_len,
+                max_num_seqs=options.batch_size,
+                seed=options.seed,
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
             )
             if weight.device.type == "cuda":
-                options.update(
-                    gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep
+                settings.update(
+                    gpu_memory_utilization=options.gpu_memory_utilization,
+                    enable_sleep_mode=self.sleep,
                 )
             else:
-                kv = _kv_cache_bytes(model.config, batch_size, max_len, dtype)
-                options.update(kv_cache_memory_bytes=kv)
+                kv = _kv_cache_bytes(model.config, options.batch_size, options.max_len, dtype)
+                settings.update(kv_cache_memory_bytes=kv)
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the process;
             # the run keeps its own thread settings.
             set_num_threads = torch.set_num_threads
             try:
-                self.llm = vllm.LLM(**options)
+                self.llm = vllm.LLM(**settings)
             finally:
                 torch.set_num_threads = set_num_threads
         finally:  # (loaded: the weights come by push from here on)

@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from nostall.algos.grpo.sharded import ShardedTrainer
+from nostall.algos.grpo.sharded import RankUpdate, ShardedTrainer
 from nostall.runtime import distributed
 from tests.algos.test_grpo_rank_shares import _batch, _model, fsdp_args
 
@@ -21,8 +21,9 @@ def main(rank: int, world: int, address: str, out: str, tied: bool, device: str)
         torch.cuda.set_device(rank)
     distributed.join(address, rank, world, "nccl" if device == "cuda" else "gloo")
     args = fsdp_args(device)
-    trainer = ShardedTrainer(_model(tied).to(device), args, rank, world, torch.float32, None,
-                             None, True, torch.device(device))  # fmt: skip
+    update = RankUpdate(torch.float32, vocab=None, eos_token_id=None, decoupled=True)
+    trainer = ShardedTrainer(_model(tied).to(device), args, rank, world, update,
+                             torch.device(device))  # fmt: skip
     step = trainer.optimizer.apply_gradients
     recorded = []
     trainer.optimizer.apply_gradients = lambda: recorded.append(

@@ -24,6 +24,8 @@ tests check the two against each other (tests/lm/test_explicit_update.py).
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -37,6 +39,21 @@ from nostall.ops.losses import DEFAULT_CHUNK_LOGITS
 from nostall.optim import ClippedAdam
 
 Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of a pass, as the explicit gradients take it: its rows, their advantages
+    and loss tokens, the log-probs of the policy the ratio is taken against (None: this pass's
+    own, the proximal policy), and how its gradient joins the optimizer's (times `scale`, added
+    with `accumulate`, else replacing it)."""
+
+    batch: Any
+    advantage: Tensor
+    loss_mask: Tensor
+    old_log_prob: Tensor | None
+    scale: float = 1.0
+    accumulate: bool = False
 
 
 class ExplicitUpdate:
@@ -92,22 +109,15 @@ class ExplicitUpdate:
 
     @torch.no_grad()
     def gradients(
-        self,
-        batch,
-        advantage: Tensor,
-        loss_mask: Tensor,
-        args,
-        vocab: SampledVocab | None,
-        decoupled: bool,
-        old_log_prob: Tensor | None,
-        scale: float = 1.0,
-        accumulate: bool = False,
+        self, micro: MicroBatch, args, vocab: SampledVocab | None, decoupled: bool
     ) -> tuple[Tensor, ...]:
-        """The gradient of the loss on `batch` (its tokens in `loss_mask`), times `scale`, into
-        the optimizer's flat gradient (added to it with `accumulate`, else replacing it):
+        """The gradient of the loss on `micro` (its tokens in its loss_mask), times its scale,
+        into the optimizer's flat gradient (added to it with `accumulate`, else replacing it):
         (log_prob, loss, clip_fraction, approx_kl, entropy), the log-probs before the step, the
-        entropy's mean over the loss's tokens (None without an entropy bonus). `old_log_prob`
-        None: this pass's own (the proximal policy)."""
+        entropy's mean over the loss's tokens (None without an entropy bonus). `decoupled`: the
+        loss weighs each token by the behaviour ratio."""
+        batch, advantage, loss_mask = micro.batch, micro.advantage, micro.loss_mask
+        old_log_prob, scale, accumulate = micro.old_log_prob, micro.scale, micro.accumulate
         d = self.decoder
         G = args.num_generations
         B, C = batch.completion_ids.shape

@@ -31,7 +31,7 @@ from nostall.lm.tasks import (
     rows_source,
     task_source,
 )
-from nostall.lm.vllm_engine import VLLMEngine
+from nostall.lm.vllm_engine import VLLMEngine, VLLMOptions
 
 if TYPE_CHECKING:
     pass
@@ -160,11 +160,13 @@ def _engine(
             eos_token_id=lm.eos_token_id,
             pad_token_id=lm.pad_token_id,
             banned_token_ids=lm.banned_token_ids(),
-            batch_size=args.batch_size,
-            max_len=generation.encoder.length + args.max_new_tokens,
-            seed=seed,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            sleep=args.staleness == 0,  # (the KV cache's memory is the update's meanwhile)
+            options=VLLMOptions(
+                batch_size=args.batch_size,
+                max_len=generation.encoder.length + args.max_new_tokens,
+                seed=seed,
+                gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                sleep=args.staleness == 0,  # (the KV cache's memory is the update's meanwhile)
+            ),
         )
     decoder = make_decoder(rollout_model)
     if not share:

@@ -19,8 +19,7 @@ import torch
 import torch.distributed as dist
 
 from nostall.algos.grpo.config import GRPOConfig
-from nostall.algos.grpo.sharded import MOMENTS, ShardedTrainer
-from nostall.lm.generation import SampledVocab
+from nostall.algos.grpo.sharded import MOMENTS, RankUpdate, ShardedTrainer
 from nostall.lm.rollout import LMBatch
 from nostall.optim import ClippedAdam
 from nostall.runtime import distributed
@@ -72,18 +71,12 @@ class _Rank:
 def _trainer(
     args: GRPOConfig, start: dict, rank: int, world: int, device: torch.device
 ) -> ShardedTrainer:
-    vocab = start["vocab"]
-    if vocab is not None:
-        vocab = SampledVocab(vocab.ids.to(device), vocab.index.to(device))
     trainer = ShardedTrainer(
         start["model"].to(device),
         args,
         rank,
         world,
-        start["dtype"],
-        vocab,
-        start["eos_token_id"],
-        start["decoupled"],
+        start["update"].to(device),
         device,
         start["reference"],
     )
@@ -100,10 +93,7 @@ class GRPORanks:
         model: torch.nn.Module,
         compute: torch.nn.Module,
         optimizer: ClippedAdam,
-        compute_dtype: torch.dtype,
-        vocab: SampledVocab | None,
-        eos_token_id: int | None,
-        decoupled: bool,
+        update: RankUpdate,
         reference: torch.nn.Module | None = None,
     ):
         """`reference`: --beta's reference model (the driver's, whole), sharded on the ranks."""
@@ -114,14 +104,8 @@ class GRPORanks:
         self.reference = reference  # (a resumed run's is loaded before the ranks start)
         self.device = next(compute.parameters()).device  # rank 0's: the driver's
         self.on_gpu = self.device.type == "cuda"
-        self._static = {
-            "dtype": compute_dtype,
-            "eos_token_id": eos_token_id,
-            "decoupled": decoupled,
-            "backend": "nccl" if self.on_gpu else "gloo",
-        }
-
-        self._vocab = vocab
+        self._backend = "nccl" if self.on_gpu else "gloo"
+        self._update = update
         names = {id(p): name for name, p in model.named_parameters()}
         self.names = [names[id(p)] for p in optimizer.parameters_in_order]
         # Where each update's gathered weights go: the model and, with bf16 compute, its copy.
@@ -137,14 +121,12 @@ class GRPORanks:
         """What every rank starts from: the driver's model, its optimizer's state (a resumed
         run's), the reference model (--beta), the sampler's vocabulary, the run's dtype and
         behaviour correction."""
-        vocab = self._vocab
-        if vocab is not None:
-            vocab = SampledVocab(vocab.ids.cpu(), vocab.index.cpu())  # sync: once, at start
+        update = self._update.to(torch.device("cpu"))  # sync: once, at start (the vocabulary)
         reference = None if self.reference is None else _whole_copy(self.reference)
         return {
-            **self._static,
+            "backend": self._backend,
             "model": _whole_copy(self.model),
-            "vocab": vocab,
+            "update": update,
             "optimizer": self._optimizer_state(),
             "reference": reference,
         }

@@ -257,18 +257,11 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     ranks = None
     if args.trainers > 1:  # (FSDP2's modules take 0.4 s to import: only for ranks)
         from nostall.algos.grpo.ranks import GRPORanks
+        from nostall.algos.grpo.sharded import RankUpdate
 
-        ranks = GRPORanks(
-            args,
-            model,
-            compute,
-            optimizer,
-            dtype,
-            vocab,
-            lm.eos_token_id,
-            corrects,
-            None if reference is None else reference.model,
-        )
+        update = RankUpdate(dtype, vocab, lm.eos_token_id, corrects)
+        reference_model = None if reference is None else reference.model
+        ranks = GRPORanks(args, model, compute, optimizer, update, reference_model)
     return_free_memory()  # (what loading, packing and copying the model freed)
     return Setup(
         args,

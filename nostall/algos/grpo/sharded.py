@@ -18,6 +18,9 @@ state_dict's per-parameter entries, so checkpoints move between M ranks and one.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -82,6 +85,25 @@ def _reduce_op(name: str):
     return dist.ReduceOp.SUM
 
 
+@dataclass(frozen=True)
+class RankUpdate:
+    """What every rank's update computes with besides its config: the run's compute dtype, the
+    sampler's vocabulary (None: all tokens), <eos> (for mask_truncated_completions) and whether
+    the loss weighs tokens by the behaviour ratio (setup.corrects_behaviour)."""
+
+    compute_dtype: torch.dtype
+    vocab: SampledVocab | None
+    eos_token_id: int | None
+    decoupled: bool
+
+    def to(self, device: torch.device) -> RankUpdate:
+        """The same, its vocabulary's tensors on `device`."""
+        if self.vocab is None:
+            return self
+        vocab = SampledVocab(self.vocab.ids.to(device), self.vocab.index.to(device))
+        return dataclasses.replace(self, vocab=vocab)
+
+
 class ShardedTrainer:
     """This process's rank of `world` (torch.distributed's default group joined already):
     `model` (a whole float32 or master-dtype copy, sharded in place), its optimizer, and the
@@ -93,15 +115,14 @@ class ShardedTrainer:
         args: GRPOConfig,
         rank: int,
         world: int,
-        compute_dtype: torch.dtype,
-        vocab: SampledVocab | None,
-        eos_token_id: int | None,
-        decoupled: bool,
+        update: RankUpdate,
         device: torch.device,
         reference: torch.nn.Module | None = None,
     ):
         self.args, self.rank, self.world = args, rank, world
-        self.vocab, self.eos_token_id, self.decoupled = vocab, eos_token_id, decoupled
+        self.vocab, self.eos_token_id = update.vocab, update.eos_token_id
+        self.decoupled = update.decoupled
+        compute_dtype = update.compute_dtype
         if device.type == "cuda":  # (the mesh would pick rank % GPUs seen, not this one)
             index = torch.cuda.current_device() if device.index is None else device.index
             device = torch.device("cuda", index)

@@ -15,7 +15,7 @@ import torch
 
 import nostall
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
-from nostall.algos.grpo.explicit_update import explicit_update
+from nostall.algos.grpo.explicit_update import MicroBatch, explicit_update
 from nostall.algos.grpo.loss import grpo_loss, policy_log_probs, policy_terms, token_mean
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
@@ -240,16 +240,9 @@ def _micro_batch(passes: _Passes, step: _Part) -> list[torch.Tensor]:
     decoder = passes.context.decoder
     old_log_prob = old_log_probs[i]
     if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
+        micro = MicroBatch(part, advantage, loss_mask, old_log_prob, scale, not first_of_step)
         log_prob, loss, clip_fraction, approx_kl, entropy = explicit.gradients(
-            part,
-            advantage,
-            loss_mask,
-            args,
-            vocab,
-            decoupled,
-            old_log_prob,
-            scale,
-            accumulate=not first_of_step,
+            micro, args, vocab, decoupled
         )
         kl = torch.zeros_like(loss)  # (no reference: it applies without one)
         optimizer.collect_gradients()  # (master weights: into their float32 sum)
