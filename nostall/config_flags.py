@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import re
 import typing
 
 
@@ -56,19 +57,42 @@ _PARSERS = {int: _integer, float: _number}
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """A flag a field of `cls`: its own fields first, then those it inherits (RunConfig's, every
+    run's settings), each base's under a heading of its own."""
     docs = _field_docs(cls)
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
-        if hint is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-            continue
-        base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-        parser.add_argument(flag, type=_PARSERS.get(base, base), default=f.default, help=help_text)
+    inherited = {
+        f.name: klass
+        for klass in cls.__mro__[1:]
+        if dataclasses.is_dataclass(klass)
+        for f in dataclasses.fields(klass)
+    }
+    groups: dict[type, argparse._ArgumentGroup] = {}
+    own = [f for f in dataclasses.fields(cls) if f.name not in inherited]
+    # (the nearest base's first: APPO's own, PPO's, then every run's)
+    rest = [f for f in dataclasses.fields(cls) if f.name in inherited]
+    rest.sort(key=lambda f: cls.__mro__.index(inherited[f.name]))
+    for f in own + rest:
+        target = parser
+        if f.name in inherited:
+            klass = inherited[f.name]
+            if klass not in groups:
+                title = re.split(r"[;,]", klass.__doc__ or klass.__name__)[0].strip()
+                groups[klass] = parser.add_argument_group(title)
+            target = groups[klass]
+        _add_flag(target, f, hints[f.name], docs.get(f.name, ""))
+
+
+def _add_flag(parser, f: dataclasses.Field, hint, doc: str) -> None:
+    flag = "--" + f.name.replace("_", "-")
+    help_text = f"{doc} (default: {f.default})"
+    if hint is bool:
+        parser.add_argument(
+            flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+        )
+        return
+    base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    parser.add_argument(flag, type=_PARSERS.get(base, base), default=f.default, help=help_text)
 
 
 def config_from(namespace: argparse.Namespace, cls: type):

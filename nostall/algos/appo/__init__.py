@@ -30,14 +30,12 @@ from nostall.train.names import refuses_unknown_names
 @refuses_unknown_names
 @dataclass
 class APPOConfig(PPOConfig):
-    """PPOConfig with APPO's defaults and V-trace's clips (`nostall train appo --rho-bar 1`)."""
+    """PPOConfig with APPO's defaults and V-trace's clips (`nostall train appo --rho-bar 1`).
+    On the thread backend the native rollout releases the GIL, so the two sides overlap; a
+    rollout stepped from Python (--no-native-rollout) holds it: --backend process shares none."""
 
     staleness: int = 1
     """how many policy versions the rollout side may run ahead of the trainer"""
-    backend: str = "thread"
-    """where the rollout side runs: "thread" (the native rollout releases the GIL, so the two
-    sides overlap) or "process" (no GIL shared at all: for a rollout stepped from Python,
-    --no-native-rollout, which holds the GIL)"""
     rho_bar: float = 1.0
     """V-trace: clip of the importance weight in the TD error and the policy gradient"""
     c_bar: float = 1.0

@@ -6,15 +6,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from nostall.algos.grpo.config_checks import check_trl_options
 from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.lm.models import BUILTIN_SIZES
 from nostall.lm.precision import DTYPES, MASTER_DTYPES
 from nostall.ops.losses import GROUP_SCALES
-from nostall.train.checkpoint import RUN_RESUMABLE, check_path_template
+from nostall.train.checkpoint import RUN_RESUMABLE
 from nostall.train.names import refuses_unknown_names
+from nostall.train.run_config import RunConfig
 from nostall.train.schedule import learning_rate_at
 
 # Settings whose default depends on the model: (a built-in model's, a model directory's).
@@ -60,10 +59,11 @@ ALIASES = {
 
 @refuses_unknown_names
 @dataclass
-class GRPOConfig:
-    """A GRPO run's settings, with TRL's GRPOConfig names where TRL has the setting; every
-    field is also a flag of `nostall train grpo` (`--num-generations 8`), its docstring the
-    flag's help."""
+class GRPOConfig(RunConfig):
+    """A GRPO run's settings, with TRL's GRPOConfig names where TRL has the setting, after
+    every run's (RunConfig: device, backend, seed, logging, checkpoints, outputs); every field
+    is also a flag of `nostall train grpo` (`--num-generations 8`), its docstring the flag's
+    help."""
 
     model: str = "tiny"
     """a built-in model ("tiny", "small"), a local causal LM directory, or a Hub id already in
@@ -174,8 +174,6 @@ class GRPOConfig:
     stop_check_every: int = 0
     """stop generating once every completion ended, checked every this many tokens (a host
     read); 0: always generate max_new_tokens"""
-    device: str = "cpu"
-    """where the model, generation and update run ("cpu", "cuda", "cuda:1")"""
     dtype: str = "auto"
     """compute precision: "bfloat16" generates and runs the update's forward and backward in
     bf16 over float32 master weights and optimizer state (what is saved); "float32"; "auto":
@@ -185,24 +183,9 @@ class GRPOConfig:
     """the dtype of the weights the optimizer steps, its moments and the model saved: "float32"
     (master weights under bf16 compute), or "bfloat16": everything in bf16, as a model loaded
     in bf16 trains in TRL (half the memory; updates below bf16's resolution are lost)"""
-    backend: str = "thread"
-    """where generation runs: "thread" (beside the trainer, in this process), "process" (its
-    own process, CPU only: no GIL shared with the trainer) or "ray" (worker actors on a Ray
-    cluster, each generating on its own GPU with --device cuda)"""
-    num_workers: int = 1
-    """generation workers with --backend ray (each generates whole batches)"""
-    ray_address: str | None = None
-    """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
-    ray_weights: str = "store"
-    """--backend ray: how weights reach the workers: "store" (one ray.put a version) or
-    "collective" (broadcast by gloo, NCCL between GPUs; a worker lost then ends the run)"""
     gpus_per_worker: float | None = None
     """--backend ray: GPUs each generation worker reserves (default 1 with --device cuda, 0 on
     the CPU; NCCL weights need each worker on a GPU of its own, not the trainer's)"""
-    trainers: int = 1
-    """trainer ranks (--backend ray): the model sharded over them by FSDP2 (gloo on CPUs,
-    NCCL on GPUs), each training on its share of every micro-batch (whole prompt groups);
-    rank 0 is this process, the others Ray actors. A checkpoint resumes at any count"""
     generator: str = "native"
     """what generates: "native" (nostall's engine) or "vllm" (a vLLM engine in the generating
     process, the rollout model's weights pushed into it every version; `pip install
@@ -211,33 +194,13 @@ class GRPOConfig:
     """--generator vllm on a GPU: the share of its memory vLLM may take (TRL's default)"""
     cuda_graph: bool = True
     """on a GPU, capture each decode step as a CUDA graph (one launch per token)"""
-    seed: int = 0
-    """seeds the model's initialisation (built-ins), the prompts and the sampling"""
-    torch_threads: int = 1
-    """intra-op threads for torch"""
     target_reward: float = 0.7
     """mean reward over the last 10 steps that counts as solved (time_to_target_s)"""
-    stop_when_solved: bool = False
-    """stop once the target reward is reached"""
-    log_interval: int = 10
-    """read metrics (a host sync) every this many steps"""
-    watch_syncs: bool = True
-    """run two early updates under SyncWatch and report their host syncs"""
-    checkpoint: str | None = None
-    """save a checkpoint here every checkpoint_every steps and at the end ("{step}" in the path
-    keeps one per save)"""
-    checkpoint_every: int = 50
-    """steps between checkpoints"""
-    resume: str | None = None
-    """resume from this checkpoint"""
     reward_timeout: float = 600.0
     """seconds one reward function may take on one batch before the run stops, naming it"""
     generation_timeout: float = 600.0
     """seconds generation may go without progress before the run stops: a decode step on the
     per-token path, a whole batch in the fused CPU op (which has no steps between)"""
-    output_dir: str | None = None
-    """where the run leaves its report, plots, TensorBoard logs and model (the command's
-    default: runs/grpo-MODEL-TASK-SEED; the Python API writes none without it)"""
     save_total_limit: int | None = None
     """with "{step}" in --checkpoint: keep only this many of the newest checkpoints"""
     log_completions: bool = False
@@ -319,14 +282,12 @@ class GRPOConfig:
     def _check(self) -> None:
         self.take_aliases()
         self.resolve_defaults()
+        device = self.check_run(_named)  # (every run's settings: RunConfig)
         for name in (
             "steps",
             "num_prompts",
             "max_new_tokens",
             "updates_per_batch",
-            "log_interval",
-            "checkpoint_every",
-            "torch_threads",
             "gradient_accumulation_steps",
         ):
             if getattr(self, name) < 1:
@@ -342,8 +303,6 @@ class GRPOConfig:
             ("max_new_tokens", 1 << 20),
             ("updates_per_batch", 1 << 10),
             ("staleness", 64),
-            ("torch_threads", 1024),
-            ("seed", (1 << 62) - 1),
         )
         for name, cap in caps:
             if getattr(self, name) > cap:
@@ -352,7 +311,7 @@ class GRPOConfig:
                 )
         if self.batch_size > 1 << 20:
             raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
-        for name in ("staleness", "top_k", "stop_check_every", "seed", "lora_r"):
+        for name in ("staleness", "top_k", "stop_check_every", "lora_r"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         for name in (
@@ -378,14 +337,6 @@ class GRPOConfig:
             raise ValueError(
                 f"--loss-type must be one of {', '.join(AGGREGATIONS)}, got {self.loss_type!r}"
             )
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            device = None
-        if device is None or device.type not in ("cpu", "cuda"):
-            raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {self.device} asked for, but no CUDA device is present")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.master_dtype not in MASTER_DTYPES:
@@ -399,7 +350,6 @@ class GRPOConfig:
             raise ValueError(
                 f"--scale-rewards must be group, batch or none, got {self.scale_rewards!r}"
             )
-        check_path_template(self.checkpoint, "--checkpoint", "step")
         self.weights()
         check_trl_options(self)
 
@@ -430,3 +380,8 @@ class GRPOConfig:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+def _named(name: str) -> str:
+    """A setting as its flag (the messages' names: `check` rewrites a TRL alias's)."""
+    return f"--{_flag(name)}"

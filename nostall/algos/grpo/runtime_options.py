@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import torch
 
-from nostall.runtime.transports import check_backend
-
 GENERATORS = ("native", "vllm")
 
 
 def check_runtime(config, device: torch.device) -> None:
-    """ValueError naming the flag for a runtime setting `config` (a GRPOConfig) cannot run."""
-    check_backend(config.backend, "--backend")
+    """ValueError naming the flag for a runtime setting `config` (a GRPOConfig) cannot run
+    (after RunConfig.check_run: the backend, workers, weights and ranks each make sense)."""
     if config.backend == "process" and device.type != "cpu":
         raise ValueError(
             f"--backend process generates on the CPU; with --device "
             f"{config.device} use --backend thread or ray"
         )
     _check_worker_gpus(config, device)
-    if config.num_workers < 1:
-        raise ValueError(f"--num-workers must be at least 1, got {config.num_workers}")
-    if config.num_workers > 1 and config.backend != "ray":
-        raise ValueError("--num-workers > 1 needs --backend ray")
-    if config.ray_weights not in ("store", "collective"):
-        raise ValueError(f"--ray-weights must be store or collective, got {config.ray_weights!r}")
     _check_trainers(config)
     if config.backend == "ray" and config.inflight_weights:
         raise ValueError(
@@ -60,12 +52,8 @@ def _check_worker_gpus(config, device: torch.device) -> None:
 
 
 def _check_trainers(config) -> None:
-    if config.trainers < 1:
-        raise ValueError(f"--trainers must be at least 1, got {config.trainers}")
     if config.trainers == 1:
         return
-    if config.backend != "ray":
-        raise ValueError("--trainers > 1 needs --backend ray (ranks 1.. are Ray actors)")
     if config.micro_batches < 1:
         return  # (named by the micro-batch checks)
     groups = config.num_prompts // config.micro_batches

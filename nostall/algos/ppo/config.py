@@ -6,20 +6,20 @@ import math
 import re
 from dataclasses import dataclass
 
-import torch
-
 from nostall.algos.ppo.policies import POLICIES
 from nostall.envs.backends import BACKENDS as ENV_BACKENDS
-from nostall.runtime.transports import check_backend
-from nostall.train.checkpoint import check_path_template
 from nostall.train.names import refuses_unknown_names
+from nostall.train.run_config import RunConfig
 
 
 @refuses_unknown_names
 @dataclass
-class PPOConfig:
-    """A PPO run's settings, CleanRL's names; every field is also a flag of `nostall train
-    ppo` (`--num-envs 16`), its docstring the flag's help."""
+class PPOConfig(RunConfig):
+    """A PPO run's settings, CleanRL's names, after every run's (RunConfig: device, backend,
+    seed, logging, checkpoints, outputs); every field is also a flag of `nostall train ppo`
+    (`--num-envs 16`), its docstring the flag's help."""
+
+    step_name = "iteration"  # (a checkpoint path's "{iteration}": a step is an iteration)
 
     env_id: str = "CartPole-v1"
     """the environment: a native one, any Gymnasium id, or module:EnvClass"""
@@ -72,52 +72,16 @@ class PPOConfig:
     """how many policy versions the rollout side may run ahead (0: synchronous PPO)"""
     publish_every: int = 1
     """publish the trained weights to the rollout side every this many updates (iterations)"""
-    backend: str = "thread"
-    """where the rollout side runs: "thread", "process" (no GIL shared with the trainer), or
-    "ray" (worker actors on a Ray cluster, local or joined)"""
-    num_workers: int = 1
-    """rollout workers with --backend ray (each with num_envs environments)"""
-    ray_address: str | None = None
-    """--backend ray: the cluster to join ("auto": the running one); default a local cluster"""
     cpus_per_worker: float = 1.0
     """--backend ray: CPUs each rollout worker reserves"""
     gpus_per_worker: float = 0.0
     """--backend ray: GPUs each rollout worker reserves (one each for collective weights
     between GPUs: NCCL takes one device per rank)"""
-    ray_weights: str = "store"
-    """--backend ray: how weights reach the workers: "store" (one ray.put a version) or
-    "collective" (broadcast by gloo, NCCL between GPUs)"""
-    trainers: int = 1
-    """data-parallel trainer ranks (--backend ray): each minibatch split over them, gradients
-    averaged by torch.distributed (gloo on CPUs, NCCL on GPUs)"""
     native_rollout: bool = True
     """collect each chunk in one native call (the actor-critic, the sampling and the
     environments stepped in C++, GIL released); False: one policy call per step from Python"""
-    seed: int = 0
-    """seeds the network, the environments and both sides' generators"""
-    torch_threads: int = 1
-    """intra-op threads for torch (the two sides share the process's pool)"""
-    device: str = "cpu"
-    """where the trainer's networks and update run ("cpu", "cuda", "cuda:1"); the environments
-    and the rollout side's policy copy stay on the CPU"""
-    log_interval: int = 10
-    """read metrics (a host sync) every this many iterations"""
-    watch_syncs: bool = True
-    """run two early iterations under SyncWatch and report their host syncs (costs ~0.5 s)"""
     solved_return: float | None = None
     """mean return over the last 20 episodes that counts as solved (default: the env's)"""
-    stop_when_solved: bool = False
-    """stop as soon as the solved return is reached"""
-    checkpoint: str | None = None
-    """save a checkpoint here every checkpoint_every iterations and at the end ("{iteration}"
-    in the path keeps one per save)"""
-    checkpoint_every: int = 50
-    """iterations between checkpoints"""
-    resume: str | None = None
-    """resume from this checkpoint"""
-    output_dir: str | None = None
-    """where the run leaves its report, plots, TensorBoard logs and policy.pt (the command's
-    default: runs/ALGO-ENV-SEED; the Python API writes none without it)"""
 
     @property
     def batch_size(self) -> int:
@@ -148,31 +112,27 @@ class PPOConfig:
 
     def check(self) -> None:
         """ValueError naming the flag for any argument out of its range (NaN included)."""
+        self.check_run()  # (every run's settings: RunConfig)
         positive = (
             "total_timesteps",
             "num_envs",
             "num_steps",
             "num_minibatches",
             "update_epochs",
-            "log_interval",
-            "torch_threads",
-            "checkpoint_every",
             "hidden",
             "publish_every",
         )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("staleness", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be at least 0, got {self.staleness}")
         # Sizes past these are typos, not experiments: say so rather than fail to allocate.
         for name, cap in (
             ("num_envs", 1 << 20),
             ("num_steps", 1 << 20),
             ("hidden", 1 << 16),
             ("staleness", 64),
-            ("torch_threads", 1024),
             ("update_epochs", 1 << 16),
             ("num_minibatches", 1 << 24),
         ):
@@ -182,8 +142,6 @@ class PPOConfig:
             raise ValueError(
                 f"num_envs * num_steps must be at most {1 << 26}, got {self.batch_size}"
             )
-        if self.seed >= 2**62:
-            raise ValueError(f"seed must be below 2**62, got {self.seed}")
         for name in ("learning_rate", "max_grad_norm", "clip_coef", "reward_scale"):
             value = getattr(self, name)
             if not (0 < value < math.inf):
@@ -211,29 +169,9 @@ class PPOConfig:
             raise ValueError(
                 f"env_backend must be one of {', '.join(ENV_BACKENDS)}, got {self.env_backend!r}"
             )
-        check_backend(self.backend)
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers must be at least 1, got {self.num_workers}")
-        if self.num_workers > 1 and self.backend != "ray":
-            raise ValueError("num_workers > 1 needs --backend ray")
-        if self.ray_weights not in ("store", "collective"):
-            raise ValueError(f"ray_weights must be store or collective, got {self.ray_weights!r}")
-        if self.trainers < 1:
-            raise ValueError(f"trainers must be at least 1, got {self.trainers}")
-        if self.trainers > 1 and self.backend != "ray":
-            raise ValueError("trainers > 1 needs --backend ray (the ranks are Ray actors)")
         if self.trainers > 1 and (self.batch_size // self.num_minibatches) % self.trainers:
             raise ValueError(
                 f"the minibatch ({self.batch_size // self.num_minibatches} samples) "
                 "must split evenly "
                 f"over {self.trainers} trainers"
             )
-        check_path_template(self.checkpoint, "checkpoint", "iteration")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            device = None
-        if device is None or device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} asked for, but no CUDA device is present")
