@@ -32,15 +32,14 @@ for mode in $modes; do
       preload="$($cxx -print-file-name=libasan.so):$($cxx -print-file-name=libstdc++.so)"
       export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:symbolize=1:log_path=$work/report"
       export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$work/report:suppressions=$root/tools/sanitizers/ubsan.supp"
-      tests=(tests/envs tests/ops tests/runtime tests/algos/test_trainers.py tests/lm/test_sample_tokens.py
+      tests=(tests/envs tests/ops tests/runtime tests/algos/ppo/test_trainers.py tests/lm/test_sample_tokens.py
              tests/lm/test_generation.py tests/lm/test_decoder_train.py
-             tests/lm/test_generate_completions.py tests/lm/test_explicit_update.py tests/lm/test_native_bf16.py
-             tests/algos/test_optim.py)
+             tests/lm/test_generate_completions.py tests/algos/grpo/test_explicit_update.py tests/lm/test_native_bf16.py
+             tests/test_optim.py)
       # Not the Ray backend's tests: Ray's own binaries (raylet, GCS) would start under the
       # preloaded sanitizer; its workers make the native calls the other runtime tests make.
       select=(-k "not peak_memory and not cuda and not solves and not learns and not improves"
-              --ignore=tests/runtime/test_ray_backend.py --ignore=tests/runtime/test_ray_multinode.py
-              --ignore=tests/runtime/test_ray_errors.py)
+              --ignore=tests/runtime/ray)
       ;;
     tsan)
       # No AVX2 clones: their load-time resolvers crash under TSan (csrc/ops/decoder_core.h).

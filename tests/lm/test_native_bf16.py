@@ -15,9 +15,9 @@ from nostall.lm.decoder import Decoder
 from nostall.lm.generation import GenerationEngine, SamplingConfig
 from nostall.lm.models import LanguageModel
 from nostall.lm.rollout import LMBatch
+from tests.algos.grpo.test_explicit_update import _llama
 from tests.lm.architectures import build
 from tests.lm.test_decoder_train import _batch, _llama_gqa, _op_args
-from tests.lm.test_explicit_update import _llama
 
 BF16_U = 2.0**-8  # bf16's unit roundoff (8 significand bits)
 LAYERS = 2

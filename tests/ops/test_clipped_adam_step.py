@@ -1,5 +1,5 @@
 """`nostall::clipped_adam_step`, ClippedAdam's CPU step as one op: its agreement with torch's
-clip_grad_norm_ + fused Adam is tests/algos/test_optim.py's (ClippedAdam takes this op for a
+clip_grad_norm_ + fused Adam is tests/test_optim.py's (ClippedAdam takes this op for a
 number learning rate on the CPU, torch's ops for a tensor one; both are run there). Here:
 opcheck, that the optimizer does take it, a non-finite gradient spread as clip_grad_norm_
 spreads it, and every bad argument named."""

@@ -18,7 +18,7 @@ tensor is allocated: they are the size of the model, and a second copy of them w
 peak memory).
 
 The same arithmetic as `policy_log_probs` + `grpo_loss` + `loss.backward()`, in the same ops:
-tests check the two against each other (tests/lm/test_explicit_update.py).
+tests check the two against each other (tests/algos/grpo/test_explicit_update.py).
 """
 
 from __future__ import annotations

@@ -270,9 +270,9 @@ def _reward_text(prompts, completions, **kw):
         (dict(entropy_coef=-0.1), "--entropy-coef must be a finite number >= 0"),
         (dict(entropy_coef=float("inf")), "--entropy-coef must be a finite number >= 0"),
         (dict(entropy_coef=float("nan")), "--entropy-coef must be a finite number >= 0"),
-        (dict(reward="tests.algos.test_grpo:missing"), "has no function 'missing'"),
+        (dict(reward="tests.algos.grpo.test_grpo:missing"), "has no function 'missing'"),
         (dict(reward="nomodule_xyz:f"), "cannot import"),
-        (dict(reward="tests.algos.test_grpo:_reward_raises", reward_weights="a"),
+        (dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="a"),
          "--reward-weights must be numbers"),
     ],
 )  # fmt: skip
@@ -289,7 +289,7 @@ def test_bad_input_is_named(change, message):
      ("_reward_raises", "the reward server is down")],
 )  # fmt: skip
 def test_a_failing_reward_stops_the_run_with_its_cause(reward, message):
-    args = grpo.GRPOConfig(**dict(FAST, reward=f"tests.algos.test_grpo:{reward}"))
+    args = grpo.GRPOConfig(**dict(FAST, reward=f"tests.algos.grpo.test_grpo:{reward}"))
     with pytest.raises(nostall.runtime.RuntimeStopped, match=message) as info:
         grpo.train(args)
     assert info.value.__cause__ is not None  # the reward's own traceback is chained

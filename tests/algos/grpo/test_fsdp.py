@@ -15,7 +15,7 @@ import torch
 from nostall.algos.grpo.loss import PolicyTerms
 from nostall.algos.grpo.update import UpdateContext, grpo_update
 from nostall.optim import ClippedAdam
-from tests.algos.test_grpo_rank_shares import Recorder, _batch, _model, fsdp_args
+from tests.algos.grpo.test_rank_shares import Recorder, _batch, _model, fsdp_args
 
 RTOL, ATOL = 1e-4, 1e-6
 # Adam's step is the gradient over its own running scale: for an element whose gradients are
@@ -35,7 +35,7 @@ def free_port() -> int:
 def _sharded_run(tmp_path, tied: bool, device: str = "cpu") -> dict:
     out = tmp_path / "rank0.pt"
     address = f"tcp://127.0.0.1:{free_port()}"
-    ranks = [subprocess.Popen([sys.executable, "-m", "tests.algos.fsdp_rank", str(r), "2",
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests.algos.grpo.fsdp_rank", str(r), "2",
                                address, str(out), str(int(tied)), device], cwd=ROOT,
                               stderr=subprocess.PIPE, text=True)
              for r in range(2)]  # fmt: skip

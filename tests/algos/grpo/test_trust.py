@@ -60,9 +60,9 @@ def test_a_reward_that_is_not_a_number_is_refused_naming_the_reward(value):
 @pytest.mark.parametrize(
     "change,message",
     [
-        (dict(reward="tests.algos.test_grpo:_reward_raises", reward_weights="nan"),
+        (dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="nan"),
          "--reward-weights must be finite"),
-        (dict(reward="tests.algos.test_grpo:_reward_raises", reward_weights="1,inf"),
+        (dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="1,inf"),
          "--reward-weights must be finite"),
         (dict(reward_weights="2"), "--reward-weights weighs the functions of --reward"),
         (dict(checkpoint="ck_{run}.pt"), "--checkpoint 'ck_{run}.pt': the only placeholder "

@@ -13,7 +13,7 @@ from nostall.algos.grpo.loss import PolicyTerms
 from nostall.algos.grpo.update import UpdateContext, grpo_update, rank_rows
 from nostall.lm.generation import SampledVocab
 from nostall.lm.rollout import LMBatch
-from tests.lm.test_explicit_update import _llama as _model  # (2 layers, grouped-query)
+from tests.algos.grpo.test_explicit_update import _llama as _model  # (2 layers, grouped-query)
 
 # float32: the same ops on fewer rows, summed in another order.
 RTOL, ATOL = 1e-4, 1e-6

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nostall.algos import grpo
-from tests.algos.test_grpo_trainers import FAST, _close, _run
+from tests.algos.grpo.test_trainer_ranks import FAST, _close, _run
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
 

@@ -86,8 +86,8 @@ def _reward_raises(prompts, completions, **kw):
 
 
 def test_a_reward_that_raises_in_the_child_stops_the_run_with_its_traceback():
-    args = grpo.GRPOConfig(**dict(FAST, reward="tests.algos.test_grpo_process:_reward_raises"),
-                     backend="process")  # fmt: skip
+    reward = "tests.algos.grpo.test_process_backend:_reward_raises"
+    args = grpo.GRPOConfig(**dict(FAST, reward=reward), backend="process")
     with pytest.raises(nostall.runtime.RuntimeStopped, match="the reward server is down") as info:
         grpo.train(args)
     assert "Traceback" in str(info.value) and "_reward_raises" in str(info.value)

@@ -51,7 +51,7 @@ def test_unknown_backend_is_refused():
 
 
 def test_a_checkpoint_loads_only_before_the_process_starts(tmp_path):
-    # (Exact resume with this backend: tests/algos/test_trainers.py.)
+    # (Exact resume with this backend: tests/algos/ppo/test_trainers.py.)
     path = tmp_path / "c-{iteration}.pt"
     ppo.train(ppo.PPOConfig(backend="process", total_timesteps=2048, checkpoint=str(path)))
     state = ppo.load_checkpoint(tmp_path / "c-2.pt")

@@ -1,5 +1,5 @@
 """One rank of the FSDP2 gradient test (test_grpo_fsdp.py), run as its own process:
-`python -m tests.algos.fsdp_rank RANK WORLD ADDRESS OUT TIED DEVICE` shards the test model over
+`python -m tests.algos.grpo.fsdp_rank RANK WORLD ADDRESS OUT TIED DEVICE` shards the test model over
 the ranks (gloo on "cpu"; NCCL on "cuda", a GPU a rank), runs one update without stepping
 (recording the averaged gradients, whole) and two real steps, and rank 0 saves what it saw in
 OUT."""
@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from nostall.algos.grpo.sharded import RankUpdate, ShardedTrainer
 from nostall.runtime import distributed
-from tests.algos.test_grpo_rank_shares import _batch, _model, fsdp_args
+from tests.algos.grpo.test_rank_shares import _batch, _model, fsdp_args
 
 
 def main(rank: int, world: int, address: str, out: str, tied: bool, device: str) -> None:
