@@ -25,7 +25,7 @@ import torch
 from benchmarks.lm.bench_grpo import SAME_AS_TRL
 from nostall.algos import grpo
 from nostall.algos.grpo.setup import build
-from nostall.lm.rollout import LMBatch
+from nostall.lm.batch import LMBatch
 
 
 def _median_ms(fn, repeats: int) -> float:

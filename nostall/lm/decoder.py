@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from nostall.decoder_weights import DecoderWeights
+from nostall.lm.adjacent import AdjacentParts, adjacent, copy_rows
+from nostall.lm.attention import KVCache, additive, attend, causal_mask
 
 Tensor = torch.Tensor
 
@@ -48,90 +50,6 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     rope = getattr(config, "rope_parameters", None) or {}
     return rope.get("rope_type", "default") in ("default", "linear", "llama3")
-
-
-def causal_mask(key_mask: Tensor) -> Tensor:
-    """[B, S, S]: query i sees key j <= i that is not padding (and a padding query sees itself,
-    so its row is not all masked, which would give NaN)."""
-    S = key_mask.shape[1]
-    causal = torch.ones(S, S, dtype=torch.bool, device=key_mask.device).tril()
-    eye = torch.eye(S, dtype=torch.bool, device=key_mask.device)
-    return (causal[None] & key_mask[:, None, :]) | eye[None]
-
-
-def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """A boolean attention mask as 0 / -inf, built once per forward and added in each layer."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-        ~mask, float("-inf")
-    )
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """softmax(q k^T * scale + bias) v over [B, heads, S, D]: a handful of ops, where the CPU
-    flash-attention kernel costs hundreds of microseconds a call at these sizes."""
-    return torch.matmul((torch.matmul(q, k.transpose(-1, -2)) * scale + bias).softmax(-1), v)
-
-
-class KVCache:
-    """Preallocated keys and values, [B, H_kv, S, D] per layer."""
-
-    def __init__(
-        self,
-        num_layers: int,
-        batch: int,
-        kv_heads: int,
-        slots: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ):
-        shape = (num_layers, batch, kv_heads, slots, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.slots = slots
-
-
-def _adjacent(parts: list[Tensor]) -> Tensor | None:
-    """torch.cat(parts) as a view, when the parts lie end to end in one buffer (packed
-    parameters: nostall.lm.packing.pack_parameters); None otherwise."""
-    first = parts[0].detach()
-    rows, offset = 0, first.storage_offset()
-    for part in parts:
-        if (
-            not part.is_contiguous()
-            or part.dtype != first.dtype
-            or part.device != first.device
-            or part.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
-            or part.storage_offset() != offset
-        ):
-            return None
-        rows += part.shape[0]
-        offset += part.numel()
-    return first.as_strided((rows, *first.shape[1:]), first.stride())
-
-
-class _AdjacentParts(torch.autograd.Function):
-    """torch.cat(parts) for parts laid end to end in one buffer: their view in the forward,
-    and in the backward cat's gradient (the incoming gradient's rows, as views, one a part)."""
-
-    @staticmethod
-    def forward(ctx, *parts: Tensor) -> Tensor:
-        ctx.rows = [part.shape[0] for part in parts]
-        return _adjacent(list(parts))
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, ...]:
-        return tuple(grad.split(ctx.rows))
-
-
-def _copy_rows(out: Tensor, parts: list[Tensor]) -> None:
-    """out = torch.cat(parts), written in place (nothing to do when out is their view)."""
-    if out.data_ptr() == parts[0].data_ptr() and _adjacent(parts) is not None:
-        return
-    row = 0
-    for part in parts:
-        out[row : row + part.shape[0]].copy_(part)
-        row += part.shape[0]
 
 
 class Decoder:
@@ -192,10 +110,10 @@ class Decoder:
             for (weight, bias, gate_up), layer in zip(self._fused, self.layers, strict=True):
                 attn, mlp = layer.self_attn, layer.mlp
                 projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-                _copy_rows(weight, [p.weight for p in projections])
+                copy_rows(weight, [p.weight for p in projections])
                 if bias is not None:
-                    _copy_rows(bias, [p.bias for p in projections])
-                _copy_rows(gate_up, [mlp.gate_proj.weight, mlp.up_proj.weight])
+                    copy_rows(bias, [p.bias for p in projections])
+                copy_rows(gate_up, [mlp.gate_proj.weight, mlp.up_proj.weight])
         self._native_weights = None  # rebuilt on the next native step
 
     def _weight_lists(self) -> tuple:
@@ -215,12 +133,12 @@ class Decoder:
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
 
         def fused(parts: list[Tensor]) -> Tensor:
-            view = _adjacent(parts)
+            view = adjacent(parts)
             if view is None:
                 return torch.cat(parts)
             # Packed end to end: a view, with cat's gradient where one is taken (no copy of
             # every layer's weights kept for the backward, and none of their gradients).
-            return _AdjacentParts.apply(*parts) if torch.is_grad_enabled() else view
+            return AdjacentParts.apply(*parts) if torch.is_grad_enabled() else view
 
         bias = None
         if attn.q_proj.bias is not None:
@@ -296,7 +214,7 @@ class Decoder:
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
             x = self._out(
-                index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias, self.scale)
+                index, x, attend(q, self._expand_kv(k), self._expand_kv(v), bias, self.scale)
             )
         return self._norm(x, self.norm)
 
@@ -344,10 +262,10 @@ class Decoder:
             qc, kc, vc = self._qkv(index, self._norm(xc, layer.input_layernorm), completion_rotary)
             kp, vp = self._expand_kv(kp), self._expand_kv(vp)
             kc, vc = self._expand_kv(kc), self._expand_kv(vc)
-            xp_next = self._out(index, xp, _attend(qp, kp, vp, prompt_bias, self.scale))
+            xp_next = self._out(index, xp, attend(qp, kp, vp, prompt_bias, self.scale))
             k = torch.cat([kp.repeat_interleave(G, 0), kc], 2)
             v = torch.cat([vp.repeat_interleave(G, 0), vc], 2)
-            xc = self._out(index, xc, _attend(qc, k, v, completion_bias, self.scale))
+            xc = self._out(index, xc, attend(qc, k, v, completion_bias, self.scale))
             xp = xp_next
         last_prompt = self._norm(xp[:, -1:], self.norm).repeat_interleave(G, 0)  # (B, 1, H)
         return torch.cat([last_prompt, self._norm(xc[:, :-1], self.norm)], 1)
@@ -379,7 +297,7 @@ class Decoder:
             cache.keys[index, :, :, :P] = k.repeat_interleave(group_size, 0)
             cache.values[index, :, :, :P] = v.repeat_interleave(group_size, 0)
             x = self._out(
-                index, x, _attend(q, self._expand_kv(k), self._expand_kv(v), bias, self.scale)
+                index, x, attend(q, self._expand_kv(k), self._expand_kv(v), bias, self.scale)
             )
         last = self._norm(x[:, -1], self.norm)
         return F.linear(last, self.output_weight).repeat_interleave(group_size, 0)

@@ -1,6 +1,7 @@
 """The generation side of language-model RL: draws prompts, generates a group of completions
 per prompt with the rollout side's model copy, scores them with the reward functions, and
-writes everything into a preallocated batch for the trainer.
+writes everything into a preallocated batch for the trainer (LMBatch, batch.py; its prompts
+encoded by prompts.py).
 
 This is the `fill` of nostall.runtime.thread.RolloutLoop: it runs on the rollout side (a thread
 of its own), so generation and rewards stay off the trainer's critical path, and a reward
@@ -11,212 +12,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 import torch
 
-from nostall.lm.generation import Completions, GenerationEngine
+from nostall.lm.batch import LMBatch
+from nostall.lm.generation import GenerationEngine
+from nostall.lm.prompts import PromptEncoder
 from nostall.lm.stats import batch_stats
 from nostall.lm.tasks import PromptSource, Rewards
 from nostall.runtime.watchdog import Watchdog, run_watched
 
 Tensor = torch.Tensor
-
-
-@dataclass
-class LMBatch:
-    """One generation batch: num_prompts groups of num_generations completions each."""
-
-    prompt_ids: Tensor  # (B, P) int64, left-padded, each prompt repeated num_generations times
-    prompt_mask: Tensor  # (B, P) bool
-    completion_ids: Tensor  # (B, C) int64
-    completion_mask: Tensor  # (B, C) bool
-    log_probs: Tensor  # (B, C) behaviour log-probs (the generator's)
-    rewards: Tensor  # (B,) float32
-    version: int = -1  # the policy version that generated it
-    reward_mean: float = 0.0  # the batch's mean reward, computed on the host with the rewards
-    tokens: int = 0  # completion tokens generated (host count, from the decoded lengths)
-    # With in-flight weight swaps, the policy version that sampled each completion position
-    # (every row swaps at the same token); empty when the whole batch is `version`'s.
-    token_versions: list[int] = field(default_factory=list)
-    # TRL's per-batch figures (reward_std, rewards/<function>/mean, completions/mean_length,
-    # ...), computed on the host with the rewards (batch_stats).
-    stats: dict[str, float] = field(default_factory=dict)
-    # With log_completions: each row's prompt, completion and reward (texts, on the host).
-    samples: list[dict] = field(default_factory=list)
-    # [start, end] by the wall clock of the weight push into the engine that generated it
-    # (vLLM takes a new version before a batch); empty when it pushed none.
-    weight_push: list[float] = field(default_factory=list)
-
-    @classmethod
-    def empty(
-        cls, batch: int, prompt_len: int, max_new_tokens: int, device: torch.device | str = "cpu"
-    ) -> LMBatch:
-        c = Completions.empty(batch, prompt_len, max_new_tokens, device)
-        return cls(**c.tensors(), rewards=torch.zeros(batch, device=device))
-
-    def completions(self) -> Completions:
-        return Completions(
-            self.prompt_ids,
-            self.prompt_mask,
-            self.completion_ids,
-            self.completion_mask,
-            self.log_probs,
-        )
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "Tensor"}
-
-    def state_dict(self) -> dict:
-        """A copy (for a checkpoint of a batch not yet trained on)."""
-        state = {k: v.clone() for k, v in self.tensors().items()}
-        state.update(version=self.version, **self.host_state())
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        for name, tensor in self.tensors().items():
-            tensor.copy_(state[name])
-        self.version = int(state["version"])
-        self.load_host_state({"token_versions": [], **state})  # (older checkpoints lack them)
-
-    def host_state(self) -> dict:
-        """What the batch holds on the host (a process transport sends it with the slot)."""
-        return {
-            "reward_mean": self.reward_mean,
-            "tokens": self.tokens,
-            "token_versions": list(self.token_versions),
-            "stats": dict(self.stats),
-            "samples": list(self.samples),
-            "weight_push": list(self.weight_push),
-        }
-
-    def load_host_state(self, state: dict) -> None:
-        self.reward_mean = float(state["reward_mean"])
-        self.tokens = int(state["tokens"])
-        self.token_versions = [int(v) for v in state["token_versions"]]
-        self.stats = {str(k): float(v) for k, v in state.get("stats", {}).items()}
-        self.samples = [{str(k): v for k, v in row.items()} for row in state.get("samples", [])]
-        self.weight_push = [float(t) for t in state.get("weight_push", [])]
-
-    def mean_token_lag(self, version: int) -> float:
-        """How many versions behind `version` the batch's tokens were sampled, on average over
-        the completion positions."""
-        if not self.token_versions:
-            return float(version - self.version)
-        return version - sum(self.token_versions) / len(self.token_versions)
-
-
-def _backend(tokenizer, prompts: list[str], encoded: list[list[int]], add_special: bool = True):
-    """The `tokenizers` object behind a fast tokenizer, where calling it directly gives what the
-    `transformers` wrapper gives: no clean-up of spaces after decoding, no padding or truncation
-    set on it, and the same ids for every prompt of the source (checked here). Its calls skip the
-    wrapper's per-token Python, about 0.3 ms a batch that the generation side held the GIL for.
-    One call per text: the batch calls hand tiny batches to a thread pool of their own."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return None
-    if getattr(backend, "padding", None) or getattr(backend, "truncation", None):
-        return None
-    same = all(
-        backend.encode(p, add_special_tokens=add_special).ids == ids
-        for p, ids in zip(prompts, encoded, strict=True)
-    )
-    return backend if same else None
-
-
-def _unknown_id(tokenizer) -> int | None:
-    """The id a tokenizer gives what it does not know (its model's unknown token), if any."""
-    if tokenizer.unk_token_id is not None:
-        return int(tokenizer.unk_token_id)
-    unk = getattr(getattr(getattr(tokenizer, "_tokenizer", None), "model", None), "unk_token", None)
-    return None if unk is None else tokenizer.convert_tokens_to_ids(unk)
-
-
-def _check_known(tokenizer, prompts: list[str], encoded: list[list[int]]) -> None:
-    """ValueError for a prompt with text the tokenizer maps to its unknown token (the built-in
-    character tokenizer's is <pad>): the model would see padding where the prompt has text."""
-    unk = _unknown_id(tokenizer)
-    if unk is None:
-        return
-    token = tokenizer.convert_ids_to_tokens(unk)
-    for prompt, ids in zip(prompts, encoded, strict=True):
-        if unk in ids and token not in prompt:
-            raise ValueError(
-                f"prompt {prompt!r} has text the tokenizer does not know: it "
-                f"would become {token!r} (the built-in models know a-h, 0-9 and "
-                "=)"
-            )
-
-
-def render(tokenizer, prompt) -> str:
-    """A prompt's text: itself, or a conversation through the tokenizer's chat template with the
-    generation prompt (the assistant's turn continued where the conversation ends with it), as
-    TRL renders it."""
-    if isinstance(prompt, str):
-        return prompt
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "conversational prompts need a tokenizer with a chat template; this "
-            "one has none (give text prompts, or set "
-            "tokenizer.chat_template)"
-        )
-    ends_with_assistant = prompt[-1]["role"] == "assistant"
-    return tokenizer.apply_chat_template(
-        list(prompt),
-        tokenize=False,
-        add_generation_prompt=not ends_with_assistant,
-        continue_final_message=ends_with_assistant,
-    )
-
-
-class PromptEncoder:
-    """Prompts (text, or conversations through the chat template) to left-padded ids of one
-    fixed length (the longest prompt of the source), so every batch has the same shape."""
-
-    def __init__(self, tokenizer, prompts: list, max_positions: int, max_new_tokens: int):
-        self.tokenizer = tokenizer
-        self.pad_token_id = tokenizer.pad_token_id
-        if self.pad_token_id is None:
-            self.pad_token_id = tokenizer.eos_token_id
-        # A rendered conversation holds its special tokens already (TRL adds none either).
-        self.chat = bool(prompts) and not isinstance(prompts[0], str)
-        prompts = [render(tokenizer, p) for p in prompts]
-        encoded = tokenizer(prompts, add_special_tokens=not self.chat).input_ids
-        _check_known(tokenizer, prompts, encoded)
-        self.backend = _backend(tokenizer, prompts, encoded, not self.chat)
-        lengths = [len(ids) for ids in encoded]
-        self.length = max(lengths)
-        self.check_room(max_new_tokens, max_positions)
-
-    def check_room(self, max_new_tokens: int, max_positions: int) -> None:
-        """ValueError when the longest prompt and `max_new_tokens` exceed the model's context."""
-        if self.length + max_new_tokens > max_positions:
-            raise ValueError(
-                f"prompts of up to {self.length} tokens plus max_new_tokens {max_new_tokens} "
-                f"exceed the model's context of {max_positions} positions"
-            )
-
-    def encode_into(self, prompts: list, ids: Tensor, mask: Tensor, repeat: int) -> None:
-        """Left-padded ids and mask of each prompt, `repeat` rows each, built on the host and
-        copied to the batch's device in one copy each."""
-        prompts = [render(self.tokenizer, p) for p in prompts]
-        if self.backend is not None:
-            rows = [self.backend.encode(p, add_special_tokens=not self.chat).ids for p in prompts]
-        else:
-            rows = self.tokenizer(prompts, add_special_tokens=not self.chat).input_ids
-        for prompt, row in zip(prompts, rows, strict=True):
-            if len(row) > self.length:
-                raise ValueError(
-                    f"prompt {prompt!r} has {len(row)} tokens, more than the {self.length} "
-                    "the run was sized for"
-                )
-        # Padded as lists, then one tensor each (a tensor per row cost more than the tokenizer).
-        pads = [self.length - len(row) for row in rows]
-        padded = [[self.pad_token_id] * n + row for n, row in zip(pads, rows, strict=True)]
-        host_ids = torch.tensor(padded, dtype=torch.int64)
-        host_mask = torch.tensor([[False] * n + [True] * (self.length - n) for n in pads])
-        ids.copy_(host_ids.repeat_interleave(repeat, 0))
-        mask.copy_(host_mask.repeat_interleave(repeat, 0))
 
 
 # The batch whose generation runs under SyncWatch (after warm-up), to report syncs per decode step.

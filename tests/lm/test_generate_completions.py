@@ -117,7 +117,7 @@ def test_generate_completions_errors(varied_tiny):
 def test_the_tokenizer_backend_decodes_and_encodes_as_the_wrapper(varied_tiny):
     """The generation side calls the `tokenizers` object directly where it gives what the
     transformers wrapper gives, and keeps the wrapper where it would not (clean-up of spaces)."""
-    from nostall.lm.rollout import PromptEncoder
+    from nostall.lm.prompts import PromptEncoder
 
     _, lm = varied_tiny
     prompts = ["efffb=", "abc=", "h=", "0123="]

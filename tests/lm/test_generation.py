@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nostall.algos.grpo import policy_log_probs
+from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import (
     Completions,
@@ -15,7 +16,6 @@ from nostall.lm.generation import (
     SamplingConfig,
     positions_of,
 )
-from nostall.lm.rollout import LMBatch
 from nostall.profiler import SyncWatch
 from tests.lm.tolerances import chained_sum_atol
 

@@ -14,10 +14,10 @@ import torch
 from transformers import DynamicCache
 
 from nostall.algos import grpo
+from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import Completions, GenerationEngine, SamplingConfig, positions_of
 from nostall.lm.models import builtin_model
-from nostall.lm.rollout import LMBatch
 from nostall.runtime.thread import RolloutLoop
 
 PROMPTS = ["efffb=", "abc=", "h=", "0123="]

@@ -11,10 +11,10 @@ import torch
 
 from nostall.algos import grpo
 from nostall.algos.grpo.explicit_update import ExplicitUpdate
+from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import GenerationEngine, SamplingConfig
 from nostall.lm.models import LanguageModel
-from nostall.lm.rollout import LMBatch
 from tests.algos.grpo.test_explicit_update import _llama
 from tests.lm.architectures import build
 from tests.lm.test_decoder_train import _batch, _llama_gqa, _op_args

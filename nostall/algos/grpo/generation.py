@@ -18,7 +18,8 @@ from nostall.lm.lora import apply_lora, is_peft
 from nostall.lm.models import BUILTIN_SIZES, LanguageModel, load_model
 from nostall.lm.packing import pack_parameters
 from nostall.lm.precision import MASTER_DTYPES, compute_copy, compute_dtype
-from nostall.lm.rollout import GeneratorOptions, GroupGenerator, PromptEncoder
+from nostall.lm.prompts import PromptEncoder
+from nostall.lm.rollout import GeneratorOptions, GroupGenerator
 from nostall.lm.tasks import (
     TASK_CHARACTERS,
     TASK_REWARDS,

@@ -8,10 +8,10 @@ import torch
 
 import nostall
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
+from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.hf_decoder import HFDecoder
-from nostall.lm.rollout import LMBatch
 from nostall.lm.softcap import softcapped_token_entropy, softcapped_token_log_prob
 
 

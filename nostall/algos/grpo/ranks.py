@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.sharded import MOMENTS, RankUpdate, ShardedTrainer
-from nostall.lm.rollout import LMBatch
+from nostall.lm.batch import LMBatch
 from nostall.optim import ClippedAdam
 from nostall.runtime import distributed
 from nostall.runtime.gpus import check_distinct, check_fits, gpu_uuid

@@ -29,13 +29,15 @@ from nostall.algos.grpo.generation import (
     with_lora,
 )
 from nostall.algos.grpo.runtime_options import worker_gpus
+from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.hf_decoder import checkpointed, make_decoder
 from nostall.lm.models import LanguageModel
 from nostall.lm.packing import training_order
 from nostall.lm.precision import MasterWeights, compute_copy
-from nostall.lm.rollout import GroupGenerator, LMBatch, PromptEncoder
+from nostall.lm.prompts import PromptEncoder
+from nostall.lm.rollout import GroupGenerator
 from nostall.optim import ClippedAdam
 from nostall.runtime.heap import return_free_memory
 from nostall.runtime.protocol import Transport

@@ -30,9 +30,9 @@ from torch.distributed.tensor import distribute_tensor
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.loss import PolicyTerms
 from nostall.algos.grpo.update import UpdateContext, grpo_update
+from nostall.lm.batch import LMBatch
 from nostall.lm.generation import SampledVocab
 from nostall.lm.hf_decoder import enable_checkpointing
-from nostall.lm.rollout import LMBatch
 
 # Adam's per-parameter state, as ClippedAdam's state_dict holds it.
 MOMENTS = ("exp_avg", "exp_avg_sq")

@@ -12,7 +12,7 @@ import torch
 
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Setup
-from nostall.lm.rollout import LMBatch
+from nostall.lm.batch import LMBatch
 
 
 def snapshot(setup: Setup, step: int, result: GRPOResult) -> dict:

@@ -17,10 +17,10 @@ import nostall
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
 from nostall.algos.grpo.explicit_update import MicroBatch, explicit_update
 from nostall.algos.grpo.loss import grpo_loss, policy_log_probs, policy_terms, token_mean
+from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.precision import MasterWeights
-from nostall.lm.rollout import LMBatch
 from nostall.optim import ClippedAdam
 
 Tensor = torch.Tensor

@@ -1,3 +1,4 @@
-"""The process transport: ProcessLoop (loop.py: shared-memory chunks and weights, the staleness
-bound, checkpoints at the child's wait for a version) and the child it runs the rollout side in
-(child.py: its heartbeat, its watch and its end)."""
+"""The process transport: ProcessLoop (loop.py: shared-memory chunks, the staleness bound,
+checkpoints at the child's wait for a version), the child's body (fill.py), the weights both
+sides share under a lock (weights.py), and the child process itself (child.py: its heartbeat,
+its watch and its end)."""

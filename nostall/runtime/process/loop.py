@@ -24,163 +24,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
-from nostall.runtime.process.child import POLL_S, ChildProcess, Heartbeat, run_child
-from nostall.runtime.protocol import LoopState, fill_chunk
+from nostall.runtime.process.child import ChildProcess, run_child
+from nostall.runtime.process.fill import ChildPlan, fill_chunks
+from nostall.runtime.process.weights import SharedWeights
+from nostall.runtime.protocol import LoopState
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.thread import check_slots
 from nostall.runtime.timeline import Timeline
-
-
-class _SharedWeights:
-    """The published weights in shared memory, their version and the trainer's progress."""
-
-    def __init__(self, ctx, module: torch.nn.Module):
-        self.tensors = {
-            k: v.detach().to("cpu", copy=True).share_memory_()
-            for k, v in module.state_dict().items()
-        }
-        self.version = ctx.Value("q", 0)  # the version of the weights in `tensors`
-        self.progress = ctx.Value("q", 0)  # updates the trainer has done
-        self.pulls = ctx.Value("q", 0)  # weight checks the child has made (one per chunk)
-        self.limit = ctx.Value("q", 0)  # chunks the trainer will take in all (0: no end)
-        self.lock = ctx.Lock()
-
-    @contextlib.contextmanager
-    def locked(self, alive: Callable[[], None]):
-        """The lock, waited for in slices with `alive()` called at each: it raises when the other
-        side died (it may have died holding the lock) or went silent, so no wait is ever bounded
-        by a guess of how long a copy takes. The trainer passes the child's check (its exit, its
-        error, its heartbeat, which `pull` keeps beating between tensors); the child passes its
-        heartbeat (which raises when the trainer is gone)."""
-        while not self.lock.acquire(timeout=POLL_S):
-            alive()
-        try:
-            yield
-        finally:
-            self.lock.release()
-
-    def pull(
-        self,
-        module: torch.nn.Module,
-        have: int,
-        alive: Callable[[], None],
-        at_chunk_start: bool = False,
-    ) -> int:
-        """The child's side: loads the published weights if newer than `have` (counted in
-        `pulls` at a chunk's start, not in flight)."""
-        with self.locked(alive):
-            self.pulls.value += at_chunk_start
-            if self.version.value > have:
-                with torch.no_grad():
-                    for name, value in module.state_dict().items():
-                        value.copy_(self.tensors[name])
-                        alive()  # a large model's copy is progress, not silence
-                have = self.version.value
-            return have
-
-
-@dataclass
-class _ChildPlan:
-    """What the rollout process is given (pickled to it): the recipe of its side, the shared
-    slots and weights, the queues (free and filled slots; checkpoint requests and responses),
-    the stop flag, the staleness bound, whether weights swap in flight, its torch threads, and
-    a resumed run's state (None: a fresh start)."""
-
-    make_side: Callable
-    slots: list
-    weights: _SharedWeights
-    free: Any
-    filled: Any
-    stop: Any
-    requests: Any
-    responses: Any
-    staleness: int
-    inflight: bool
-    torch_threads: int
-    initial_state: dict | None = None
-
-
-def _fill_chunks(plan: _ChildPlan, alive: Heartbeat) -> None:
-    """The child's body (run_child reports its failure)."""
-    make_side, slots, weights, staleness = plan.make_side, plan.slots, plan.weights, plan.staleness
-    free, filled, stop, requests, responses = (
-        plan.free,
-        plan.filled,
-        plan.stop,
-        plan.requests,
-        plan.responses,
-    )
-    inflight, initial_state = plan.inflight, plan.initial_state
-    torch.set_num_threads(plan.torch_threads)
-    side = make_side()
-    if hasattr(side, "watchdog"):  # the steps it marks reach the trainer (ChildProcess.check)
-        side.watchdog = alive.watchdog
-    model = side.model
-    alive()  # the first beat: the side is built (imports and model loading take seconds)
-    have, collected = -1, 0  # -1: load the published weights before the first chunk
-    if initial_state is not None:  # a resumed run
-        with torch.no_grad():
-            for name, value in model.state_dict().items():
-                value.copy_(initial_state["rollout_weights"][name])
-        if initial_state["side"]:
-            side.load_state_dict(initial_state["side"])
-        have = int(initial_state["rollout_version"])
-        collected = int(initial_state["chunks_collected"])
-    held = {"version": have}
-    if inflight:
-
-        def refresh() -> int:
-            held["version"] = weights.pull(model, held["version"], alive)
-            return held["version"]
-
-        side.refresh = refresh
-    while not stop.is_set():
-        # (Also where it stays once the trainer's last chunk is filled: it starts no more.)
-        while (
-            weights.progress.value < collected - staleness or 0 < weights.limit.value <= collected
-        ) and not stop.is_set():
-            # Waiting for the next version is the one point where this side is between chunks
-            # and stays there until the trainer publishes: checkpoints are taken here.
-            alive()
-            with contextlib.suppress(queue.Empty):
-                requests.get_nowait()
-                responses.put(
-                    {
-                        "side": side.state_dict(),
-                        "rollout_weights": {
-                            k: v.detach().clone() for k, v in model.state_dict().items()
-                        },
-                        "rollout_version": max(held["version"], 0),
-                        "chunks_collected": collected,
-                    }
-                )
-            time.sleep(0.0005)
-        if stop.is_set():
-            break
-        alive()
-        try:
-            slot = free.get(timeout=POLL_S)
-        except queue.Empty:
-            continue
-
-        def pull() -> int:
-            held["version"] = weights.pull(model, held["version"], alive, at_chunk_start=True)
-            alive()
-            return held["version"]
-
-        chunk = slots[slot]
-        version, start, end = fill_chunk(side, chunk, pull)
-        collected += 1
-        filled.put((slot, version, chunk.host_state(), start, end, side.stats()))
 
 
 class ProcessLoop:
@@ -208,14 +65,14 @@ class ProcessLoop:
         self.version = 0  # the trainer's: updates published
         self.stats: dict = {}  # the side's figures, as of the last chunk taken
         self.timeline = Timeline()
-        self._weights = _SharedWeights(ctx, trainer_model)
+        self._weights = SharedWeights(ctx, trainer_model)
         self._free, self._filled = ctx.Queue(), ctx.Queue()
         self._requests, self._responses = ctx.Queue(), ctx.Queue()
         self._free_slots = list(range(len(slots)))
         self._child = ChildProcess(
             ctx, join_timeout_s=join_timeout_s, liveness_timeout_s=liveness_timeout_s
         )
-        self._plan = _ChildPlan(
+        self._plan = ChildPlan(
             make_side,
             slots,
             self._weights,
@@ -377,7 +234,7 @@ class ProcessLoop:
         for i in self._free_slots:
             self._free.put(i)
         plan = dataclasses.replace(self._plan, initial_state=self._initial_state)
-        body = functools.partial(_fill_chunks, plan)
+        body = functools.partial(fill_chunks, plan)
         self._child.start(
             run_child, (body, self._child.heartbeat(), self._child.errors, self._child.stop)
         )

@@ -15,10 +15,10 @@ from nostall.algos import grpo
 from nostall.algos.grpo import setup as grpo_setup
 from nostall.algos.grpo import state as grpo_state
 from nostall.algos.grpo.explicit_update import ExplicitUpdate, training_order
+from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
 from nostall.lm.models import builtin_model
-from nostall.lm.rollout import LMBatch
 from nostall.optim import ClippedAdam
 
 # float32; the two paths run the same ops but for the gradient's accumulation order.

@@ -11,8 +11,8 @@ import torch
 from nostall.algos import grpo
 from nostall.algos.grpo.loss import PolicyTerms
 from nostall.algos.grpo.update import UpdateContext, grpo_update, rank_rows
+from nostall.lm.batch import LMBatch
 from nostall.lm.generation import SampledVocab
-from nostall.lm.rollout import LMBatch
 from tests.algos.grpo.test_explicit_update import _llama as _model  # (2 layers, grouped-query)
 
 # float32: the same ops on fewer rows, summed in another order.

@@ -13,14 +13,15 @@ import torch.multiprocessing as mp
 import nostall.envs
 from nostall.algos.ppo.agent import ActorCritic
 from nostall.runtime import RuntimeStopped
-from nostall.runtime.process.loop import ProcessLoop, _SharedWeights
+from nostall.runtime.process.loop import ProcessLoop
+from nostall.runtime.process.weights import SharedWeights
 from tests.runtime.env_loops import cartpole, env_loop
 
 HOLD_S = 6.0  # longer than the fixed 5 s the lock was once limited to
 
 
 def test_a_long_copy_is_waited_for_while_its_holder_is_alive():
-    shared = _SharedWeights(mp.get_context("spawn"), torch.nn.Linear(4, 4))
+    shared = SharedWeights(mp.get_context("spawn"), torch.nn.Linear(4, 4))
     holding, released = threading.Event(), threading.Event()
 
     def copy_for_a_while():  # the other side, copying a large model under the lock
