@@ -18,9 +18,10 @@ import torch
 
 from nostall.lm.batch import LMBatch
 from nostall.lm.generation import GenerationEngine
+from nostall.lm.prompt_source import PromptSource
 from nostall.lm.prompts import PromptEncoder
+from nostall.lm.rewards import Rewards
 from nostall.lm.stats import batch_stats
-from nostall.lm.tasks import PromptSource, Rewards
 from nostall.runtime.watchdog import Watchdog, run_watched
 
 Tensor = torch.Tensor

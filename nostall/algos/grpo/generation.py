@@ -18,20 +18,11 @@ from nostall.lm.lora import apply_lora, is_peft
 from nostall.lm.models import BUILTIN_SIZES, LanguageModel, load_model
 from nostall.lm.packing import pack_parameters
 from nostall.lm.precision import MASTER_DTYPES, compute_copy, compute_dtype
+from nostall.lm.prompt_source import PromptSource, dataset_source, rows_source
 from nostall.lm.prompts import PromptEncoder
+from nostall.lm.rewards import RewardFn, Rewards, load_reward
 from nostall.lm.rollout import GeneratorOptions, GroupGenerator
-from nostall.lm.tasks import (
-    TASK_CHARACTERS,
-    TASK_REWARDS,
-    PromptSource,
-    RewardFn,
-    Rewards,
-    answer_reward,
-    dataset_source,
-    load_reward,
-    rows_source,
-    task_source,
-)
+from nostall.lm.tasks import TASK_CHARACTERS, TASK_REWARDS, answer_reward, task_source
 from nostall.lm.vllm_engine import VLLMEngine, VLLMOptions
 
 if TYPE_CHECKING:

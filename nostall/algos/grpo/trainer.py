@@ -34,7 +34,7 @@ from nostall.algos.grpo.setup import Inputs, Setup, build
 from nostall.algos.grpo.state import restore, save_model, snapshot
 from nostall.algos.grpo.update import UpdateContext, grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
-from nostall.lm.tasks import load_reward
+from nostall.lm.rewards import load_reward
 from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint, loop
 from nostall.train.hooks import WritesOutputs

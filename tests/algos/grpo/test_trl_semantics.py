@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nostall.algos import grpo
-from nostall.lm.tasks import PromptSource
+from nostall.lm.prompt_source import PromptSource
 from tests.lm.log_probs import generated_and_trainer
 
 ROWS = [{"prompt": f"row{i}"} for i in range(10)]

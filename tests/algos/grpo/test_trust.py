@@ -12,7 +12,8 @@ import pytest
 
 from nostall.algos import grpo, ppo
 from nostall.algos.grpo import GRPOConfig, GRPOTrainer
-from nostall.lm.tasks import Rewards, partial_credit
+from nostall.lm.rewards import Rewards
+from nostall.lm.tasks import partial_credit
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2,
