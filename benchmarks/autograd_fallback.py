@@ -13,8 +13,12 @@ import subprocess
 import sys
 import time
 
-CASES = ("gae [128 x 8]", "clipped_policy_loss [64 x 5]", "token_log_prob_linear [64 x 5 x 64]",
-         "mlp 4-64-64-2 [64]")  # fmt: skip
+CASES = (
+    "gae [128 x 8]",
+    "clipped_policy_loss [64 x 5]",
+    "token_log_prob_linear [64 x 5 x 64]",
+    "mlp 4-64-64-2 [64]",
+)
 
 
 def measure(repeats: int = 2000) -> dict[str, float]:
@@ -31,8 +35,11 @@ def measure(repeats: int = 2000) -> dict[str, float]:
     hidden, weight = torch.randn(64, 5, 64, generator=g), torch.randn(22, 64, generator=g)
     tokens = torch.randint(0, 22, (64, 5), generator=g)
     obs = torch.randn(64, 4, generator=g)
-    ws = [torch.randn(64, 4, generator=g), torch.randn(64, 64, generator=g),
-          torch.randn(2, 64, generator=g)]  # fmt: skip
+    ws = [
+        torch.randn(64, 4, generator=g),
+        torch.randn(64, 64, generator=g),
+        torch.randn(2, 64, generator=g),
+    ]
     bs = [torch.zeros(64), torch.zeros(64), torch.zeros(2)]
     for t in (value, lp, hidden, weight, *ws, *bs):
         t.requires_grad_(True)
@@ -67,8 +74,9 @@ def main() -> None:
     for mode in ("native", "python"):
         env = {**os.environ, "NOSTALL_AUTOGRAD": mode}
         code = "import json, benchmarks.autograd_fallback as b; print(json.dumps(b.measure()))"
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=env, check=True)  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+        )
         results[mode] = json.loads(run.stdout.strip().splitlines()[-1])
         assert results[mode]["autograd"] == mode, results[mode]
     print("forward + backward, us per call (one torch thread)")

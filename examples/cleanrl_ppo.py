@@ -28,10 +28,12 @@ GAMMA, LAMBDA, CLIP, ENT, VF, LR = 0.99, 0.95, 0.2, 0.01, 0.5, 2.5e-4
 class Agent(nn.Module):
     def __init__(self, obs_dim: int, actions: int):
         super().__init__()
-        self.critic = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64),
-                                    nn.Tanh(), nn.Linear(64, 1))  # fmt: skip
-        self.actor = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64),
-                                   nn.Tanh(), nn.Linear(64, actions))  # fmt: skip
+        self.critic = nn.Sequential(
+            nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)
+        )
+        self.actor = nn.Sequential(
+            nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, actions)
+        )
 
     def get_value(self, x):
         return self.critic(x)
@@ -94,8 +96,9 @@ def main(iterations: int, device: torch.device, num_steps: int = 128) -> float:
                 )
                 ratio = (newlogprob - b_logprobs[mb]).exp()
                 mb_adv = (b_adv[mb] - b_adv[mb].mean()) / (b_adv[mb].std() + 1e-8)
-                pg_loss = torch.max(-mb_adv * ratio,
-                                    -mb_adv * ratio.clamp(1 - CLIP, 1 + CLIP)).mean()  # fmt: skip
+                pg_loss = torch.max(
+                    -mb_adv * ratio, -mb_adv * ratio.clamp(1 - CLIP, 1 + CLIP)
+                ).mean()
                 v_loss = 0.5 * ((newvalue.view(-1) - b_returns[mb]) ** 2).mean()
                 loss = pg_loss - ENT * entropy.mean() + VF * v_loss
                 optimizer.zero_grad()

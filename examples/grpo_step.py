@@ -21,9 +21,15 @@ def grpo_loss(hidden, weight, tokens, old_log_prob, reward, group_index, mask):
     advantage = nostall.group_advantages(reward, group_index, P, scale="none")  # Dr. GRPO
     log_prob = nostall.token_log_prob_linear(hidden, weight, tokens)
     return nostall.clipped_policy_loss(
-        log_prob, old_log_prob, advantage, mask, clip_low=0.2, clip_high=0.28,
-        aggregation="seq_mean_token_sum_norm", max_tokens=T,
-    )  # fmt: skip
+        log_prob,
+        old_log_prob,
+        advantage,
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        aggregation="seq_mean_token_sum_norm",
+        max_tokens=T,
+    )
 
 
 def main() -> None:

@@ -24,7 +24,10 @@ def device(request) -> str:
 def local_cluster(request):
     """A local Ray cluster for the module's tests, of its RAY_CPUS CPUs (default 2)."""
     ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
-    ray.init(num_cpus=getattr(request.module, "RAY_CPUS", 2), include_dashboard=False,
-             log_to_driver=False)  # fmt: skip
+    ray.init(
+        num_cpus=getattr(request.module, "RAY_CPUS", 2),
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     yield
     ray.shutdown()

@@ -50,8 +50,14 @@ def test_setup_on_a_cuda_torch_without_nvcc_plans_the_cpu_libraries_and_says_why
     )
     env = {**os.environ, "PATH": os.path.dirname(sys.executable)}  # (no nvcc on it)
     env.pop("NOSTALL_NO_CUDA", None)
-    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "nostall: building the CPU kernels only: torch" in run.stdout
     assert "extensions: ['nostall._C', 'nostall._C_autograd']" in run.stdout
@@ -73,8 +79,9 @@ def test_without_cuda_kernels_a_cuda_call_is_refused_with_the_reason():
         "    print(e)\n"
         "print(tuple(nostall.gae(z, z, z, b, b)[0].shape))\n"  # the CPU kernels are untouched
     )
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.splitlines() == [
         "nostall::gae was given CUDA tensors, but this nostall has no CUDA kernels: no CUDA "

@@ -28,18 +28,41 @@ def _refuse_to_train(*args, **kwargs):
 
 
 VALUES = st.one_of(
-    st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1", "2", "1e5", "1e30", "-1e30", "0.5",
-                     "abc", "", "1e-320", "9" * 40, "cuda", "thread", "0x10"]),
+    st.sampled_from(
+        [
+            "nan",
+            "inf",
+            "-inf",
+            "-1",
+            "0",
+            "1",
+            "2",
+            "1e5",
+            "1e30",
+            "-1e30",
+            "0.5",
+            "abc",
+            "",
+            "1e-320",
+            "9" * 40,
+            "cuda",
+            "thread",
+            "0x10",
+        ]
+    ),
     st.integers(-(2**70), 2**70).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-)  # fmt: skip
+)
 
 
 def _flags(config: type) -> list[str]:
     """The flags that take a value (booleans are --x / --no-x); paths have their own tests."""
     skip = {"checkpoint", "resume", "dataset", "reward", "model", "output_dir"}
-    return ["--" + f.name.replace("_", "-") for f in dataclasses.fields(config)
-            if f.name not in skip and f.type not in (bool, "bool")]  # fmt: skip
+    return [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(config)
+        if f.name not in skip and f.type not in (bool, "bool")
+    ]
 
 
 def _check_env_then_refuse(args):

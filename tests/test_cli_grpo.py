@@ -14,23 +14,46 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def nostall(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nostall.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "nostall.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_short_run_writes_report_plots_logs_and_model(tmp_path):
     out = tmp_path / "run"
-    result = nostall("train", "grpo", "--task", "copy", "--model", "tiny", "--steps", "12",
-                     "--log-interval", "4", "--out", str(out))  # fmt: skip
+    result = nostall(
+        "train",
+        "grpo",
+        "--task",
+        "copy",
+        "--model",
+        "tiny",
+        "--steps",
+        "12",
+        "--log-interval",
+        "4",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert "completion tokens/s" in result.stdout
     for name in ("learning_curve.png", "timeline.png", "report.txt", "report.json"):
         assert (out / name).stat().st_size > 0, name
     assert list((out / "tensorboard").iterdir())
     report = json.loads((out / "report.json").read_text())
-    for key in ("time_to_target_s", "steps_to_target", "tokens_per_second",
-                "generation_ms_per_step", "update_ms_per_step", "syncs_per_update",
-                "mean_version_lag"):  # fmt: skip
+    for key in (
+        "time_to_target_s",
+        "steps_to_target",
+        "tokens_per_second",
+        "generation_ms_per_step",
+        "update_ms_per_step",
+        "syncs_per_update",
+        "mean_version_lag",
+    ):
         assert key in report, key
     assert report["steps"] == 12 and report["syncs_per_update"] == 0
     # At staleness 1 the next batch is generated while the update runs: an overlap that
@@ -53,12 +76,30 @@ def test_a_dataset_and_a_trl_style_reward_work(tmp_path):
         "    return [float(c == t) for c, t in zip(completions, target)]\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "nostall.cli", "train", "grpo", "--dataset", "data.jsonl",
-         "--reward", "my_rewards:reverse_reward", "--steps", "4", "--no-progress",
-         "--num-prompts", "2", "--out", "run"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "nostall.cli",
+            "train",
+            "grpo",
+            "--dataset",
+            "data.jsonl",
+            "--reward",
+            "my_rewards:reverse_reward",
+            "--steps",
+            "4",
+            "--no-progress",
+            "--num-prompts",
+            "2",
+            "--out",
+            "run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
         env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     assert "on data" in result.stdout
 
@@ -70,11 +111,26 @@ def test_a_reward_that_raises_stops_the_run_with_its_traceback(tmp_path):
     )
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "nostall.cli", "train", "grpo", "--reward", "broken:reward",
-         "--steps", "1000", "--no-progress", "--out", "run"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "nostall.cli",
+            "train",
+            "grpo",
+            "--reward",
+            "broken:reward",
+            "--steps",
+            "1000",
+            "--no-progress",
+            "--out",
+            "run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
         env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"},
-    )  # fmt: skip
+    )
     elapsed = time.perf_counter() - start
     assert result.returncode == 1
     assert "missing column in my reward" in result.stderr and "broken.py" in result.stderr

@@ -22,8 +22,18 @@ def nostall(*args: str) -> subprocess.CompletedProcess:
 
 def test_short_training_run_writes_report_plots_and_logs(tmp_path):
     out = tmp_path / "run"
-    result = nostall("train", "ppo", "--env", "CartPole-v1", "--total-timesteps", "8192",
-                     "--log-interval", "2", "--out", str(out))  # fmt: skip
+    result = nostall(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--total-timesteps",
+        "8192",
+        "--log-interval",
+        "2",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert "steps/s" in result.stdout and "syncs per update" in result.stdout
     for name in ("learning_curve.png", "timeline.png", "report.txt", "report.json"):
@@ -39,8 +49,9 @@ def test_short_training_run_writes_report_plots_and_logs(tmp_path):
 
 
 def test_appo_runs_from_the_command_line(tmp_path):
-    result = nostall("train", "appo", "--total-timesteps", "4096", "--no-progress",
-                     "--out", str(tmp_path))  # fmt: skip
+    result = nostall(
+        "train", "appo", "--total-timesteps", "4096", "--no-progress", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     assert "staleness 1" in result.stdout
 
@@ -64,8 +75,16 @@ def test_bad_arguments_get_a_message_and_exit_2(args, message):
 
 
 def test_step_counts_as_whole_floats_and_the_rounding_is_said(tmp_path):
-    result = nostall("train", "ppo", "--total-timesteps", "3e3", "--no-progress",
-                     "--no-watch-syncs", "--out", str(tmp_path))  # fmt: skip
+    result = nostall(
+        "train",
+        "ppo",
+        "--total-timesteps",
+        "3e3",
+        "--no-progress",
+        "--no-watch-syncs",
+        "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     assert "3000 steps is not a whole number of batches of 1024" in result.stderr
     assert "training 2048 steps (2 iterations)" in result.stderr

@@ -17,10 +17,20 @@ LAYERS = [
     {"optim"},
     {"envs"},
     {"ops"},
-    {"__init__", "_native", "_autograd_fallback", "_decoder_train", "decoder_weights",
-     "build_info", "_build_info", "_build_plan", "user_code", "files"},
+    {
+        "__init__",
+        "_native",
+        "_autograd_fallback",
+        "_decoder_train",
+        "decoder_weights",
+        "build_info",
+        "_build_info",
+        "_build_plan",
+        "user_code",
+        "files",
+    },
     {"profiler"},
-]  # fmt: skip
+]
 RANK = {name: len(LAYERS) - i for i, names in enumerate(LAYERS) for name in names}
 
 
@@ -58,8 +68,12 @@ def test_every_part_of_the_package_has_a_layer():
 
 
 def test_layers_point_down():
-    upward = [(m, other) for m, imported in GRAPH.items() for other in imported
-              if RANK[_layer(other)] > RANK[_layer(m)]]  # fmt: skip
+    upward = [
+        (m, other)
+        for m, imported in GRAPH.items()
+        for other in imported
+        if RANK[_layer(other)] > RANK[_layer(m)]
+    ]
     assert not upward, upward
 
 

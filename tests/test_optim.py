@@ -129,8 +129,9 @@ def test_a_step_on_an_outside_flat_gradient_is_the_same_step(dtype, max_norm):
     theirs = ClippedAdam(other.parameters(), lr=1e-2, max_grad_norm=max_norm)
     assert mine.flat_gradient is None and all(p.grad is None for p in net.parameters())
     for step in range(3):
-        grad = torch.randn(mine.flat_parameters.shape, generator=torch.Generator().manual_seed(
-            step)).to(dtype)  # fmt: skip
+        grad = torch.randn(
+            mine.flat_parameters.shape, generator=torch.Generator().manual_seed(step)
+        ).to(dtype)
         mine.apply_flat_gradient(grad, chunk=7)
         theirs.flat_gradient.copy_(grad.float())
         theirs.apply_gradients()

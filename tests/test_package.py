@@ -11,8 +11,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_import_registers_the_ops():
@@ -25,8 +30,9 @@ def test_import_registers_the_ops():
 
 
 def test_version_names_torch_and_the_native_build():
-    result = subprocess.run([sys.executable, "-m", "nostall.cli", "--version"],
-                            capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "nostall.cli", "--version"], capture_output=True, text=True, cwd=ROOT
+    )
     assert result.returncode == 0
     assert "nostall 0.1.0" in result.stdout and "built for torch" in result.stdout
 

@@ -39,6 +39,7 @@ def test_the_guides_tensorboard_example_writes_scalars(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(block.replace("8192", "2048"), "docs/guide.md python block", "exec"), {})
     (logs,) = (tmp_path / "runs/cartpole/tensorboard").iterdir()
-    assert any(f.name.startswith("events.out.tfevents") and f.stat().st_size > 0
-               for f in logs.iterdir())  # fmt: skip
+    assert any(
+        f.name.startswith("events.out.tfevents") and f.stat().st_size > 0 for f in logs.iterdir()
+    )
     assert (tmp_path / "runs/cartpole/report.json").exists()

@@ -19,14 +19,27 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def nostall(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nostall.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "nostall.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def grpo_args(tmp_path, **changes) -> grpo.GRPOConfig:
-    settings = dict(steps=4, num_prompts=2, num_generations=2, watch_syncs=False, staleness=0,
-                    output_dir=str(tmp_path / "out"), checkpoint=str(tmp_path / "run_{step}.pt"),
-                    checkpoint_every=2, save_total_limit=1)  # fmt: skip
+    settings = dict(
+        steps=4,
+        num_prompts=2,
+        num_generations=2,
+        watch_syncs=False,
+        staleness=0,
+        output_dir=str(tmp_path / "out"),
+        checkpoint=str(tmp_path / "run_{step}.pt"),
+        checkpoint_every=2,
+        save_total_limit=1,
+    )
     return grpo.GRPOConfig(**{**settings, **changes})
 
 
@@ -35,10 +48,29 @@ def test_pruning_keeps_the_new_checkpoint_beside_another_runs_higher_step(tmp_pa
     new one was deleted as soon as it was written."""
     other = tmp_path / "run_999.pt"
     other.write_bytes(b"another run's checkpoint")
-    result = nostall("train", "grpo", "--model", "tiny", "--task", "copy", "--steps", "4",
-                     "--num-prompts", "2", "--num-generations", "2", "--no-progress",
-                     "--checkpoint", str(tmp_path / "run_{step}.pt"), "--checkpoint-every", "2",
-                     "--save-total-limit", "1", "--out", str(tmp_path / "out"))  # fmt: skip
+    result = nostall(
+        "train",
+        "grpo",
+        "--model",
+        "tiny",
+        "--task",
+        "copy",
+        "--steps",
+        "4",
+        "--num-prompts",
+        "2",
+        "--num-generations",
+        "2",
+        "--no-progress",
+        "--checkpoint",
+        str(tmp_path / "run_{step}.pt"),
+        "--checkpoint-every",
+        "2",
+        "--save-total-limit",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in tmp_path.glob("run_*.pt")) == ["run_4.pt", "run_999.pt"]
     assert other.read_bytes() == b"another run's checkpoint"
@@ -85,8 +117,18 @@ def test_grpo_refuses_to_resume_from_non_finite_weights(tmp_path):
 
 
 def ppo(out, *extra):
-    return nostall("train", "ppo", "--env", "CartPole-v1", "--total-timesteps", "2048",
-                   "--no-progress", "--out", str(out), *extra)  # fmt: skip
+    return nostall(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--total-timesteps",
+        "2048",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    )
 
 
 def test_a_second_run_does_not_write_over_the_first(tmp_path):
@@ -156,8 +198,15 @@ def test_a_checkpoint_never_follows_a_name_planted_beside_it(tmp_path):
 
 def test_logged_completions_create_the_output_folder(tmp_path):
     out = tmp_path / "not" / "yet"
-    args = grpo_args(tmp_path, steps=2, output_dir=str(out), log_completions=True,
-                     log_interval=1, checkpoint=None, save_total_limit=None)  # fmt: skip
+    args = grpo_args(
+        tmp_path,
+        steps=2,
+        output_dir=str(out),
+        log_completions=True,
+        log_interval=1,
+        checkpoint=None,
+        save_total_limit=None,
+    )
     grpo.GRPOTrainer(args=args).train()
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [1, 2]
@@ -175,8 +224,10 @@ def test_a_policy_file_cannot_choose_code_for_eval(tmp_path):
     record = torch.load(out / "policy.pt", weights_only=True)
     torch.save({**record, "env_id": "evilenv:Evil"}, out / "policy.pt")
     (out / "evilenv.py").write_text(EVIL)
-    for command in ([sys.executable, "-m", "nostall", "eval", "."],
-                    [sys.executable, "-m", "nostall.cli", "eval", str(out)]):  # fmt: skip
+    for command in (
+        [sys.executable, "-m", "nostall", "eval", "."],
+        [sys.executable, "-m", "nostall.cli", "eval", str(out)],
+    ):
         result = subprocess.run(command, capture_output=True, text=True, cwd=out, timeout=300)
         assert result.returncode == 2
         assert "'evilenv:Evil', code to import" in result.stderr

@@ -28,11 +28,30 @@ def test_a_stray_module_in_the_working_directory_shadows_nothing(tmp_path, comma
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
-        [*command, "train", "grpo", "--model", "tiny", "--task", "copy", "--steps", "2",
-         "--reward", "my_rewards:brevity", "--backend", "process", "--no-progress",
-         "--out", str(tmp_path / "run")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+        [
+            *command,
+            "train",
+            "grpo",
+            "--model",
+            "tiny",
+            "--task",
+            "copy",
+            "--steps",
+            "2",
+            "--reward",
+            "my_rewards:brevity",
+            "--backend",
+            "process",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert not (tmp_path / "planted-ran").exists()
     assert "brevity" in (tmp_path / "run" / "report.txt").read_text()  # found in the directory

@@ -38,10 +38,12 @@ def measure(step: str, mib: int, tensors: int, path: str) -> dict:
         state = {"model": {name: torch.full((each,), float(i)) for i, name in enumerate(names)}}
         before = _peak_mib()
         checkpoint.save(path, "bench", {}, state)
-        return {"state_mib": round(tensors * each * 4 / MiB, 1),
-                "one_tensor_mib": round(each * 4 / MiB, 1),
-                "save_peak_added_mib": round(_peak_mib() - before, 1),
-                "file_mib": round(os.path.getsize(path) / MiB, 1)}  # fmt: skip
+        return {
+            "state_mib": round(tensors * each * 4 / MiB, 1),
+            "one_tensor_mib": round(each * 4 / MiB, 1),
+            "save_peak_added_mib": round(_peak_mib() - before, 1),
+            "file_mib": round(os.path.getsize(path) / MiB, 1),
+        }
     # A resume's own tensors, resident already (as a model's are).
     into = {name: torch.empty(each).fill_(-1.0) for name in names}
     before = _peak_mib()
@@ -57,17 +59,27 @@ def grpo_sizes(out: str) -> dict:
     """A GRPO checkpoint of the built-in small model, against the model's own bytes."""
     from nostall.algos import grpo
 
-    args = grpo.GRPOConfig(model="small", steps=2, num_prompts=2, num_generations=2,
-                           watch_syncs=False, checkpoint=os.path.join(out, "g.pt"))  # fmt: skip
+    args = grpo.GRPOConfig(
+        model="small",
+        steps=2,
+        num_prompts=2,
+        num_generations=2,
+        watch_syncs=False,
+        checkpoint=os.path.join(out, "g.pt"),
+    )
     trainer = grpo.GRPOTrainer(args=args)
     trainer.train()
     # (Each tensor once: tied ones share a data pointer.)
-    model = {p.data_ptr(): p.numel() * p.element_size()
-             for p in trainer.model.state_dict().values()}  # fmt: skip
+    model = {
+        p.data_ptr(): p.numel() * p.element_size() for p in trainer.model.state_dict().values()
+    }
     model_bytes = sum(model.values())
     size = os.path.getsize(args.checkpoint)
-    return {"model_mib": round(model_bytes / MiB, 2), "checkpoint_mib": round(size / MiB, 2),
-            "checkpoint_over_model": round(size / model_bytes, 2)}  # fmt: skip
+    return {
+        "model_mib": round(model_bytes / MiB, 2),
+        "checkpoint_mib": round(size / MiB, 2),
+        "checkpoint_over_model": round(size / model_bytes, 2),
+    }
 
 
 def main() -> None:
@@ -87,10 +99,24 @@ def main() -> None:
             return
         results = {}
         for child in ("save", "load", "grpo"):
-            run = subprocess.run([sys.executable, "-m", "benchmarks.checkpoints.memory",
-                                  "--mib", str(args.mib), "--tensors", str(args.tensors),
-                                  "--child", child, "--path", path], capture_output=True,
-                                 text=True, check=True)  # fmt: skip
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.checkpoints.memory",
+                    "--mib",
+                    str(args.mib),
+                    "--tensors",
+                    str(args.tensors),
+                    "--child",
+                    child,
+                    "--path",
+                    path,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[child] = json.loads(run.stdout.strip().splitlines()[-1])
     results["memory"] = {**results["save"], **results["load"]}
     m, g = results["memory"], results["grpo"]

@@ -31,19 +31,39 @@ import torch
 from nostall.algos import grpo
 
 TARGET = 0.7
-SAME_AS_TRL = dict(num_prompts=8, num_generations=8, max_new_tokens=5, temperature=1.0,
-                   learning_rate=2e-3, max_grad_norm=1.0, clip_low=0.2, beta=0.0,
-                   loss_type="dapo", updates_per_batch=1, torch_threads=1,
-                   staleness=0, entropy_coef=0.0)  # fmt: skip
+SAME_AS_TRL = dict(
+    num_prompts=8,
+    num_generations=8,
+    max_new_tokens=5,
+    temperature=1.0,
+    learning_rate=2e-3,
+    max_grad_norm=1.0,
+    clip_low=0.2,
+    beta=0.0,
+    loss_type="dapo",
+    updates_per_batch=1,
+    torch_threads=1,
+    staleness=0,
+    entropy_coef=0.0,
+)
 
 
 def nostall_to_target(seed: int, max_steps: int, time_limit: float, **kw) -> dict:
-    args = grpo.GRPOConfig(**{**SAME_AS_TRL, **kw}, seed=seed, steps=max_steps,
-                           target_reward=TARGET, stop_when_solved=True, log_interval=1,
-                           watch_syncs=False)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **{**SAME_AS_TRL, **kw},
+        seed=seed,
+        steps=max_steps,
+        target_reward=TARGET,
+        stop_when_solved=True,
+        log_interval=1,
+        watch_syncs=False,
+    )
     result = grpo.train(args, time_limit_s=time_limit)
-    return {"time": result.time_to_target_s, "steps": result.steps_to_target,
-            "ms_per_step": 1e3 * result.seconds / len(result.rewards)}  # fmt: skip
+    return {
+        "time": result.time_to_target_s,
+        "steps": result.steps_to_target,
+        "ms_per_step": 1e3 * result.seconds / len(result.rewards),
+    }
 
 
 def trl_to_target(seed: int, max_steps: int, time_limit: float) -> dict:
@@ -73,10 +93,12 @@ def race(seeds: int, time_limit: float, skip_trl: bool, first_seed: int = 101) -
     variants = {
         "nostall S=0": dict(staleness=0),
         "nostall S=1": dict(staleness=1),
-        "nostall defaults": dict(staleness=grpo.GRPOConfig.staleness,
-                                 learning_rate=grpo.GRPOConfig.learning_rate,
-                                 entropy_coef=grpo.GRPOConfig.entropy_coef),
-    }  # fmt: skip
+        "nostall defaults": dict(
+            staleness=grpo.GRPOConfig.staleness,
+            learning_rate=grpo.GRPOConfig.learning_rate,
+            entropy_coef=grpo.GRPOConfig.entropy_coef,
+        ),
+    }
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     if not skip_trl:
         runs["TRL GRPOTrainer"] = []
@@ -86,16 +108,22 @@ def race(seeds: int, time_limit: float, skip_trl: bool, first_seed: int = 101) -
             runs[name].append(nostall_to_target(seed, 2000, time_limit, **kw))
         if not skip_trl:
             runs["TRL GRPOTrainer"].append(trl_to_target(seed, 2000, time_limit))
-        print(f"  seed {seed}: " + "; ".join(
-            f"{n} {_fmt(r[-1]['time'], ' s')} ({r[-1]['steps']} steps)" for n, r in runs.items()
-        ), flush=True)  # fmt: skip
+        print(
+            f"  seed {seed}: "
+            + "; ".join(
+                f"{n} {_fmt(r[-1]['time'], ' s')} ({r[-1]['steps']} steps)" for n, r in runs.items()
+            ),
+            flush=True,
+        )
     print(f"\n1. time to a mean reward of {TARGET} (copy, tiny), median of {seeds} seeds")
     print(f"   {'':18} {'time':>9} {'solved':>7} {'steps':>7} {'ms/step':>8}")
     for name, rs in runs.items():
         solved = sum(r["time"] is not None for r in rs)
-        print(f"   {name:18} {_fmt(_median([r['time'] for r in rs]), ' s'):>9} "
-              f"{solved}/{len(rs):<5} {_fmt(_median([r['steps'] for r in rs])):>7} "
-              f"{_median([r['ms_per_step'] for r in rs]):8.1f}")  # fmt: skip
+        print(
+            f"   {name:18} {_fmt(_median([r['time'] for r in rs]), ' s'):>9} "
+            f"{solved}/{len(rs):<5} {_fmt(_median([r['steps'] for r in rs])):>7} "
+            f"{_median([r['ms_per_step'] for r in rs]):8.1f}"
+        )
     if not skip_trl:
         trl = _median([r["time"] for r in runs["TRL GRPOTrainer"]])
         trl_ms = _median([r["ms_per_step"] for r in runs["TRL GRPOTrainer"]])
@@ -103,37 +131,58 @@ def race(seeds: int, time_limit: float, skip_trl: bool, first_seed: int = 101) -
             ours = _median([r["time"] for r in runs[name]])
             ms = _median([r["ms_per_step"] for r in runs[name]])
             every_seed = all(r["time"] is not None for r in runs[name])
-            ratio = (f"{trl / ours:.2f}x" if trl and ours and every_seed
-                     else "n/a (not every seed reached the target)")  # fmt: skip
+            ratio = (
+                f"{trl / ours:.2f}x"
+                if trl and ours and every_seed
+                else "n/a (not every seed reached the target)"
+            )
             print(f"   {name} vs TRL: time to target {ratio}, per step {trl_ms / ms:.2f}x")
 
 
 def balanced(seeds: int, steps: int) -> None:
-    kw = dict(model="small", num_prompts=4, num_generations=4, max_new_tokens=24, steps=steps,
-              watch_syncs=False, log_interval=steps, learning_rate=5e-4)  # fmt: skip
-    variants = {"staleness 0, thread": dict(staleness=0),
-                "staleness 1, thread": dict(staleness=1),
-                "staleness 1, process": dict(staleness=1, backend="process")}  # fmt: skip
+    kw = dict(
+        model="small",
+        num_prompts=4,
+        num_generations=4,
+        max_new_tokens=24,
+        steps=steps,
+        watch_syncs=False,
+        log_interval=steps,
+        learning_rate=5e-4,
+    )
+    variants = {
+        "staleness 0, thread": dict(staleness=0),
+        "staleness 1, thread": dict(staleness=1),
+        "staleness 1, process": dict(staleness=1, backend="process"),
+    }
     out: dict[str, list] = {name: [] for name in variants}
     for seed in range(1, seeds + 1):
         for name, variant in variants.items():
             r = grpo.train(grpo.GRPOConfig(**kw, **variant, seed=seed))
             # Every step generates the same token slots (no early stop): steps/s is the work
             # rate; completion tokens/s also depends on how long the completions were.
-            out[name].append((len(r.rewards) / r.seconds, r.tokens_per_second,
-                              sum(r.rewards) / len(r.rewards), r.generation_ms,
-                              r.update_ms))  # fmt: skip
+            out[name].append(
+                (
+                    len(r.rewards) / r.seconds,
+                    r.tokens_per_second,
+                    sum(r.rewards) / len(r.rewards),
+                    r.generation_ms,
+                    r.update_ms,
+                )
+            )
     print(
         f"\n2. balanced workload (small, 4 x 4 completions of up to 24 tokens, {steps} steps, "
         f"median of {seeds} seeds; generation beside the trainer on a thread, or in a process)"
     )
     for name, rows in out.items():
-        print(f"   {name:21} {statistics.median(r[0] for r in rows):6.2f} steps/s, "
-              f"{statistics.median(r[1] for r in rows):6.0f} completion tokens/s, reward per "
-              f"sample {statistics.median(r[2] for r in rows):.3f} (spread "
-              f"{min(r[2] for r in rows):.3f}-{max(r[2] for r in rows):.3f}), generation "
-              f"{statistics.median(r[3] for r in rows):.1f} ms, update "
-              f"{statistics.median(r[4] for r in rows):.1f} ms")  # fmt: skip
+        print(
+            f"   {name:21} {statistics.median(r[0] for r in rows):6.2f} steps/s, "
+            f"{statistics.median(r[1] for r in rows):6.0f} completion tokens/s, reward per "
+            f"sample {statistics.median(r[2] for r in rows):.3f} (spread "
+            f"{min(r[2] for r in rows):.3f}-{max(r[2] for r in rows):.3f}), generation "
+            f"{statistics.median(r[3] for r in rows):.1f} ms, update "
+            f"{statistics.median(r[4] for r in rows):.1f} ms"
+        )
     base = out["staleness 0, thread"]
     for name in ("staleness 1, thread", "staleness 1, process"):
         for i, what in ((0, "steps/s (token slots/s)"), (1, "completion tokens/s")):
@@ -144,8 +193,16 @@ def balanced(seeds: int, steps: int) -> None:
 
 
 def inflight(seeds: int, steps: int) -> None:
-    kw = dict(model="small", num_prompts=2, num_generations=4, max_new_tokens=48, steps=steps,
-              watch_syncs=False, log_interval=steps, learning_rate=5e-4)  # fmt: skip
+    kw = dict(
+        model="small",
+        num_prompts=2,
+        num_generations=4,
+        max_new_tokens=48,
+        steps=steps,
+        watch_syncs=False,
+        log_interval=steps,
+        learning_rate=5e-4,
+    )
     variants = [(s, on) for s in (1, 2) for on in (False, True)]
     out: dict[tuple[int, bool], list] = {v: [] for v in variants}
     for seed in range(1, seeds + 1):
@@ -153,19 +210,30 @@ def inflight(seeds: int, steps: int) -> None:
             r = grpo.train(
                 grpo.GRPOConfig(**kw, seed=seed, staleness=staleness, inflight_weights=on)
             )
-            out[staleness, on].append((len(r.rewards) / r.seconds, r.weight_swaps / steps,
-                                       r.mean_lag, r.mean_token_lag,
-                                       sum(r.rewards) / len(r.rewards), r.generation_ms,
-                                       r.update_ms))  # fmt: skip
-    print(f"\n4. in-flight weight swaps (small, 2 x 4 completions of 48 tokens, {steps} steps, "
-          f"median of {seeds} seeds)")  # fmt: skip
+            out[staleness, on].append(
+                (
+                    len(r.rewards) / r.seconds,
+                    r.weight_swaps / steps,
+                    r.mean_lag,
+                    r.mean_token_lag,
+                    sum(r.rewards) / len(r.rewards),
+                    r.generation_ms,
+                    r.update_ms,
+                )
+            )
+    print(
+        f"\n4. in-flight weight swaps (small, 2 x 4 completions of 48 tokens, {steps} steps, "
+        f"median of {seeds} seeds)"
+    )
     for (staleness, on), rows in out.items():
         med = [statistics.median(r[i] for r in rows) for i in range(7)]
         state = "on " if on else "off"
-        print(f"   staleness {staleness}, in-flight {state}: {med[0]:5.2f} steps/s, "
-              f"{med[1]:4.2f} swaps/batch, version lag {med[2]:.2f} per batch, {med[3]:.2f} per "
-              f"token, reward per sample {med[4]:.3f}, generation {med[5]:.0f} ms, update "
-              f"{med[6]:.0f} ms")  # fmt: skip
+        print(
+            f"   staleness {staleness}, in-flight {state}: {med[0]:5.2f} steps/s, "
+            f"{med[1]:4.2f} swaps/batch, version lag {med[2]:.2f} per batch, {med[3]:.2f} per "
+            f"token, reward per sample {med[4]:.3f}, generation {med[5]:.0f} ms, update "
+            f"{med[6]:.0f} ms"
+        )
     for staleness in (1, 2):
         off, on = out[staleness, False], out[staleness, True]
         speed = statistics.median(r[0] for r in on) / statistics.median(r[0] for r in off)
@@ -186,9 +254,13 @@ def generation_alone(repeats: int = 30) -> None:
     model = lm.model.eval()
     ids = torch.tensor([lm.tokenizer("efffb=").input_ids] * 64)
     C = 5
-    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C),
-                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                              banned_token_ids=lm.banned_token_ids())  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=C),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=lm.banned_token_ids(),
+    )
     batch = Completions.empty(64, ids.shape[1], C)
     batch.prompt_ids.copy_(ids)
     batch.prompt_mask.fill_(True)
@@ -199,9 +271,16 @@ def generation_alone(repeats: int = 30) -> None:
 
     def theirs():
         with torch.no_grad():
-            model.generate(ids, max_new_tokens=C, min_new_tokens=C, do_sample=True,
-                           temperature=1.0, top_k=0, pad_token_id=lm.pad_token_id,
-                           eos_token_id=lm.eos_token_id)  # fmt: skip
+            model.generate(
+                ids,
+                max_new_tokens=C,
+                min_new_tokens=C,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                pad_token_id=lm.pad_token_id,
+                eos_token_id=lm.eos_token_id,
+            )
 
     timings = {"nostall engine": [], "model.generate": []}
     for _ in range(3):

@@ -109,24 +109,34 @@ def main() -> None:
 
     bonus_ms = _median_ms(update_with_bonus, a.repeats)
     step_products = gen_products + fwd_products + bwd_products
-    print(f"one GRPO step of the race (tiny, {B} completions of {C} tokens after {P}-token "
-          f"prompts, one thread), median of {a.repeats}")  # fmt: skip
+    print(
+        f"one GRPO step of the race (tiny, {B} completions of {C} tokens after {P}-token "
+        f"prompts, one thread), median of {a.repeats}"
+    )
     print(f"   {'':34} {'products':>9} {'nostall':>9} {'left over':>10}")
-    print(f"   {'generation (one batch, rewards in)':34} {gen_products:8.2f}m "
-          f"{gen_ms:8.2f}m {gen_ms - gen_products:9.2f}m")  # fmt: skip
+    print(
+        f"   {'generation (one batch, rewards in)':34} {gen_products:8.2f}m "
+        f"{gen_ms:8.2f}m {gen_ms - gen_products:9.2f}m"
+    )
     update_products = fwd_products + bwd_products
-    print(f"   {'update (forward, backward, Adam)':34} {update_products:8.2f}m "
-          f"{update_ms:8.2f}m {update_ms - update_products:9.2f}m")  # fmt: skip
-    print(f"   {'  with the entropy bonus':34} {update_products:8.2f}m "
-          f"{bonus_ms:8.2f}m {bonus_ms - update_products:9.2f}m")  # fmt: skip
+    print(
+        f"   {'update (forward, backward, Adam)':34} {update_products:8.2f}m "
+        f"{update_ms:8.2f}m {update_ms - update_products:9.2f}m"
+    )
+    print(
+        f"   {'  with the entropy bonus':34} {update_products:8.2f}m "
+        f"{bonus_ms:8.2f}m {bonus_ms - update_products:9.2f}m"
+    )
     print(f"   {'  of which forward products':34} {fwd_products:8.2f}m")
     print(f"   {'  of which backward products':34} {bwd_products:8.2f}m")
     print(
         f"   synchronous step (generation + update): {gen_ms + update_ms:.2f} ms, "
         f"its products {step_products:.2f} ms ({step_products / (gen_ms + update_ms):.0%})"
     )
-    print(f"   overlapped step (staleness 1, bounded by the update alone): {update_ms:.2f} ms, "
-          f"its products {update_products:.2f} ms")  # fmt: skip
+    print(
+        f"   overlapped step (staleness 1, bounded by the update alone): {update_ms:.2f} ms, "
+        f"its products {update_products:.2f} ms"
+    )
     print("   (m: milliseconds)")
 
 

@@ -32,10 +32,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         build_model(folder, "135m")
         config = grpo.GRPOConfig(
-            model=folder, steps=args.steps, num_prompts=PROMPTS, num_generations=GENERATIONS,
-            max_new_tokens=args.new_tokens, device="cuda", dtype=args.dtype,
-            staleness=args.staleness, learning_rate=1e-6, log_interval=1,
-        )  # fmt: skip
+            model=folder,
+            steps=args.steps,
+            num_prompts=PROMPTS,
+            num_generations=GENERATIONS,
+            max_new_tokens=args.new_tokens,
+            device="cuda",
+            dtype=args.dtype,
+            staleness=args.staleness,
+            learning_rate=1e-6,
+            log_interval=1,
+        )
         trainer = grpo.GRPOTrainer(args=config)
         result = trainer.train()
     steps = [1e3 * (b - a) for a, b in itertools.pairwise(result.step_times)]

@@ -26,14 +26,27 @@ import time
 import torch
 
 PROMPTS, GENERATIONS, NEW_TOKENS = 4, 4, 8
-SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-             num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-             max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
+SHAPE = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 # nostall at --dtype auto (bf16 compute over float32 master weights where the CPU has bf16
 # arithmetic), at float32, and all in bf16 (--master-dtype bfloat16, TRL's bf16 weights'
 # counterpart); TRL with its weights in bf16 (its fastest here) and in float32.
-SIDES = ("nostall_s0", "nostall_default", "nostall_fp32_s0", "nostall_bf16w_s0", "trl_bf16",
-         "trl_fp32")  # fmt: skip
+SIDES = (
+    "nostall_s0",
+    "nostall_default",
+    "nostall_fp32_s0",
+    "nostall_bf16w_s0",
+    "trl_bf16",
+    "trl_fp32",
+)
 
 
 def shape_of(name: str) -> dict:
@@ -44,9 +57,13 @@ def shape_of(name: str) -> dict:
     from nostall.lm.models import BUILTIN_SIZES, char_tokenizer
 
     size = BUILTIN_SIZES[name]
-    return dict(size, num_key_value_heads=size["num_attention_heads"],
-                vocab_size=len(char_tokenizer()), max_position_embeddings=64,
-                tie_word_embeddings=True)  # fmt: skip
+    return dict(
+        size,
+        num_key_value_heads=size["num_attention_heads"],
+        vocab_size=len(char_tokenizer()),
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
 
 
 def build_model(folder: str, shape: str, whole_vocab: bool = False) -> None:
@@ -62,11 +79,15 @@ def build_model(folder: str, shape: str, whole_vocab: bool = False) -> None:
         unused = shape_of(shape)["vocab_size"] - len(SPECIAL_TOKENS) - len(CHARACTERS)
         characters = [*CHARACTERS, *(f"<u{i}>" for i in range(unused))]
     tokenizer = char_tokenizer(characters)
-    config_class, model_class = ((LlamaConfig, LlamaForCausalLM) if shape == "135m" else
-                                 (Qwen2Config, Qwen2ForCausalLM))  # fmt: skip
-    config = config_class(**shape_of(shape), bos_token_id=tokenizer.bos_token_id,
-                          eos_token_id=tokenizer.eos_token_id,
-                          pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config_class, model_class = (
+        (LlamaConfig, LlamaForCausalLM) if shape == "135m" else (Qwen2Config, Qwen2ForCausalLM)
+    )
+    config = config_class(
+        **shape_of(shape),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -76,13 +97,22 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_nostall(folder: str, steps: int, threads: int, side: str, new_tokens: int = NEW_TOKENS,
-                generator: str = "native") -> dict:  # fmt: skip
+def run_nostall(
+    folder: str,
+    steps: int,
+    threads: int,
+    side: str,
+    new_tokens: int = NEW_TOKENS,
+    generator: str = "native",
+) -> dict:
     """`side`: nostall_default (every default), else staleness 0 with TRL's settings."""
     from nostall.algos import grpo
 
-    extra = {} if side.endswith("default") else {"staleness": 0, "learning_rate": 2e-3,
-                                                 "entropy_coef": 0.0}  # fmt: skip
+    extra = (
+        {}
+        if side.endswith("default")
+        else {"staleness": 0, "learning_rate": 2e-3, "entropy_coef": 0.0}
+    )
     if "fp32" in side:
         extra["dtype"] = "float32"
     if "bf16w" in side:
@@ -114,8 +144,9 @@ def run_nostall(folder: str, steps: int, threads: int, side: str, new_tokens: in
     }
 
 
-def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype,
-            new_tokens: int = NEW_TOKENS) -> dict:  # fmt: skip
+def run_trl(
+    folder: str, steps: int, threads: int, dtype: torch.dtype, new_tokens: int = NEW_TOKENS
+) -> dict:
     import contextlib
     import io
     import random
@@ -132,8 +163,10 @@ def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype,
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     rng = random.Random(0)
-    rows = [dict(zip(("prompt", "answer"), TASKS["copy"](rng), strict=True))
-            for _ in range(PROMPTS * (steps + 1))]  # fmt: skip
+    rows = [
+        dict(zip(("prompt", "answer"), TASKS["copy"](rng), strict=True))
+        for _ in range(PROMPTS * (steps + 1))
+    ]
     stamps: list[float] = []
     lengths: list[float] = []
 
@@ -147,22 +180,45 @@ def run_trl(folder: str, steps: int, threads: int, dtype: torch.dtype,
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=PROMPTS * GENERATIONS,
-            num_generations=GENERATIONS, max_completion_length=new_tokens, temperature=1.0,
-            learning_rate=2e-3, lr_scheduler_type="constant", max_grad_norm=1.0, epsilon=0.2,
-            beta=0.0, loss_type="dapo", num_iterations=1, max_steps=steps, seed=0,
-            logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-            disable_tqdm=True, dataloader_num_workers=0,
-        )  # fmt: skip
+            output_dir=out,
+            per_device_train_batch_size=PROMPTS * GENERATIONS,
+            num_generations=GENERATIONS,
+            max_completion_length=new_tokens,
+            temperature=1.0,
+            learning_rate=2e-3,
+            lr_scheduler_type="constant",
+            max_grad_norm=1.0,
+            epsilon=0.2,
+            beta=0.0,
+            loss_type="dapo",
+            num_iterations=1,
+            max_steps=steps,
+            seed=0,
+            logging_steps=1,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer = GRPOTrainer(model=model, reward_funcs=answer_reward, args=config,
-                                  train_dataset=Dataset.from_list(rows),
-                                  processing_class=tokenizer, callbacks=[Recorder()])  # fmt: skip
+            trainer = GRPOTrainer(
+                model=model,
+                reward_funcs=answer_reward,
+                args=config,
+                train_dataset=Dataset.from_list(rows),
+                processing_class=tokenizer,
+                callbacks=[Recorder()],
+            )
             with contextlib.redirect_stdout(io.StringIO()):
                 trainer.train()
-    return {"step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
-            "peak_mib": _peak_mib(), "mean_length": lengths[-1] if lengths else None}  # fmt: skip
+    return {
+        "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
+        "peak_mib": _peak_mib(),
+        "mean_length": lengths[-1] if lengths else None,
+    }
 
 
 def floor_ms(threads: int, dtype: torch.dtype, shape: dict) -> dict:
@@ -229,11 +285,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         build_model(folder, args.shape)
         for side in [*args.sides.split(","), "floor_fp32", "floor_bf16"]:
-            run = subprocess.run([sys.executable, "-m", "benchmarks.lm.scale_grpo", "--child",
-                                  side, "--folder", folder, "--steps", str(args.steps),
-                                  "--threads", str(args.threads), "--shape", args.shape],
-                                 capture_output=True,
-                                 text=True)  # fmt: skip
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.lm.scale_grpo",
+                    "--child",
+                    side,
+                    "--folder",
+                    folder,
+                    "--steps",
+                    str(args.steps),
+                    "--threads",
+                    str(args.threads),
+                    "--shape",
+                    args.shape,
+                ],
+                capture_output=True,
+                text=True,
+            )
             if run.returncode != 0:
                 print(f"{side}: failed\n{run.stderr[-2000:]}")
                 continue
@@ -243,14 +313,19 @@ def main() -> None:
         f"{model}, {PROMPTS} prompts x {GENERATIONS} completions x {NEW_TOKENS} "
         f"tokens, {args.threads} threads; ms a step (median after the first), peak RSS"
     )
-    medians = {s: statistics.median(r["step_ms"]) for s, r in results.items() if "step_ms" in r
-               and isinstance(r["step_ms"], list)}  # fmt: skip
+    medians = {
+        s: statistics.median(r["step_ms"])
+        for s, r in results.items()
+        if "step_ms" in r and isinstance(r["step_ms"], list)
+    }
     for side, ms in medians.items():
         result = results[side]
         extra = ""
         if "dtype" in result:  # the compute dtype auto chose, and generation's log-prob error
-            extra = (f"   {result['dtype'].removeprefix('torch.')}, behaviour log-probs within "
-                     f"{result['logp_difference_max']:.2g} of the trainer's")  # fmt: skip
+            extra = (
+                f"   {result['dtype'].removeprefix('torch.')}, behaviour log-probs within "
+                f"{result['logp_difference_max']:.2g} of the trainer's"
+            )
         print(f"  {side:16s} {ms:8.0f} ms   peak {result['peak_mib']:6.0f} MiB{extra}")
     for precision in ("fp32", "bf16"):
         floor = results.get(f"floor_{precision}")

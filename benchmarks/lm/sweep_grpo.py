@@ -82,16 +82,25 @@ def main() -> None:
             continue
         runs = []
         for seed in range(a.first_seed, a.first_seed + a.seeds):
-            args = grpo.GRPOConfig(**{**SAME_AS_TRL, **change}, seed=seed, steps=2000,
-                             target_reward=TARGET, stop_when_solved=True, log_interval=1,
-                             watch_syncs=False)  # fmt: skip
+            args = grpo.GRPOConfig(
+                **{**SAME_AS_TRL, **change},
+                seed=seed,
+                steps=2000,
+                target_reward=TARGET,
+                stop_when_solved=True,
+                log_interval=1,
+                watch_syncs=False,
+            )
             r = grpo.train(args, time_limit_s=a.time_limit)
             runs.append((r.steps_to_target, r.time_to_target_s, 1e3 * r.seconds / len(r.rewards)))
         solved = [r for r in runs if r[0] is not None]
         steps = ", ".join("never" if r[0] is None else str(r[0]) for r in runs)
         time = f"{statistics.median(r[1] for r in solved):8.2f}" if solved else f"{'-':>8}"
-        print(f"{name:32} {len(solved)}/{len(runs):<5} {steps:>24} {time} "
-              f"{statistics.median(r[2] for r in runs):8.1f}", flush=True)  # fmt: skip
+        print(
+            f"{name:32} {len(solved)}/{len(runs):<5} {steps:>24} {time} "
+            f"{statistics.median(r[2] for r in runs):8.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,16 @@ import warnings
 import torch
 
 
-def run(seed: int, max_steps: int, target: float, time_limit_s: float, prompts: int = 8,
-        generations: int = 8, max_new_tokens: int = 5, lr: float = 2e-3) -> dict:  # fmt: skip
+def run(
+    seed: int,
+    max_steps: int,
+    target: float,
+    time_limit_s: float,
+    prompts: int = 8,
+    generations: int = 8,
+    max_new_tokens: int = 5,
+    lr: float = 2e-3,
+) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -36,8 +44,10 @@ def run(seed: int, max_steps: int, target: float, time_limit_s: float, prompts: 
     import random
 
     rng = random.Random(seed)
-    rows = [dict(zip(("prompt", "answer"), TASKS["copy"](rng), strict=True))
-            for _ in range(prompts * (max_steps + 1))]  # fmt: skip
+    rows = [
+        dict(zip(("prompt", "answer"), TASKS["copy"](rng), strict=True))
+        for _ in range(prompts * (max_steps + 1))
+    ]
     record: dict = {"times": [], "rewards": []}
 
     class Recorder(TrainerCallback):
@@ -55,20 +65,38 @@ def run(seed: int, max_steps: int, target: float, time_limit_s: float, prompts: 
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=prompts * generations,
-            num_generations=generations, max_completion_length=max_new_tokens, temperature=1.0,
-            learning_rate=lr, lr_scheduler_type="constant", max_grad_norm=1.0, epsilon=0.2,
-            beta=0.0, loss_type="dapo", num_iterations=1, max_steps=max_steps, seed=seed,
-            logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-            disable_tqdm=True, dataloader_num_workers=0,
-        )  # fmt: skip
+            output_dir=out,
+            per_device_train_batch_size=prompts * generations,
+            num_generations=generations,
+            max_completion_length=max_new_tokens,
+            temperature=1.0,
+            learning_rate=lr,
+            lr_scheduler_type="constant",
+            max_grad_norm=1.0,
+            epsilon=0.2,
+            beta=0.0,
+            loss_type="dapo",
+            num_iterations=1,
+            max_steps=max_steps,
+            seed=seed,
+            logging_steps=1,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer = GRPOTrainer(
-                model=lm.model, reward_funcs=answer_reward, args=config,
-                train_dataset=Dataset.from_list(rows), processing_class=lm.tokenizer,
+                model=lm.model,
+                reward_funcs=answer_reward,
+                args=config,
+                train_dataset=Dataset.from_list(rows),
+                processing_class=lm.tokenizer,
                 callbacks=[Recorder()],
-            )  # fmt: skip
+            )
             with contextlib.redirect_stdout(io.StringIO()):  # its per-step log lines
                 trainer.train()
     return {"times": record["times"], "rewards": record["rewards"]}

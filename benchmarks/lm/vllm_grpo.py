@@ -54,17 +54,35 @@ def main() -> None:
         build_model(folder, "135m", whole_vocab=True)
         for side in args.sides.split(","):
             python = args.vllm_python if side.startswith("vllm") else sys.executable
-            run = subprocess.run([python, "-m", "benchmarks.lm.vllm_grpo", "--child", side,
-                                  "--folder", folder, "--steps", str(args.steps), "--threads",
-                                  str(args.threads), "--new-tokens", str(args.new_tokens)],
-                                 capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+            run = subprocess.run(
+                [
+                    python,
+                    "-m",
+                    "benchmarks.lm.vllm_grpo",
+                    "--child",
+                    side,
+                    "--folder",
+                    folder,
+                    "--steps",
+                    str(args.steps),
+                    "--threads",
+                    str(args.threads),
+                    "--new-tokens",
+                    str(args.new_tokens),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            )
             if run.returncode != 0:
                 print(f"{side}: failed\n{run.stderr[-2000:]}")
                 continue
             results[side] = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"135M-shaped Llama, {PROMPTS} prompts x {GENERATIONS} completions x up to "
-          f"{args.new_tokens} tokens, {args.threads} threads; a step (median after the "
-          "first), completion tokens/s, peak RSS")  # fmt: skip
+    print(
+        f"135M-shaped Llama, {PROMPTS} prompts x {GENERATIONS} completions x up to "
+        f"{args.new_tokens} tokens, {args.threads} threads; a step (median after the "
+        "first), completion tokens/s, peak RSS"
+    )
     medians = {}
     for side, result in results.items():
         ms = medians[side] = statistics.median(result["step_ms"])
@@ -72,15 +90,24 @@ def main() -> None:
         tokens_s = PROMPTS * GENERATIONS * length / (ms / 1e3)
         extra = ""
         if "generation_ms" in result:
-            extra = (f"   generation {result['generation_ms']:.0f} ms, update "
-                     f"{result['update_ms']:.0f} ms")  # fmt: skip
+            extra = (
+                f"   generation {result['generation_ms']:.0f} ms, update "
+                f"{result['update_ms']:.0f} ms"
+            )
             if result.get("weight_push_ms") is not None:
                 extra += f", weight push {result['weight_push_ms']:.0f} ms"
-        print(f"  {side:15s} {ms:8.0f} ms  {tokens_s:7.1f} tok/s  (mean length {length:.0f})  "
-              f"peak {result['peak_mib']:6.0f} MiB{extra}")  # fmt: skip
-    pairs = [("native_s0", "vllm_s0"), ("native_default", "vllm_default"),
-             ("trl_bf16", "vllm_s0"), ("trl_bf16", "vllm_default"), ("trl_bf16", "native_s0"),
-             ("trl_bf16", "native_default")]  # fmt: skip
+        print(
+            f"  {side:15s} {ms:8.0f} ms  {tokens_s:7.1f} tok/s  (mean length {length:.0f})  "
+            f"peak {result['peak_mib']:6.0f} MiB{extra}"
+        )
+    pairs = [
+        ("native_s0", "vllm_s0"),
+        ("native_default", "vllm_default"),
+        ("trl_bf16", "vllm_s0"),
+        ("trl_bf16", "vllm_default"),
+        ("trl_bf16", "native_s0"),
+        ("trl_bf16", "native_default"),
+    ]
     for theirs, mine in pairs:
         if theirs in medians and mine in medians:
             print(f"  {theirs} / {mine}: {medians[theirs] / medians[mine]:.2f}x per step")

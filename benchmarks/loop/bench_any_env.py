@@ -40,9 +40,15 @@ CASES = {
 
 def ours(env_id, backend, num_envs, num_steps, steps, seed, algo=ppo) -> float:
     args = (appo.APPOConfig if algo is appo else ppo.PPOConfig)(
-        env_id=env_id, env_backend=backend, num_envs=num_envs, num_steps=num_steps,
-        total_timesteps=steps, seed=seed, watch_syncs=False, log_interval=1,
-    )  # fmt: skip
+        env_id=env_id,
+        env_backend=backend,
+        num_envs=num_envs,
+        num_steps=num_steps,
+        total_timesteps=steps,
+        seed=seed,
+        watch_syncs=False,
+        log_interval=1,
+    )
     return algo.train(args).steady_steps_per_second
 
 
@@ -55,8 +61,9 @@ def cleanrl(env_id, backend, num_envs, num_steps, steps, seed) -> float:
     else:
         import envpool
 
-        envs = _EnvPoolVector(envpool.make(env_id, env_type="gymnasium", num_envs=num_envs,
-                                           seed=seed, num_threads=0))  # fmt: skip
+        envs = _EnvPoolVector(
+            envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=0)
+        )
         make_agent = cleanrl_ppo.AtariAgent
     try:
         result = cleanrl_ppo.train(envs, args, solved_return=float("inf"), make_agent=make_agent)

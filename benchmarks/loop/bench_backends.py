@@ -65,8 +65,14 @@ def transport(backend: str, workers: int, chunks: int, native: bool) -> tuple[fl
 
 def ppo_speed(backend: str, workers: int, steps: int, native: bool) -> tuple[float, float, float]:
     """(steady steps/s, mean ms a chunk's rollout takes, mean ms an update takes)."""
-    args = appo.APPOConfig(backend=backend, num_workers=workers, total_timesteps=steps,
-                     native_rollout=native, watch_syncs=False, log_interval=1)  # fmt: skip
+    args = appo.APPOConfig(
+        backend=backend,
+        num_workers=workers,
+        total_timesteps=steps,
+        native_rollout=native,
+        watch_syncs=False,
+        log_interval=1,
+    )
     result = appo.train(args)
     return result.steady_steps_per_second, result.side_ms("rollout"), result.side_ms("train")
 
@@ -88,8 +94,10 @@ def main() -> None:
         for name, (backend, workers) in BACKENDS.items():
             seconds, size = transport(backend, workers, chunks, native)
             base = seconds if base is None else base
-            print(f"    {name:15s} {seconds * 1e6:9.0f} us/chunk  {size / seconds / 1e6:7.1f} MB/s"
-                  f"  hand-over vs thread {1e6 * (seconds - base):+8.0f} us")  # fmt: skip
+            print(
+                f"    {name:15s} {seconds * 1e6:9.0f} us/chunk  {size / seconds / 1e6:7.1f} MB/s"
+                f"  hand-over vs thread {1e6 * (seconds - base):+8.0f} us"
+            )
     print("PPO (appo, staleness 1) steady steps/s, CartPole-v1, 8 envs x 128 steps")
     for native in (True, False):
         kind = "native rollout" if native else "rollout stepped from Python"

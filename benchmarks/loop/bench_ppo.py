@@ -78,9 +78,13 @@ def run_nostall(options: dict, seed: int, max_steps: int) -> dict:
     module = appo if options["algo"] == "appo" else ppo
     # Metrics every iteration, to time the solve precisely; no SyncWatch diagnostic.
     args = (appo.APPOConfig if module is appo else ppo.PPOConfig)(
-        seed=seed, total_timesteps=max_steps, stop_when_solved=True, log_interval=1,
-        watch_syncs=False, backend=options.get("backend", "thread"),
-    )  # fmt: skip
+        seed=seed,
+        total_timesteps=max_steps,
+        stop_when_solved=True,
+        log_interval=1,
+        watch_syncs=False,
+        backend=options.get("backend", "thread"),
+    )
     for name, value in options.get("args", {}).items():
         setattr(args, name, value)
     result = module.train(args)
@@ -130,10 +134,13 @@ def run_cleanrl(options: dict, seed: int, max_steps: int) -> dict:
 
         envs = _EnvPoolVector(
             envpool.make(
-                "CartPole-v1", env_type="gymnasium", num_envs=args.num_envs, seed=seed,
+                "CartPole-v1",
+                env_type="gymnasium",
+                num_envs=args.num_envs,
+                seed=seed,
                 num_threads=1,
             )
-        )  # fmt: skip
+        )
     try:
         return cleanrl_ppo.train(envs, args, SOLVED, bootstrap_truncation=options["bootstrap"])
     finally:
@@ -162,14 +169,31 @@ def spawn(name: str, seed: int, max_steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         if kind == "command":  # exactly what a user types (the defaults), report and plots
             command = [
-                sys.executable, "-m", "nostall", "train", options["algo"], "--env",
-                "CartPole-v1", "--seed", str(seed), "--no-progress", "--out", out,
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "nostall",
+                "train",
+                options["algo"],
+                "--env",
+                "CartPole-v1",
+                "--seed",
+                str(seed),
+                "--no-progress",
+                "--out",
+                out,
+            ]
         else:
             command = [
-                sys.executable, "-m", "benchmarks.loop.bench_ppo", "--run", name,
-                "--seed", str(seed), "--max-steps", str(max_steps),
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "benchmarks.loop.bench_ppo",
+                "--run",
+                name,
+                "--seed",
+                str(seed),
+                "--max-steps",
+                str(max_steps),
+            ]
         began = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - began
@@ -232,8 +256,10 @@ def ratios(table: dict[str, dict]) -> None:
     fewest = min(solved, key=lambda n: table[n]["steps"])
     speediest = max(BASELINES, key=lambda n: table[n]["sps"])
     quickest = min(solved, key=lambda n: table[n]["wall"])
-    print(f"  fastest baseline to 475: {fastest}; fewest steps: {fewest}; most steps/s: "
-          f"{speediest}; shortest whole process: {quickest}")  # fmt: skip
+    print(
+        f"  fastest baseline to 475: {fastest}; fewest steps: {fewest}; most steps/s: "
+        f"{speediest}; shortest whole process: {quickest}"
+    )
     for name in VARIANTS:
         if name in BASELINES:
             continue

@@ -34,10 +34,13 @@ def main() -> None:
     sync_sps = None
     for module, backend in ((ppo, "thread"), (appo, "thread"), (appo, "process")):
         args = (appo.APPOConfig if module is appo else ppo.PPOConfig)(
-            total_timesteps=cli.iterations * 1024, update_epochs=cli.update_epochs,
-            backend=backend, watch_syncs=False, log_interval=10**9,
+            total_timesteps=cli.iterations * 1024,
+            update_epochs=cli.update_epochs,
+            backend=backend,
+            watch_syncs=False,
+            log_interval=10**9,
             native_rollout=cli.rollout == "native",
-        )  # fmt: skip
+        )
         result = module.train(args)
         timeline = result.timeline
         if timeline.recorded > len(timeline.spans):
@@ -49,8 +52,10 @@ def main() -> None:
         sps = steady_steps_per_second(timeline.spans, args.batch_size)
         ratio = f"  ({sps / sync_sps:.2f}x synchronous)" if sync_sps else ""
         sync_sps = sync_sps or sps
-        print(f"{module.__name__} ({backend}), {cli.rollout} rollout, {cli.update_epochs} epochs: "
-              f"per chunk {medians}; steady {sps:,.0f} steps/s{ratio}")  # fmt: skip
+        print(
+            f"{module.__name__} ({backend}), {cli.rollout} rollout, {cli.update_epochs} epochs: "
+            f"per chunk {medians}; steady {sps:,.0f} steps/s{ratio}"
+        )
 
 
 if __name__ == "__main__":

@@ -66,18 +66,23 @@ def main() -> None:
     start = time.perf_counter()
     timeline = Timeline.of(spans)
     record_s = time.perf_counter() - start
-    result = GRPOResult(args={**vars(GRPOConfig()), "dataset": ""}, timeline=timeline,
-                        rewards=[(i % 100) / 100 for i in range(cli.steps)],
-                        step_times=[s for side, s, _ in spans if side == "train"])  # fmt: skip
+    result = GRPOResult(
+        args={**vars(GRPOConfig()), "dataset": ""},
+        timeline=timeline,
+        rewards=[(i % 100) / 100 for i in range(cli.steps)],
+        step_times=[s for side, s, _ in spans if side == "train"],
+    )
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         write_outputs(result, Path(out), "a synthetic run")
         write_s = time.perf_counter() - start
     kept = len(timeline.spans) + sum(len(m.pending) for m in timeline._meters.values())
-    print(f"{cli.steps:,} steps, {timeline.recorded:,} spans: recording them {record_s:.2f} s "
-          f"({1e6 * record_s / timeline.recorded:.1f} us a span), write_outputs {write_s:.2f} s; "
-          f"{kept:,} spans kept at the end; peak memory +{peak_mib() - before:.0f} MiB "
-          f"(the synthetic spans included)")  # fmt: skip
+    print(
+        f"{cli.steps:,} steps, {timeline.recorded:,} spans: recording them {record_s:.2f} s "
+        f"({1e6 * record_s / timeline.recorded:.1f} us a span), write_outputs {write_s:.2f} s; "
+        f"{kept:,} spans kept at the end; peak memory +{peak_mib() - before:.0f} MiB "
+        f"(the synthetic spans included)"
+    )
     # The pairwise overlap at sizes it finishes, scaled by n x m.
     for steps in (2_000, 8_000):
         part = alternating_run(steps)
@@ -85,8 +90,10 @@ def main() -> None:
         pairwise_overlap(part, "train", "rollout")
         seconds = time.perf_counter() - start
         scaled = seconds * (cli.steps / steps) ** 2
-        print(f"  pairwise overlap at {steps:,} steps: {seconds:.2f} s; scaled to {cli.steps:,}: "
-              f"{scaled:,.0f} s ({scaled / write_s:,.0f}x write_outputs now)")  # fmt: skip
+        print(
+            f"  pairwise overlap at {steps:,} steps: {seconds:.2f} s; scaled to {cli.steps:,}: "
+            f"{scaled:,.0f} s ({scaled / write_s:,.0f}x write_outputs now)"
+        )
 
 
 if __name__ == "__main__":

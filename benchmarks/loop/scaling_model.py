@@ -34,8 +34,15 @@ from nostall.train.outputs import figure
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def predicted(workers: int, staleness: int, rollout_s: float, update_s: float, put_s: float,
-              chunk_steps: int, cores: int | None = None) -> float:  # fmt: skip
+def predicted(
+    workers: int,
+    staleness: int,
+    rollout_s: float,
+    update_s: float,
+    put_s: float,
+    chunk_steps: int,
+    cores: int | None = None,
+) -> float:
     busy = min(workers, staleness + 1)
     cores = workers + 1 if cores is None else cores
     work = rollout_s + update_s + put_s
@@ -64,8 +71,10 @@ def main() -> None:
         "rollout 10x the update, S=127": (10 * u, u, 127),
     }
     print(f"{'workers':>8} " + " ".join(f"{name[:24]:>26}" for name in curves))
-    table = {name: [predicted(k, st, rr, uu, b, args.chunk_steps) for k in WORKERS]
-             for name, (rr, uu, st) in curves.items()}  # fmt: skip
+    table = {
+        name: [predicted(k, st, rr, uu, b, args.chunk_steps) for k in WORKERS]
+        for name, (rr, uu, st) in curves.items()
+    }
     for i, k in enumerate(WORKERS):
         print(f"{k:8d} " + " ".join(f"{table[name][i]:26.0f}" for name in curves))
     for name, speeds in table.items():
@@ -78,14 +87,19 @@ def main() -> None:
                 f"{int(k)} workers on {args.cores} cores, S=1: model {model:.0f} steps/s, "
                 f"measured {measured:.0f} ({measured / model:.2f}x the model)"
             )
-        ax.scatter(*zip(*points, strict=True), color="black", zorder=3,
-                   label=f"measured here ({args.cores} cores, S=1)")  # fmt: skip
+        ax.scatter(
+            *zip(*points, strict=True),
+            color="black",
+            zorder=3,
+            label=f"measured here ({args.cores} cores, S=1)",
+        )
     ax.set_yscale("log")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rollout workers")
     ax.set_ylabel("steps/s")
-    ax.set_title(f"Ray backend: rollout {args.rollout_ms} ms, update {args.update_ms} ms "
-                 "a chunk (measured)")  # fmt: skip
+    ax.set_title(
+        f"Ray backend: rollout {args.rollout_ms} ms, update {args.update_ms} ms a chunk (measured)"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -85,8 +85,10 @@ def streaming_bandwidth(copy: Callable, n_bytes: int) -> float:
     # 32-byte aligned views (the aligned loads and streaming stores need it).
     src_raw, dst_raw = torch.rand(n + 8), torch.empty(n + 8)
     src, dst = (x[(-x.data_ptr() // 4) % 8 :][:n] for x in (src_raw, dst_raw))
-    call = lambda: copy(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()),  # noqa: E731
-                        ctypes.c_int64(n))  # fmt: skip
+
+    def call():
+        copy(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()), ctypes.c_int64(n))
+
     seconds = timeit(call, budget_s=1.0)
     assert torch.equal(dst, src)
     return 2 * n * 4 / seconds

@@ -37,9 +37,12 @@ def timeit(fn, reps: int = 2000) -> float:
 def net(obs_dim=4, hidden=64, out=2):
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+        nn.Linear(obs_dim, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, hidden),
+        nn.Tanh(),
         nn.Linear(hidden, out),
-    )  # fmt: skip
+    )
 
 
 def report(title: str, rows: dict[str, float]) -> None:

@@ -18,9 +18,12 @@ from nostall.profiler import SyncWatch
 def make_step(width: int, batch: int):
     torch.manual_seed(0)
     net = torch.nn.Sequential(
-        torch.nn.Linear(64, width), torch.nn.Tanh(), torch.nn.Linear(width, width),
-        torch.nn.Tanh(), torch.nn.Linear(width, 8),
-    )  # fmt: skip
+        torch.nn.Linear(64, width),
+        torch.nn.Tanh(),
+        torch.nn.Linear(width, width),
+        torch.nn.Tanh(),
+        torch.nn.Linear(width, 8),
+    )
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     x, y = torch.randn(batch, 64), torch.randn(batch, 8)
 

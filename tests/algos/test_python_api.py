@@ -42,10 +42,16 @@ def test_grpo_learns_the_copy_task_from_a_reward_callable_and_a_dataset(tmp_path
     # (At the defaults, staleness 1, the version lag follows the threads' timing: seeds 0-5
     # reached the target in 290-686 steps, the default seed in 373. 400 steps failed once on a
     # loaded machine; the run stops at the target, so the margin costs nothing when it learns.)
-    config = GRPOConfig(steps=1000, target_reward=0.6, stop_when_solved=True,
-                        output_dir=str(tmp_path / "run"), **FAST_GRPO)  # fmt: skip
-    trainer = GRPOTrainer(model="tiny", reward_funcs=[copy_reward], train_dataset=dataset,
-                          args=config)  # fmt: skip
+    config = GRPOConfig(
+        steps=1000,
+        target_reward=0.6,
+        stop_when_solved=True,
+        output_dir=str(tmp_path / "run"),
+        **FAST_GRPO,
+    )
+    trainer = GRPOTrainer(
+        model="tiny", reward_funcs=[copy_reward], train_dataset=dataset, args=config
+    )
     result = trainer.train()
     assert result.steps_to_target is not None, result.rewards[-10:]
     assert sum(result.rewards[-10:]) / 10 > sum(result.rewards[:10]) / 10 + 0.2
@@ -68,8 +74,9 @@ def test_rows_a_dataset_and_a_jsonl_path_are_the_same_run(tmp_path):
     for data in (rows, Dataset.from_list(rows), str(path)):
         # (Staleness 0: at 1 the weights a batch is generated with depend on thread timing.)
         args = GRPOConfig(steps=6, staleness=0, **FAST_GRPO)
-        result = GRPOTrainer(model="tiny", reward_funcs=copy_reward, train_dataset=data,
-                             args=args).train()  # fmt: skip
+        result = GRPOTrainer(
+            model="tiny", reward_funcs=copy_reward, train_dataset=data, args=args
+        ).train()
         runs.append(result.rewards)
     assert runs[0] == runs[1] == runs[2]
 
@@ -90,8 +97,9 @@ def test_a_reward_callable_is_the_same_run_as_its_module_function(tmp_path, monk
     ).train()
     # (Staleness 0: at 1 the weights a batch is generated with depend on the threads' timing.)
     args = GRPOConfig(steps=6, staleness=0, **FAST_GRPO)
-    by_callable = GRPOTrainer(model="tiny", reward_funcs=copy_reward, train_dataset=rows,
-                              args=args).train()  # fmt: skip
+    by_callable = GRPOTrainer(
+        model="tiny", reward_funcs=copy_reward, train_dataset=rows, args=args
+    ).train()
     assert by_name.rewards == by_callable.rewards
 
 
@@ -107,8 +115,12 @@ def test_a_transformers_model_object_trains_with_its_tokenizer():
         args=GRPOConfig(steps=4, **SAME),
     ).train()
     assert len(result.rewards) == 4
-    reference = GRPOTrainer(model="tiny", reward_funcs=copy_reward, train_dataset=copy_rows(32),
-                            args=GRPOConfig(steps=4, **SAME)).train()  # fmt: skip
+    reference = GRPOTrainer(
+        model="tiny",
+        reward_funcs=copy_reward,
+        train_dataset=copy_rows(32),
+        args=GRPOConfig(steps=4, **SAME),
+    ).train()
     assert result.rewards == reference.rewards  # the same weights and seeds: the same run
 
 
@@ -118,14 +130,23 @@ def test_a_model_object_or_directory_gets_a_real_models_defaults(tmp_path):
     from nostall.lm.models import builtin_model
 
     lm = builtin_model("tiny", seed=0)
-    trainer = GRPOTrainer(model=lm.model, processing_class=lm.tokenizer, reward_funcs=copy_reward,
-                          train_dataset=copy_rows(8), args=GRPOConfig(**FAST_GRPO))  # fmt: skip
+    trainer = GRPOTrainer(
+        model=lm.model,
+        processing_class=lm.tokenizer,
+        reward_funcs=copy_reward,
+        train_dataset=copy_rows(8),
+        args=GRPOConfig(**FAST_GRPO),
+    )
     assert trainer.config.learning_rate == 1e-6
     assert trainer.config.max_new_tokens == 64 - 7  # 256, cut to the 64-position context
     assert GRPOConfig().max_new_tokens == 5 and GRPOConfig().learning_rate == 1.1e-3
-    explicit = GRPOTrainer(model=lm.model, processing_class=lm.tokenizer,
-                           reward_funcs=copy_reward, train_dataset=copy_rows(8),
-                           args=GRPOConfig(max_new_tokens=4, **FAST_GRPO))  # fmt: skip
+    explicit = GRPOTrainer(
+        model=lm.model,
+        processing_class=lm.tokenizer,
+        reward_funcs=copy_reward,
+        train_dataset=copy_rows(8),
+        args=GRPOConfig(max_new_tokens=4, **FAST_GRPO),
+    )
     assert explicit.config.max_new_tokens == 4
 
 

@@ -156,8 +156,9 @@ def test_aliased_step_outputs_are_refused(cartpole):
 
     n = cartpole.num_envs
     flags = torch.zeros(n, dtype=torch.bool)
-    rows = EnvStep(torch.zeros(n, 4), torch.zeros(n, dtype=torch.float64), flags, flags,
-                   torch.zeros(0, 4))  # fmt: skip
+    rows = EnvStep(
+        torch.zeros(n, 4), torch.zeros(n, dtype=torch.float64), flags, flags, torch.zeros(0, 4)
+    )
     cartpole.torch.reset()
     with pytest.raises(RuntimeError, match="terminated and truncated must not share memory"):
         cartpole.torch.step(torch.zeros(n, dtype=torch.long), out=rows)
@@ -170,9 +171,11 @@ def test_a_damaged_loaded_state_is_refused_whole(cartpole):
         (lambda w: w.view(cartpole.num_envs, -1)[:, 4].fill_(2**63 - 1), "step count"),
         (lambda w: w.view(cartpole.num_envs, -1)[:, 5].fill_(7), "reset flag 7"),
         (lambda w: w.view(cartpole.num_envs, -1)[:, :4].zero_(), "all-zero generator state"),
-        (lambda w: w.view(cartpole.num_envs, -1)[1, 6:].view(torch.float64).fill_(float("nan")),
-         "is not finite"),
-    ]:  # fmt: skip
+        (
+            lambda w: w.view(cartpole.num_envs, -1)[1, 6:].view(torch.float64).fill_(float("nan")),
+            "is not finite",
+        ),
+    ]:
         bad = {**good, "words": good["words"].clone()}
         edit(bad["words"])
         with pytest.raises(RuntimeError, match=message):

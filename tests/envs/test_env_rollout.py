@@ -66,12 +66,23 @@ def _reference_rollout(env, agent, chunk, noise):
 
 def _fused(env, agent, chunk, noise):
     ops.env_rollout(
-        env.handle, chunk.obs, chunk.actions, chunk.log_probs, chunk.values, chunk.rewards,
-        chunk.terminated, chunk.truncated, chunk.final_obs, noise,
-        [agent.actor[i].weight for i in (0, 2, 4)], [agent.actor[i].bias for i in (0, 2, 4)],
-        [agent.critic[i].weight for i in (0, 2, 4)], [agent.critic[i].bias for i in (0, 2, 4)],
-        agent.log_std, "tanh",
-    )  # fmt: skip
+        env.handle,
+        chunk.obs,
+        chunk.actions,
+        chunk.log_probs,
+        chunk.values,
+        chunk.rewards,
+        chunk.terminated,
+        chunk.truncated,
+        chunk.final_obs,
+        noise,
+        [agent.actor[i].weight for i in (0, 2, 4)],
+        [agent.actor[i].bias for i in (0, 2, 4)],
+        [agent.critic[i].weight for i in (0, 2, 4)],
+        [agent.critic[i].bias for i in (0, 2, 4)],
+        agent.log_std,
+        "tanh",
+    )
 
 
 def _assert_same_chunk(got: Chunk, want: Chunk):
@@ -165,13 +176,23 @@ def test_opcheck():
     T, N = 4, 2
     envs, agent, (chunk, _) = _setup("Pendulum-v1", N, T)
     args = (
-        envs[0].handle, chunk.obs, chunk.actions, chunk.log_probs, chunk.values, chunk.rewards,
-        chunk.terminated, chunk.truncated, chunk.final_obs, _noise(agent, T, N, 0),
+        envs[0].handle,
+        chunk.obs,
+        chunk.actions,
+        chunk.log_probs,
+        chunk.values,
+        chunk.rewards,
+        chunk.terminated,
+        chunk.truncated,
+        chunk.final_obs,
+        _noise(agent, T, N, 0),
         [agent.actor[i].weight.detach() for i in (0, 2, 4)],
         [agent.actor[i].bias.detach() for i in (0, 2, 4)],
         [agent.critic[i].weight.detach() for i in (0, 2, 4)],
-        [agent.critic[i].bias.detach() for i in (0, 2, 4)], agent.log_std.detach(), "tanh",
-    )  # fmt: skip
+        [agent.critic[i].bias.detach() for i in (0, 2, 4)],
+        agent.log_std.detach(),
+        "tanh",
+    )
     # As for env_step: re-running a stateful op advances the environment, so the AOT dispatch
     # check (which compares two runs) cannot hold by design.
     torch.library.opcheck(
@@ -215,15 +236,22 @@ def _bad_cases():
 
 def _call_kwargs(env, agent, chunk, noise):
     return dict(
-        obs=chunk.obs, actions=chunk.actions, log_probs=chunk.log_probs, values=chunk.values,
-        rewards=chunk.rewards, terminated=chunk.terminated, truncated=chunk.truncated,
-        final_obs=chunk.final_obs, noise=noise,
+        obs=chunk.obs,
+        actions=chunk.actions,
+        log_probs=chunk.log_probs,
+        values=chunk.values,
+        rewards=chunk.rewards,
+        terminated=chunk.terminated,
+        truncated=chunk.truncated,
+        final_obs=chunk.final_obs,
+        noise=noise,
         actor_weights=[agent.actor[i].weight.detach() for i in (0, 2, 4)],
         actor_biases=[agent.actor[i].bias.detach() for i in (0, 2, 4)],
         critic_weights=[agent.critic[i].weight.detach() for i in (0, 2, 4)],
         critic_biases=[agent.critic[i].bias.detach() for i in (0, 2, 4)],
-        log_std=None, activation="tanh",
-    )  # fmt: skip
+        log_std=None,
+        activation="tanh",
+    )
 
 
 @pytest.mark.parametrize("case", range(len(_bad_cases())))

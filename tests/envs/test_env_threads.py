@@ -45,8 +45,9 @@ def test_step_send_recv_and_state_dict_from_two_threads():
     def saver():
         env.state_dict()
 
-    threads = [threading.Thread(target=_hammer, args=(f, errors, stop))
-               for f in (stepper, sender, saver)]  # fmt: skip
+    threads = [
+        threading.Thread(target=_hammer, args=(f, errors, stop)) for f in (stepper, sender, saver)
+    ]
     for t in threads:
         t.start()
     for t in threads:

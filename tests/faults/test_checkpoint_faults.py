@@ -29,10 +29,24 @@ def good(tmp_path_factory) -> Path:
 def _resume(path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
     started = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "nostall.cli", "train", "ppo", *COMMON, "--resume", str(path),
-         "--out", str(path.parent / "run"), *extra],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "nostall.cli",
+            "train",
+            "ppo",
+            *COMMON,
+            "--resume",
+            str(path),
+            "--out",
+            str(path.parent / "run"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     return result, time.perf_counter() - started
 
 
@@ -60,9 +74,12 @@ def _damage_bytes(good: Path, target: Path, how: str) -> Path:
 
 @pytest.mark.parametrize(
     "how,message",
-    [("truncated", "unreadable"), ("bit-flipped", "damaged|unreadable"),
-     ("random bytes", "unreadable")],
-)  # fmt: skip
+    [
+        ("truncated", "unreadable"),
+        ("bit-flipped", "damaged|unreadable"),
+        ("random bytes", "unreadable"),
+    ],
+)
 def test_damaged_files_are_refused(good, tmp_path, how, message):
     result, _ = _resume(_damage_bytes(good, tmp_path / "bad.pt", how))
     assert result.returncode == 2, result.stderr
@@ -134,8 +151,9 @@ def test_a_checkpoint_of_another_env_or_network_is_refused(good, extra, message)
 def test_a_full_disk_keeps_the_last_good_checkpoint(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                             capture_output=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode().strip()}")
     try:

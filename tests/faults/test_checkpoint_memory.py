@@ -20,9 +20,25 @@ SLACK_MIB = 24  # the interpreter's own allocations while it saves or loads
 
 
 def _measure(step: str, path: Path) -> dict:
-    run = subprocess.run([sys.executable, "-m", "benchmarks.checkpoints.memory", "--mib", "96",
-                          "--tensors", "12", "--child", step, "--path", str(path)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.checkpoints.memory",
+            "--mib",
+            "96",
+            "--tensors",
+            "12",
+            "--child",
+            step,
+            "--path",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -42,17 +58,26 @@ def test_equal_weights_are_stored_once_and_shared_on_load(tmp_path):
     merged even when equal."""
     a = torch.randn(1000, 100)
     zeros = torch.zeros(1000, 100)
-    state = {"model": {"w": a, "tied": a}, "loop": {"published_weights": {"w": a.clone()},
-             "rollout_weights": {"w": a.clone()}, "queued": [a.clone(), 7]},
-             "optimizer": {"exp_avg": zeros, "exp_avg_sq": zeros.clone()}}  # fmt: skip
+    state = {
+        "model": {"w": a, "tied": a},
+        "loop": {
+            "published_weights": {"w": a.clone()},
+            "rollout_weights": {"w": a.clone()},
+            "queued": [a.clone(), 7],
+        },
+        "optimizer": {"exp_avg": zeros, "exp_avg_sq": zeros.clone()},
+    }
     checkpoint.save(tmp_path / "c.pt", "x", {}, state)
     size = (tmp_path / "c.pt").stat().st_size
     assert size < 4 * a.numel() * 4 + 64 * 1024  # a once; the queued copy, both moments apart
     _, got = checkpoint.load(tmp_path / "c.pt", "x")
     loop = got["loop"]
-    pointers = {got["model"]["w"].data_ptr(), got["model"]["tied"].data_ptr(),
-                loop["published_weights"]["w"].data_ptr(),
-                loop["rollout_weights"]["w"].data_ptr()}  # fmt: skip
+    pointers = {
+        got["model"]["w"].data_ptr(),
+        got["model"]["tied"].data_ptr(),
+        loop["published_weights"]["w"].data_ptr(),
+        loop["rollout_weights"]["w"].data_ptr(),
+    }
     assert len(pointers) == 1 and torch.equal(loop["published_weights"]["w"], a)
     assert loop["queued"][0].data_ptr() not in pointers and loop["queued"][1] == 7
     moments = got["optimizer"]
@@ -63,12 +88,19 @@ def test_equal_weights_are_stored_once_and_shared_on_load(tmp_path):
 def test_a_grpo_checkpoint_holds_each_weight_once(tmp_path, staleness):
     """The trainer's weights, the published copy and (when it holds the same version) the
     rollout side's are one copy in the file; Adam's two moments are two more; ties kept."""
-    args = grpo.GRPOConfig(steps=2, num_prompts=2, num_generations=2, watch_syncs=False,
-                           staleness=staleness, checkpoint=str(tmp_path / "g.pt"))  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=2,
+        num_prompts=2,
+        num_generations=2,
+        watch_syncs=False,
+        staleness=staleness,
+        checkpoint=str(tmp_path / "g.pt"),
+    )
     trainer = grpo.GRPOTrainer(args=args)
     trainer.train()
-    weights = {p.data_ptr(): p.numel() * p.element_size()
-               for p in trainer.model.state_dict().values()}  # fmt: skip
+    weights = {
+        p.data_ptr(): p.numel() * p.element_size() for p in trainer.model.state_dict().values()
+    }
     model_bytes = sum(weights.values())
     _, state = checkpoint.load(args.checkpoint, "grpo")
     model = state["model"]

@@ -24,8 +24,11 @@ def test_a_step_past_its_limit_is_named():
     dog.doing("reward function slow", 0.05, "reward_timeout")
     dog.check()
     time.sleep(0.1)
-    with pytest.raises(HangError, match=r"reward function slow has not returned after .* "
-                                        r"\(limit: reward_timeout = 0.05 s\)"):  # fmt: skip
+    with pytest.raises(
+        HangError,
+        match=r"reward function slow has not returned after .* "
+        r"\(limit: reward_timeout = 0.05 s\)",
+    ):
         dog.check()
     dog.doing("generation, decode step 3", 0.05)  # a beat restarts the clock
     dog.check()
@@ -68,14 +71,39 @@ def test_a_hung_reward_stops_the_run_naming_it(backend, tmp_path):
     hung_at = tmp_path / "hung_at"
     began = time.time()
     run = subprocess.run(
-        [sys.executable, "-m", "nostall", "train", "grpo", "--reward", "hung:reward",
-         "--backend", backend, "--reward-timeout", "2", "--steps", "5", "--no-progress",
-         "--no-watch-syncs", "--num-prompts", "2", "--num-generations", "2",
-         "--out", str(tmp_path / "run")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}",
-             "NOSTALL_TEST_HUNG_AT": str(hung_at)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "nostall",
+            "train",
+            "grpo",
+            "--reward",
+            "hung:reward",
+            "--backend",
+            backend,
+            "--reward-timeout",
+            "2",
+            "--steps",
+            "5",
+            "--no-progress",
+            "--no-watch-syncs",
+            "--num-prompts",
+            "2",
+            "--num-generations",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{tmp_path}:{ROOT}",
+            "NOSTALL_TEST_HUNG_AT": str(hung_at),
+        },
+    )
     ended = time.time()
     assert run.returncode == 1, run.stderr
     assert "reward function reward has not returned" in run.stderr, run.stderr
@@ -100,15 +128,23 @@ def test_the_generator_marks_every_decode_step_and_reward_call():
             self.steps.append((what, limit_s, limit_name))
             super().doing(what, limit_s, limit_name)
 
-    args = grpo.GRPOConfig(num_prompts=2, num_generations=2, max_new_tokens=4, min_p=0.01,
-                           watch_syncs=False, reward_timeout=7, generation_timeout=9)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=2,
+        num_generations=2,
+        max_new_tokens=4,
+        min_p=0.01,
+        watch_syncs=False,
+        reward_timeout=7,
+        generation_timeout=9,
+    )
     generator = grpo.build(args).generator  # (min_p: the per-token path)
     generator.watchdog = dog = Recording()
     generator(grpo.build(args).loop.slots[0])
-    assert dog.steps == [("generation of a batch", 9, "generation_timeout"),
-                         *[(f"generation, decode step {t}", 9, "generation_timeout")
-                           for t in range(4)],
-                         ("reward function answer_reward", 7, "reward_timeout")]  # fmt: skip
+    assert dog.steps == [
+        ("generation of a batch", 9, "generation_timeout"),
+        *[(f"generation, decode step {t}", 9, "generation_timeout") for t in range(4)],
+        ("reward function answer_reward", 7, "reward_timeout"),
+    ]
     assert not dog.busy  # idle between batches
 
 
@@ -129,9 +165,16 @@ def test_a_batch_longer_than_the_liveness_timeout_is_not_killed(monkeypatch, tmp
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
-    monkeypatch.setattr(grpo_setup, "ProcessLoop",
-                        functools.partial(ProcessLoop, liveness_timeout_s=1.0))  # fmt: skip
-    args = grpo.GRPOConfig(steps=2, num_prompts=2, num_generations=2, backend="process",
-                           reward="slow_reward:reward", watch_syncs=False)  # fmt: skip
+    monkeypatch.setattr(
+        grpo_setup, "ProcessLoop", functools.partial(ProcessLoop, liveness_timeout_s=1.0)
+    )
+    args = grpo.GRPOConfig(
+        steps=2,
+        num_prompts=2,
+        num_generations=2,
+        backend="process",
+        reward="slow_reward:reward",
+        watch_syncs=False,
+    )
     result = grpo.GRPOTrainer(args=args).train()
     assert len(result.rewards) == 2

@@ -95,19 +95,38 @@ class _AgentStandIn:
         return {}
 
 
-TRAIN = [sys.executable, "-m", "nostall.cli", "train", "ppo", "--backend", "process",
-         "--total-timesteps", "100000000", "--no-progress", "--no-watch-syncs"]  # fmt: skip
+TRAIN = [
+    sys.executable,
+    "-m",
+    "nostall.cli",
+    "train",
+    "ppo",
+    "--backend",
+    "process",
+    "--total-timesteps",
+    "100000000",
+    "--no-progress",
+    "--no-watch-syncs",
+]
 
 
 def _start_trainer(tmp_path):
     before = _shm()
-    proc = subprocess.Popen([*TRAIN, "--out", str(tmp_path / "run")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_interruptible)  # fmt: skip
+    proc = subprocess.Popen(
+        [*TRAIN, "--out", str(tmp_path / "run")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_interruptible,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # until its rollout process is up
-        spawned = [c for c in _children_of(proc.pid) if "multiprocessing" in _cmdline(c)
-                   and "resource_tracker" not in _cmdline(c)]  # fmt: skip
+        spawned = [
+            c
+            for c in _children_of(proc.pid)
+            if "multiprocessing" in _cmdline(c) and "resource_tracker" not in _cmdline(c)
+        ]
         if spawned:
             time.sleep(2.0)  # training under way (the child builds its side first)
             return proc, spawned[0], before

@@ -38,8 +38,14 @@ def test_the_thread_loop_starts_no_chunk_past_the_last():
         fills.append(time.perf_counter())
         time.sleep(0.5)
 
-    loop = RolloutLoop([_Chunk() for _ in range(3)], slow_fill, torch.nn.Linear(1, 1), model,
-                       staleness=1, join_timeout_s=0.1)  # fmt: skip
+    loop = RolloutLoop(
+        [_Chunk() for _ in range(3)],
+        slow_fill,
+        torch.nn.Linear(1, 1),
+        model,
+        staleness=1,
+        join_timeout_s=0.1,
+    )
     loop.expect(3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a fill still running at the close would warn
@@ -53,8 +59,14 @@ def test_the_thread_loop_starts_no_chunk_past_the_last():
 
 def test_a_fill_still_running_at_the_close_does_not_fail_the_run():
     model = torch.nn.Linear(1, 1)
-    loop = RolloutLoop([_Chunk() for _ in range(3)], lambda chunk: time.sleep(0.5),
-                       torch.nn.Linear(1, 1), model, staleness=1, join_timeout_s=0.1)  # fmt: skip
+    loop = RolloutLoop(
+        [_Chunk() for _ in range(3)],
+        lambda chunk: time.sleep(0.5),
+        torch.nn.Linear(1, 1),
+        model,
+        staleness=1,
+        join_timeout_s=0.1,
+    )
     with pytest.warns(RuntimeWarning, match="still inside a chunk"), loop:
         index, _ = loop.next_chunk()
         loop.release(index)
@@ -77,9 +89,16 @@ def test_a_run_generates_no_batch_past_its_last_step(backend, tmp_path):
         mp.setenv("NOSTALL_TEST_CALLS", str(calls))
         mp.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
         mp.syspath_prepend(str(tmp_path))
-        config = GRPOConfig(steps=4, num_prompts=2, num_generations=2, staleness=2,
-                            watch_syncs=False, backend=backend, reward="counted:reward",
-                            output_dir=str(tmp_path / "out"))  # fmt: skip
+        config = GRPOConfig(
+            steps=4,
+            num_prompts=2,
+            num_generations=2,
+            staleness=2,
+            watch_syncs=False,
+            backend=backend,
+            reward="counted:reward",
+            output_dir=str(tmp_path / "out"),
+        )
         GRPOTrainer(args=config).train()
     assert len(calls.read_text()) == 4  # the 4 batches trained on, none ahead of nothing
     assert (tmp_path / "out" / "model" / "config.json").exists()
@@ -95,12 +114,27 @@ def test_an_interrupted_run_keeps_its_last_model_and_says_why(tmp_path, sig, cod
     )
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nostall", "train", "grpo", "--reward", "slow:reward",
-         "--steps", "100000", "--no-progress", "--out", str(out)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "nostall",
+            "train",
+            "grpo",
+            "--reward",
+            "slow:reward",
+            "--steps",
+            "100000",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"},
         preexec_fn=_interruptible,
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any((out / "tensorboard").glob("*/events.*")):
         time.sleep(0.2)  # until the run is training (its log exists once it is built)

@@ -23,9 +23,15 @@ def _configs() -> dict:
         Qwen3Config,
     )
 
-    llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      **COMMON)  # fmt: skip
+    llama_like = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **COMMON,
+    )
     return {
         "llama": LlamaConfig(**llama_like),
         "qwen2": Qwen2Config(**llama_like, tie_word_embeddings=True),
@@ -42,8 +48,17 @@ def _configs() -> dict:
     }
 
 
-ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral_sliding", "gemma2", "gemma3", "phi3", "olmo2",
-                 "gpt2"]  # fmt: skip
+ARCHITECTURES = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral_sliding",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
+    "gpt2",
+]
 
 
 def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32):

@@ -9,8 +9,9 @@ from nostall.algos import grpo
 def trainer_log_probs(setup, args, batch, decoder=None) -> torch.Tensor:
     """The trainer's log-probs of `batch`'s completion tokens (`decoder`: default the run's)."""
     with torch.no_grad():
-        log_probs = grpo.policy_log_probs(decoder or setup.decoder, batch, args.temperature,
-                                          setup.vocab, args.num_generations)  # fmt: skip
+        log_probs = grpo.policy_log_probs(
+            decoder or setup.decoder, batch, args.temperature, setup.vocab, args.num_generations
+        )
     return log_probs[batch.completion_mask]
 
 

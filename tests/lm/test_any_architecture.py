@@ -53,8 +53,9 @@ def test_the_trainers_log_probs_are_the_models_own(arch):
     logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
     P = prompt_ids.shape[1]
     theirs = torch.log_softmax(logits[:, P - 1 : -1], -1).gather(-1, completion_ids[..., None])
-    torch.testing.assert_close(mine[completion_mask], theirs[..., 0][completion_mask],
-                               rtol=0, atol=ATOL)  # fmt: skip
+    torch.testing.assert_close(
+        mine[completion_mask], theirs[..., 0][completion_mask], rtol=0, atol=ATOL
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -64,8 +65,9 @@ def test_generation_and_trainer_log_probs_agree(arch, dtype):
     log-probs the trainer reproduces from the same weights, in either compute dtype."""
     model, tokenizer = build(arch)
     lm = LanguageModel(model, tokenizer, arch)
-    args = grpo.GRPOConfig(num_prompts=2, num_generations=3, max_new_tokens=6, top_k=5,
-                           watch_syncs=False, dtype=dtype)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=2, num_generations=3, max_new_tokens=6, top_k=5, watch_syncs=False, dtype=dtype
+    )
     setup = grpo.build(args, grpo.Inputs(lm=lm))
     expected = Decoder if arch in ("llama", "qwen2") else HFDecoder
     assert isinstance(setup.decoder, expected)
@@ -97,16 +99,36 @@ def test_the_command_trains_saves_and_reloads_any_architecture(arch, tmp_path):
     folder = save(arch, tmp_path / arch)
     out = tmp_path / "run"
     run = subprocess.run(
-        [sys.executable, "-m", "nostall", "train", "grpo", "--model", str(folder), "--steps",
-         "3", "--num-prompts", "2", "--num-generations", "2", "--no-progress", "--out",
-         str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "nostall",
+            "train",
+            "grpo",
+            "--model",
+            str(folder),
+            "--steps",
+            "3",
+            "--num-prompts",
+            "2",
+            "--num-generations",
+            "2",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     reloaded = AutoModelForCausalLM.from_pretrained(out / "model")
     before = AutoModelForCausalLM.from_pretrained(folder)
     assert type(reloaded) is type(before)
-    moved = [n for n, p in reloaded.state_dict().items()
-             if not torch.equal(p, before.state_dict()[n])]  # fmt: skip
+    moved = [
+        n for n, p in reloaded.state_dict().items() if not torch.equal(p, before.state_dict()[n])
+    ]
     assert moved  # it trained
 
 
@@ -115,9 +137,17 @@ def test_a_model_whose_logits_are_transformed_otherwise_is_named():
     (Cohere's logit_scale) is named rather than trained on wrong probabilities."""
     from transformers import CohereConfig, CohereForCausalLM
 
-    model = CohereForCausalLM(CohereConfig(vocab_size=22, hidden_size=32, intermediate_size=64,
-                                           num_hidden_layers=1, num_attention_heads=4,
-                                           num_key_value_heads=2, logit_scale=0.5))  # fmt: skip
+    model = CohereForCausalLM(
+        CohereConfig(
+            vocab_size=22,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            logit_scale=0.5,
+        )
+    )
     with pytest.raises(ValueError, match=r"logit_scale = 0\.5"):
         make_decoder(model)
 
@@ -131,14 +161,27 @@ def test_long_completions_run_end_to_end(tmp_path, stop_check_every):
     from nostall.lm.models import char_tokenizer
     from tests.lm.architectures import COMMON
 
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1040, **COMMON)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1040,
+        **COMMON,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "long")
     char_tokenizer().save_pretrained(tmp_path / "long")
-    args = grpo.GRPOConfig(model=str(tmp_path / "long"), steps=2, num_prompts=2,
-                           num_generations=2, max_new_tokens=1024, watch_syncs=False,
-                           stop_check_every=stop_check_every, learning_rate=1e-3)  # fmt: skip
+    args = grpo.GRPOConfig(
+        model=str(tmp_path / "long"),
+        steps=2,
+        num_prompts=2,
+        num_generations=2,
+        max_new_tokens=1024,
+        watch_syncs=False,
+        stop_check_every=stop_check_every,
+        learning_rate=1e-3,
+    )
     result = grpo.GRPOTrainer(args=args).train()
     assert len(result.rewards) == 2 and result.tokens > 0

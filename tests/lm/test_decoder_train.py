@@ -25,9 +25,16 @@ def _varied(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def _llama_gqa() -> torch.nn.Module:
-    config = LlamaConfig(vocab_size=22, hidden_size=32, intermediate_size=48,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=32, tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=22,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     return _varied(LlamaForCausalLM(config), 3)
 
 
@@ -49,8 +56,9 @@ def _hidden_and_grads(model, native: bool, batch, seed: int = 5):
     hidden = Decoder(model, native=native).grouped_hidden(*batch)
     g = torch.Generator().manual_seed(seed)
     (hidden * torch.randn(hidden.shape, generator=g)).sum().backward()
-    return hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                             if p.grad is not None}  # fmt: skip
+    return hidden.detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 @pytest.mark.parametrize("which", ["qwen2_tiny", "llama_gqa"])
@@ -70,8 +78,13 @@ def test_native_training_forward_and_backward_match_autograd(varied_tiny, which,
     assert len(grads) == len(list(model.parameters())) - untied
     for name, grad in grads.items():
         ref = ref_grads[name]
-        torch.testing.assert_close(grad, ref, rtol=RTOL, atol=ATOL * max(1.0, ref.abs().max()),
-                                   msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            grad,
+            ref,
+            rtol=RTOL,
+            atol=ATOL * max(1.0, ref.abs().max()),
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 @pytest.mark.parametrize("which", ["qwen2_tiny", "llama_gqa"])
@@ -84,10 +97,18 @@ def test_completions_sharing_a_beginning_share_its_rows(varied_tiny, which):
     model = varied_tiny[0] if which == "qwen2_tiny" else _llama_gqa()
     model.train()
     prompt_ids, prompt_mask, _, _ = _batch(Bp=2, P=4, G=4, C=4)
-    completion_ids = torch.tensor([
-        [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 9, 9], [5, 10, 7, 8],  # group 0
-        [5, 6, 7, 8], [5, 6, 7, 8], [11, 6, 7, 8], [5, 6, 7, 3],  # group 1
-    ])  # fmt: skip
+    completion_ids = torch.tensor(
+        [
+            [5, 6, 7, 8],
+            [5, 6, 7, 8],
+            [5, 6, 9, 9],
+            [5, 10, 7, 8],  # group 0
+            [5, 6, 7, 8],
+            [5, 6, 7, 8],
+            [11, 6, 7, 8],
+            [5, 6, 7, 3],  # group 1
+        ]
+    )
     completion_mask = torch.ones(8, 4, dtype=torch.bool)
     completion_mask[5, 2:] = False  # as row 4 but ended after two tokens
     batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
@@ -97,18 +118,30 @@ def test_completions_sharing_a_beginning_share_its_rows(varied_tiny, which):
     assert grads.keys() == ref_grads.keys()
     for name, grad in grads.items():
         ref = ref_grads[name]
-        torch.testing.assert_close(grad, ref, rtol=RTOL, atol=ATOL * max(1.0, ref.abs().max()),
-                                   msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            grad,
+            ref,
+            rtol=RTOL,
+            atol=ATOL * max(1.0, ref.abs().max()),
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 @pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 8, 12])
 def test_native_training_matches_autograd_at_every_head_size(head_dim):
     """The attention's loops are compiled per head size (16, 32, 64, 128: vectors of 8 held in
     registers) with a loop at any other size (8, 12 here): each path against autograd."""
-    config = LlamaConfig(vocab_size=22, hidden_size=2 * head_dim, intermediate_size=40,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=head_dim, max_position_embeddings=32,
-                         tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=22,
+        hidden_size=2 * head_dim,
+        intermediate_size=40,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     model = _varied(LlamaForCausalLM(config), head_dim)
     model.train()
     batch = _batch(Bp=2, P=4, G=3, C=3)
@@ -120,13 +153,16 @@ def test_native_training_matches_autograd_at_every_head_size(head_dim):
     for name, grad in grads.items():
         ref = ref_grads[name]  # (the backward runs the chain again, in reverse)
         atol = chained_sum_atol(longest, layers=2, reference=ref)
-        torch.testing.assert_close(grad, ref, rtol=RTOL, atol=atol,
-                                   msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            grad, ref, rtol=RTOL, atol=atol, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def _op_args(decoder: Decoder, batch) -> tuple:
-    detached = [[t.detach() for t in a] if isinstance(a, list) else a.detach()
-                for a in decoder._training_weights()]  # fmt: skip
+    detached = [
+        [t.detach() for t in a] if isinstance(a, list) else a.detach()
+        for a in decoder._training_weights()
+    ]
     return (*batch, *detached, *decoder._native_config())
 
 
@@ -138,12 +174,15 @@ def test_native_training_opcheck(varied_tiny):
     for i in (4, 12):  # embed and final_norm ask for gradients; the lists stay constants
         args[i] = args[i].clone().requires_grad_(True)
     torch.library.opcheck(torch.ops.nostall.decoder_train.default, tuple(args))
-    out = torch.ops.nostall.decoder_train.default(*[a.detach() if isinstance(a, torch.Tensor)
-                                                    else a for a in args])  # fmt: skip
+    out = torch.ops.nostall.decoder_train.default(
+        *[a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    )
     grad = torch.randn_like(out[0])
-    torch.library.opcheck(torch.ops.nostall.decoder_train_backward.default,
-                          (grad, *_op_args(decoder, batch)[:15], *out[1:], 4, 4, 1e-6),
-                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.nostall.decoder_train_backward.default,
+        (grad, *_op_args(decoder, batch)[:15], *out[1:], 4, 4, 1e-6),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_native_training_errors(varied_tiny):
@@ -191,8 +230,17 @@ def test_native_training_errors(varied_tiny):
     out = op(*batch, *weights)
     backward = torch.ops.nostall.decoder_train_backward.default
     with pytest.raises(RuntimeError, match="probs must be decoder_train's"):
-        backward(out[0], *batch, *weights[:11], out[1], out[2], out[3][:, :-1], out[4], out[5],
-                 *weights[11:])  # fmt: skip
+        backward(
+            out[0],
+            *batch,
+            *weights[:11],
+            out[1],
+            out[2],
+            out[3][:, :-1],
+            out[4],
+            out[5],
+            *weights[11:],
+        )
     with pytest.raises(RuntimeError, match="grad_hidden must be a CPU float32"):
         backward(out[0][:-1], *batch, *weights[:11], *out[1:], *weights[11:])
     # The rotary tables are constants: asking for their gradient is an error, not a silent zero.
@@ -215,8 +263,9 @@ def test_backward_into_a_flat_buffer_sets_and_adds_the_same_gradients(varied_tin
     weights, config = args[4:15], args[15:]
     out = torch.ops.nostall.decoder_train.default(*args)
     grad = torch.randn(out[0].shape, generator=torch.Generator().manual_seed(2))
-    fresh = torch.ops.nostall.decoder_train_backward.default(grad, *batch, *weights, *out[1:],
-                                                              *config)  # fmt: skip
+    fresh = torch.ops.nostall.decoder_train_backward.default(
+        grad, *batch, *weights, *out[1:], *config
+    )
     want = torch.cat([g.reshape(-1) for x in fresh for g in (x if isinstance(x, list) else [x])])
     into = torch.ops.nostall.decoder_train_backward_into.default
     flat = torch.full_like(want, float("nan"))  # (set: whatever it held is overwritten)
@@ -232,7 +281,10 @@ def test_backward_into_a_flat_buffer_sets_and_adds_the_same_gradients(varied_tin
     ref = before.float() + want.float()
     bound = u * (before.float().abs() + want.float().abs() + ref.abs()) + 1e-30
     assert ((flat.float() - ref).abs() <= bound).all()
-    torch.library.opcheck(into, (grad, *batch, *weights, *out[1:], *config, flat, True),
-                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    torch.library.opcheck(
+        into,
+        (grad, *batch, *weights, *out[1:], *config, flat, True),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     with pytest.raises(RuntimeError, match=r"flat_grad must be a contiguous CPU"):
         into(grad, *batch, *weights, *out[1:], *config, flat[:-1], False)

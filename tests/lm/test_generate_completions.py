@@ -15,9 +15,13 @@ PROMPTS = ["efffb=", "abc=", "h=", "0123="]
 
 
 def _engine(model, lm, C, banned, **sampling):
-    return GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C, **sampling),
-                            eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                            banned_token_ids=banned)  # fmt: skip
+    return GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=C, **sampling),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=banned,
+    )
 
 
 def _generate(engine, lm, G, C, seed, python_loop: bool):
@@ -31,11 +35,14 @@ def _generate(engine, lm, G, C, seed, python_loop: bool):
     return batch, generator.get_state()
 
 
-@pytest.mark.parametrize(("G", "C", "sampling", "ban"), [
-    (1, 6, dict(temperature=1.0), True),
-    (3, 5, dict(temperature=0.7, top_k=5), True),
-    (2, 8, dict(temperature=1.3, top_p=0.9), False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("G", "C", "sampling", "ban"),
+    [
+        (1, 6, dict(temperature=1.0), True),
+        (3, 5, dict(temperature=0.7, top_k=5), True),
+        (2, 8, dict(temperature=1.3, top_p=0.9), False),
+    ],
+)
 def test_the_native_batch_equals_the_python_loop(varied_tiny, G, C, sampling, ban):
     model, lm = varied_tiny
     banned = lm.banned_token_ids() if ban else []
@@ -72,11 +79,17 @@ def _op_args(model, lm, C=3, G=2):
     cache = decoder.new_cache(B, P + C)
     uniform = torch.rand(C, B, lm.vocab_size, generator=torch.Generator().manual_seed(0))
     allowed = torch.ones(lm.vocab_size, dtype=torch.bool)
-    return dict(prompt_ids=ids, prompt_mask=mask, group_size=G, uniform=uniform,
-                allowed=allowed), (
-        *decoder._weight_lists(), cache.keys, cache.values, *decoder._native_config(), 1.0, 0,
-        1.0, lm.eos_token_id, lm.pad_token_id,
-    )  # fmt: skip
+    return dict(prompt_ids=ids, prompt_mask=mask, group_size=G, uniform=uniform, allowed=allowed), (
+        *decoder._weight_lists(),
+        cache.keys,
+        cache.values,
+        *decoder._native_config(),
+        1.0,
+        0,
+        1.0,
+        lm.eos_token_id,
+        lm.pad_token_id,
+    )
 
 
 def _call(head: dict, tail: tuple):
@@ -90,9 +103,11 @@ def test_generate_completions_opcheck(varied_tiny):
     ids, mask, log_prob = _call(head, tail)
     assert ids.shape == mask.shape == log_prob.shape == (4, 3)
     assert ids.dtype == torch.int64 and mask.dtype == torch.bool
-    torch.library.opcheck(torch.ops.nostall.generate_completions.default,
-                          (*head.values(), *tail),
-                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.nostall.generate_completions.default,
+        (*head.values(), *tail),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_generate_completions_errors(varied_tiny):

@@ -33,8 +33,9 @@ def test_forward_matches_transformers(varied_tiny):
     ids, mask = _encode(lm, PROMPTS)
     with torch.no_grad():
         ours = F.linear(Decoder(model).hidden(ids, mask, positions_of(mask)), model.lm_head.weight)
-        theirs = model(input_ids=ids, attention_mask=mask.long(),
-                       position_ids=positions_of(mask)).logits  # fmt: skip
+        theirs = model(
+            input_ids=ids, attention_mask=mask.long(), position_ids=positions_of(mask)
+        ).logits
     torch.testing.assert_close(ours[mask], theirs[mask], rtol=1e-5, atol=1e-5)
 
 
@@ -51,8 +52,9 @@ def test_grouped_forward_matches_the_full_forward(varied_tiny):
     ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
     keys = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
     full = decoder.hidden(ids, keys, positions_of(keys))[:, prompt_ids.shape[1] - 1 : -1]
-    torch.testing.assert_close(grouped[completion_mask], full[completion_mask], rtol=1e-5,
-                               atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        grouped[completion_mask], full[completion_mask], rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("group_size", [1, 3])
@@ -60,17 +62,26 @@ def test_greedy_generation_matches_generate_token_for_token(varied_tiny, group_s
     model, lm = varied_tiny
     C = 10
     ids, mask = _encode(lm, PROMPTS, group_size)
-    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C, top_k=1),
-                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                              banned_token_ids=[])  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=C, top_k=1),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=[],
+    )
     batch = Completions.empty(*ids.shape, C)
     batch.prompt_ids.copy_(ids)
     batch.prompt_mask.copy_(mask)
     engine.generate(batch, torch.Generator().manual_seed(0), group_size)
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=C,
-                             do_sample=False, pad_token_id=lm.pad_token_id,
-                             eos_token_id=lm.eos_token_id)[:, ids.shape[1] :]  # fmt: skip
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask.long(),
+            max_new_tokens=C,
+            do_sample=False,
+            pad_token_id=lm.pad_token_id,
+            eos_token_id=lm.eos_token_id,
+        )[:, ids.shape[1] :]
     assert out.shape[1] >= 2 and len(set(out[:, 0].tolist())) > 1  # the outputs do vary
     expected = torch.full((len(ids), C), lm.pad_token_id)
     expected[:, : out.shape[1]] = out
@@ -86,9 +97,13 @@ def test_behaviour_log_probs_equal_the_trainers(varied_tiny, ban):
     G, C = 4, 6
     ids, mask = _encode(lm, PROMPTS, G)
     banned = lm.banned_token_ids() if ban else []
-    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C, temperature=0.8),
-                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                              banned_token_ids=banned)  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=C, temperature=0.8),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=banned,
+    )
     batch = LMBatch.empty(len(ids), ids.shape[1], C)
     batch.prompt_ids.copy_(ids)
     batch.prompt_mask.copy_(mask)
@@ -106,17 +121,22 @@ def test_behaviour_log_probs_equal_the_trainers(varied_tiny, ban):
 def test_no_host_sync_per_decode_step(varied_tiny):
     model, lm = varied_tiny
     ids, mask = _encode(lm, PROMPTS, 2)
-    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=6),
-                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                              banned_token_ids=lm.banned_token_ids())  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=6),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=lm.banned_token_ids(),
+    )
     batch = Completions.empty(*ids.shape, 6)
     batch.prompt_ids.copy_(ids)
     batch.prompt_mask.copy_(mask)
     generator = torch.Generator().manual_seed(0)
     engine.generate(batch, generator, 2)  # allocates the cache
     with SyncWatch(model) as watch:
-        watch.mark(*batch.tensors().values(), engine._cache.keys, engine._cache.values,
-                   engine.allowed)  # fmt: skip
+        watch.mark(
+            *batch.tensors().values(), engine._cache.keys, engine._cache.values, engine.allowed
+        )
         engine.generate(batch, generator, 2)
     assert watch.report().unintended_count == 0, watch.report().table()
 
@@ -124,9 +144,13 @@ def test_no_host_sync_per_decode_step(varied_tiny):
 def test_early_stop_is_checked_every_k_tokens(varied_tiny):
     model, lm = varied_tiny
     ids, mask = _encode(lm, PROMPTS)
-    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=12, stop_check_every=2),
-                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                              banned_token_ids=[])  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=12, stop_check_every=2),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=[],
+    )
     batch = Completions.empty(*ids.shape, 12)
     batch.prompt_ids.copy_(ids)
     batch.prompt_mask.copy_(mask)
@@ -154,9 +178,13 @@ def test_cuda_graph_decode_matches_eager(varied_tiny):
     out = {}
     for graph in (False, True):
         sampling = SamplingConfig(max_new_tokens=8, cuda_graph=graph)
-        engine = GenerationEngine(Decoder(model), sampling, eos_token_id=lm.eos_token_id,
-                                  pad_token_id=lm.pad_token_id,
-                                  banned_token_ids=lm.banned_token_ids())  # fmt: skip
+        engine = GenerationEngine(
+            Decoder(model),
+            sampling,
+            eos_token_id=lm.eos_token_id,
+            pad_token_id=lm.pad_token_id,
+            banned_token_ids=lm.banned_token_ids(),
+        )
         batch = Completions.empty(*ids.shape, 8, device="cuda")
         batch.prompt_ids.copy_(ids)
         batch.prompt_mask.copy_(mask)
@@ -171,9 +199,16 @@ def test_cuda_graph_decode_matches_eager(varied_tiny):
 def _llama_of_head_size(head_dim: int, vocab: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=2 * head_dim, intermediate_size=40,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=head_dim, max_position_embeddings=32)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=2 * head_dim,
+        intermediate_size=40,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(head_dim)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -207,8 +242,10 @@ def test_native_decode_step_matches_the_python_one(varied_tiny, head_dim):
         slots = torch.arange(P + 4)
         for t in range(4):
             slot_mask[:, P + t] = True
-            out = [d.decode(token, position + t, slots[P + t : P + t + 1], slot_mask, c)
-                   for d, c in zip((native, python), caches, strict=True)]  # fmt: skip
+            out = [
+                d.decode(token, position + t, slots[P + t : P + t + 1], slot_mask, c)
+                for d, c in zip((native, python), caches, strict=True)
+            ]
             config = model.config
             longest = max(config.hidden_size, config.intermediate_size, P + t + 1)
             layers = config.num_hidden_layers
@@ -225,25 +262,44 @@ def test_native_decode_step_opcheck_and_errors(varied_tiny):
     decoder = Decoder(model)
     decoder.freeze()
     cache = decoder.new_cache(2, 6)
-    args = dict(token=torch.tensor([3, 4]), position=torch.tensor([0, 1]),
-                slot=torch.tensor([1]), slot_mask=torch.ones(2, 6, dtype=torch.bool))  # fmt: skip
+    args = dict(
+        token=torch.tensor([3, 4]),
+        position=torch.tensor([0, 1]),
+        slot=torch.tensor([1]),
+        slot_mask=torch.ones(2, 6, dtype=torch.bool),
+    )
     with torch.no_grad():
         logits = decoder.decode(**args, cache=cache)
     assert logits.shape == (2, 22)
     layers = decoder.layers
     op_args = (
-        args["token"], args["position"], args["slot"], args["slot_mask"],
-        decoder.embed.weight.detach(), [x.input_layernorm.weight.detach() for x in layers],
-        [w.detach() for w, _, _ in decoder._fused], [b.detach() for _, b, _ in decoder._fused],
+        args["token"],
+        args["position"],
+        args["slot"],
+        args["slot_mask"],
+        decoder.embed.weight.detach(),
+        [x.input_layernorm.weight.detach() for x in layers],
+        [w.detach() for w, _, _ in decoder._fused],
+        [b.detach() for _, b, _ in decoder._fused],
         [x.self_attn.o_proj.weight.detach() for x in layers],
         [x.post_attention_layernorm.weight.detach() for x in layers],
         [g.detach() for _, _, g in decoder._fused],
-        [x.mlp.down_proj.weight.detach() for x in layers], decoder.norm.weight.detach(),
-        decoder.output_weight.detach(), decoder.cos, decoder.sin, cache.keys, cache.values, 4, 4,
+        [x.mlp.down_proj.weight.detach() for x in layers],
+        decoder.norm.weight.detach(),
+        decoder.output_weight.detach(),
+        decoder.cos,
+        decoder.sin,
+        cache.keys,
+        cache.values,
+        4,
+        4,
         1e-6,
-    )  # fmt: skip
-    torch.library.opcheck(torch.ops.nostall.decode_step.default, op_args,
-                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    )
+    torch.library.opcheck(
+        torch.ops.nostall.decode_step.default,
+        op_args,
+        test_utils=("test_schema", "test_faketensor"),
+    )
     for change, message in [
         (dict(token=torch.tensor([3, 99])), "token 99 outside"),
         (dict(position=torch.tensor([0, 64])), "position 64 outside"),
@@ -268,8 +324,10 @@ def test_native_prefill_matches_the_python_one(varied_tiny, group_size):
     python.freeze()
     caches = [d.new_cache(B, P + 2) for d in (native, python)]
     with torch.no_grad():
-        out = [d.prefill(ids, mask, c, group_size)
-               for d, c in zip((native, python), caches, strict=True)]  # fmt: skip
+        out = [
+            d.prefill(ids, mask, c, group_size)
+            for d, c in zip((native, python), caches, strict=True)
+        ]
         torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
         # Only the slots real tokens wrote are read later; padding slots must be finite too.
         for name in ("keys", "values"):
@@ -281,8 +339,10 @@ def test_native_prefill_matches_the_python_one(varied_tiny, group_size):
         slot_mask[:, P] = True
         token = out[1].argmax(-1)
         position = slot_mask[:, :P].sum(1)
-        step = [d.decode(token, position, torch.tensor([P]), slot_mask, c)
-                for d, c in zip((native, python), caches, strict=True)]  # fmt: skip
+        step = [
+            d.decode(token, position, torch.tensor([P]), slot_mask, c)
+            for d, c in zip((native, python), caches, strict=True)
+        ]
     torch.testing.assert_close(step[0], step[1], rtol=1e-5, atol=1e-5)
 
 
@@ -292,12 +352,28 @@ def test_native_prefill_opcheck_and_errors(varied_tiny):
     decoder.freeze()
     ids, mask = _encode(lm, PROMPTS[:2])
     cache = decoder.new_cache(4, ids.shape[1] + 3)
-    op_args = (ids, mask, 2, *decoder._weight_lists(), cache.keys, cache.values,
-               *decoder._native_config())  # fmt: skip
-    op_args = tuple([t.detach() for t in a] if isinstance(a, list) else
-                    a.detach() if isinstance(a, torch.Tensor) else a for a in op_args)  # fmt: skip
-    torch.library.opcheck(torch.ops.nostall.prefill_prompts.default, op_args,
-                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+    op_args = (
+        ids,
+        mask,
+        2,
+        *decoder._weight_lists(),
+        cache.keys,
+        cache.values,
+        *decoder._native_config(),
+    )
+    op_args = tuple(
+        [t.detach() for t in a]
+        if isinstance(a, list)
+        else a.detach()
+        if isinstance(a, torch.Tensor)
+        else a
+        for a in op_args
+    )
+    torch.library.opcheck(
+        torch.ops.nostall.prefill_prompts.default,
+        op_args,
+        test_utils=("test_schema", "test_faketensor"),
+    )
     bad_ids = ids.clone()
     bad_ids[0, -1] = 99
     right_padded = mask.clone()

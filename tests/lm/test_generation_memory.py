@@ -33,8 +33,13 @@ print(json.dumps({"added_mib": (after - before) / 1024}))
 
 
 def _added_mib(new_tokens: int) -> float:
-    run = subprocess.run([sys.executable, "-c", PEAK, str(new_tokens)], capture_output=True,
-                         text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", PEAK, str(new_tokens)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])["added_mib"]
 

@@ -22,8 +22,15 @@ pytestmark = [
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
 def test_generation_and_trainer_agree_on_the_gpu(arch, dtype):
     model, tokenizer = build(arch)
-    args = grpo.GRPOConfig(num_prompts=2, num_generations=3, max_new_tokens=6, top_k=5,
-                           watch_syncs=False, device="cuda", dtype=dtype)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=2,
+        num_generations=3,
+        max_new_tokens=6,
+        top_k=5,
+        watch_syncs=False,
+        device="cuda",
+        dtype=dtype,
+    )
     setup = grpo.build(args, grpo.Inputs(lm=LanguageModel(model, tokenizer, arch)))
     assert setup.decoder.output_weight.device.type == "cuda"
     behaviour, trainer = generated_and_trainer(setup, args)
@@ -35,9 +42,16 @@ def test_generation_and_trainer_agree_on_the_gpu(arch, dtype):
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_a_bf16_gpu_run_trains_without_a_sync(arch, staleness):
     model, tokenizer = build(arch)
-    args = grpo.GRPOConfig(num_prompts=2, num_generations=4, max_new_tokens=6, steps=6,
-                           device="cuda", dtype="auto", staleness=staleness,
-                           learning_rate=1e-3)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=2,
+        num_generations=4,
+        max_new_tokens=6,
+        steps=6,
+        device="cuda",
+        dtype="auto",
+        staleness=staleness,
+        learning_rate=1e-3,
+    )
     trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
     assert trainer.setup.compute.get_input_embeddings().weight.dtype == torch.bfloat16
     result = trainer.train()

@@ -26,8 +26,10 @@ C = 8
 
 def _random_weights(model, seed):
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(v.shape, generator=g) * 0.3 if v.dim() > 1 else v.clone()
-            for k, v in model.state_dict().items()}  # fmt: skip
+    return {
+        k: torch.randn(v.shape, generator=g) * 0.3 if v.dim() > 1 else v.clone()
+        for k, v in model.state_dict().items()
+    }
 
 
 def _batch(lm):
@@ -47,8 +49,13 @@ def _transformers_greedy_with_swap(model, before, after, ids, mask, swap_at):
     next_position = mask.sum(1)
     tokens = []
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions_of(mask),
-                       past_key_values=cache, use_cache=True).logits[:, -1]  # fmt: skip
+        logits = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions_of(mask),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
         for t in range(C):
             tokens.append(logits.argmax(-1))
             if t == C - 1:
@@ -56,9 +63,13 @@ def _transformers_greedy_with_swap(model, before, after, ids, mask, swap_at):
             if t + 1 == swap_at:
                 model.load_state_dict(after)
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], 1)
-            logits = model(input_ids=tokens[-1][:, None], attention_mask=attention,
-                           position_ids=(next_position + t)[:, None], past_key_values=cache,
-                           use_cache=True).logits[:, -1]  # fmt: skip
+            logits = model(
+                input_ids=tokens[-1][:, None],
+                attention_mask=attention,
+                position_ids=(next_position + t)[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
     return torch.stack(tokens, 1)
 
 
@@ -68,12 +79,17 @@ def test_a_swap_between_decode_steps_matches_transformers_doing_the_same(swap_at
     model = lm.model.eval()
     before, after = _random_weights(model, 1), _random_weights(model, 2)
     batch = _batch(lm)
-    expected = _transformers_greedy_with_swap(model, before, after, batch.prompt_ids,
-                                              batch.prompt_mask, swap_at)  # fmt: skip
+    expected = _transformers_greedy_with_swap(
+        model, before, after, batch.prompt_ids, batch.prompt_mask, swap_at
+    )
     model.load_state_dict(before)
-    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C, top_k=1),
-                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                              banned_token_ids=[])  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=C, top_k=1),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=[],
+    )
     calls = []
 
     def between_tokens(t):
@@ -93,8 +109,9 @@ def test_a_swap_between_decode_steps_matches_transformers_doing_the_same(swap_at
     assert live[:, swap_at:].any()  # the swap changes tokens that count
     assert torch.equal(batch.completion_ids[live], expected[live])
     # And the swap did matter: the old weights alone decode otherwise.
-    no_swap = _transformers_greedy_with_swap(model, before, before, batch.prompt_ids,
-                                             batch.prompt_mask, swap_at)  # fmt: skip
+    no_swap = _transformers_greedy_with_swap(
+        model, before, before, batch.prompt_ids, batch.prompt_mask, swap_at
+    )
     assert not torch.equal(no_swap[live], expected[live])
 
 
@@ -102,9 +119,13 @@ def test_a_swap_to_the_same_weights_changes_nothing():
     lm = builtin_model("tiny", seed=0)
     model = lm.model.eval()
     model.load_state_dict(_random_weights(model, 1))
-    engine = GenerationEngine(Decoder(model), SamplingConfig(max_new_tokens=C),
-                              eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                              banned_token_ids=lm.banned_token_ids())  # fmt: skip
+    engine = GenerationEngine(
+        Decoder(model),
+        SamplingConfig(max_new_tokens=C),
+        eos_token_id=lm.eos_token_id,
+        pad_token_id=lm.pad_token_id,
+        banned_token_ids=lm.banned_token_ids(),
+    )
     plain, swapped = _batch(lm), _batch(lm)
     engine.generate(plain, torch.Generator().manual_seed(5), 1)
     engine.generate(swapped, torch.Generator().manual_seed(5), 1, lambda t: True)
@@ -133,8 +154,9 @@ def test_the_loops_refresh_takes_weights_published_mid_chunk():
             chunk.weight = rollout_model.weight.detach().clone()
         filled.append(chunk)
 
-    loop = RolloutLoop([_Chunk() for _ in range(3)], fill, rollout_model, trainer_model,
-                       staleness=1)  # fmt: skip
+    loop = RolloutLoop(
+        [_Chunk() for _ in range(3)], fill, rollout_model, trainer_model, staleness=1
+    )
     with loop:
         index, first = loop.next_chunk()
         assert first.version == 0 and first.seen == [0]
@@ -155,8 +177,15 @@ def test_the_loops_refresh_takes_weights_published_mid_chunk():
 def test_grpo_generator_records_each_tokens_version():
     """The trainer publishes version 1 while batch 1 is at its third token: tokens 2.. carry
     version 1, the batch version 0, and the mean token lag counts each token's."""
-    args = grpo.GRPOConfig(steps=2, num_prompts=2, num_generations=2, max_new_tokens=5, staleness=1,
-                     inflight_weights=True, watch_syncs=False)  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=2,
+        num_prompts=2,
+        num_generations=2,
+        max_new_tokens=5,
+        staleness=1,
+        inflight_weights=True,
+        watch_syncs=False,
+    )
     run = grpo.build(args)
     loop, generator = run.loop, run.generator
     refresh = generator.refresh
@@ -200,8 +229,15 @@ def test_grpo_generator_records_each_tokens_version():
 
 
 def test_a_run_with_inflight_weights_reports_its_token_lag():
-    args = grpo.GRPOConfig(steps=6, num_prompts=4, num_generations=4, staleness=1,
-                     inflight_weights=True, watch_syncs=False, log_interval=3)  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=6,
+        num_prompts=4,
+        num_generations=4,
+        staleness=1,
+        inflight_weights=True,
+        watch_syncs=False,
+        log_interval=3,
+    )
     result = grpo.train(args)
     assert len(result.rewards) == 6
     assert 0 <= result.mean_token_lag <= result.mean_lag <= 1

@@ -12,8 +12,15 @@ from tests.lm.log_probs import generated_and_trainer, trainer_log_probs
 
 peft = pytest.importorskip("peft", reason="LoRA needs peft (pip install 'peft>=0.15')")
 
-FAST = dict(num_prompts=2, num_generations=4, watch_syncs=False, staleness=0, lora_r=4,
-            learning_rate=1e-2, log_interval=1)  # fmt: skip
+FAST = dict(
+    num_prompts=2,
+    num_generations=4,
+    watch_syncs=False,
+    staleness=0,
+    lora_r=4,
+    learning_rate=1e-2,
+    log_interval=1,
+)
 
 
 def test_only_the_adapters_train_and_the_adapter_reloads(tmp_path):
@@ -55,12 +62,15 @@ def test_generation_and_trainer_agree_with_adapters():
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_lora_run_resumes_exactly_from_the_kth_checkpoint(tmp_path, k):
-    args = grpo.GRPOConfig(steps=3, checkpoint=str(tmp_path / "c-{step}.pt"),
-                           checkpoint_every=1, **FAST)  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=3, checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=1, **FAST
+    )
     straight = grpo.GRPOTrainer(args=args).train()
-    resumed = grpo.GRPOTrainer(args=dataclasses.replace(
-        args, resume=str(tmp_path / f"c-{k}.pt"), checkpoint=str(tmp_path / "r-{step}.pt"))
-    ).train()  # fmt: skip
+    resumed = grpo.GRPOTrainer(
+        args=dataclasses.replace(
+            args, resume=str(tmp_path / f"c-{k}.pt"), checkpoint=str(tmp_path / "r-{step}.pt")
+        )
+    ).train()
     assert resumed.rewards == straight.rewards
 
 

@@ -31,8 +31,9 @@ def _gradients(args):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
-    base = dict(num_prompts=2, num_generations=4, watch_syncs=False, max_grad_norm=1e9,
-                entropy_coef=0.1)  # fmt: skip
+    base = dict(
+        num_prompts=2, num_generations=4, watch_syncs=False, max_grad_norm=1e9, entropy_coef=0.1
+    )
     _, want = _gradients(grpo.GRPOConfig(**base))
     checkpointed, got = _gradients(grpo.GRPOConfig(**base, gradient_checkpointing=True))
     assert isinstance(checkpointed.decoder, HFDecoder)

@@ -34,6 +34,9 @@ def test_a_hub_id_in_the_local_cache_loads_without_a_download(tmp_path, monkeypa
 
 def test_a_hub_id_not_in_the_cache_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
-    with pytest.raises(ValueError, match=r"nor a Hub id in the local Hugging Face cache .*"
-                                         r"`hf download someone/absent`"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"nor a Hub id in the local Hugging Face cache .*"
+        r"`hf download someone/absent`",
+    ):
         load_model("someone/absent")

@@ -120,8 +120,13 @@ def test_bf16_generation_log_probs_are_the_trainers(varied_tiny):
     low, _ = _bf16(varied_tiny[0])
     decoder = Decoder(low)
     B, P, C, G = 6, 5, 4, 3
-    engine = GenerationEngine(decoder, SamplingConfig(max_new_tokens=C), eos_token_id=2,
-                              pad_token_id=0, banned_token_ids=[])  # fmt: skip
+    engine = GenerationEngine(
+        decoder,
+        SamplingConfig(max_new_tokens=C),
+        eos_token_id=2,
+        pad_token_id=0,
+        banned_token_ids=[],
+    )
     batch = LMBatch.empty(B, P, C)
     prompt_ids, prompt_mask, *_ = _batch(Bp=2, P=P, G=1, C=1)
     batch.prompt_ids.copy_(prompt_ids.repeat_interleave(G, 0))
@@ -149,15 +154,27 @@ def test_bf16_native_ops_pass_opcheck(varied_tiny):
     weights = decoder._weight_lists()
     config = decoder._native_config()
     generation_checks = ("test_schema", "test_faketensor")  # (no gradient: as in float32)
-    torch.library.opcheck(torch.ops.nostall.prefill_prompts.default,
-                          (prompt_ids, prompt_mask, 2, *weights, cache.keys, cache.values,
-                           *config), test_utils=generation_checks)  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.nostall.prefill_prompts.default,
+        (prompt_ids, prompt_mask, 2, *weights, cache.keys, cache.values, *config),
+        test_utils=generation_checks,
+    )
     slot_mask = torch.zeros(4, 8, dtype=torch.bool)
     slot_mask[:, :5] = True
-    torch.library.opcheck(torch.ops.nostall.decode_step.default,
-                          (torch.arange(3, 7), torch.full((4,), 4), torch.tensor([4]), slot_mask,
-                           *weights, cache.keys, cache.values, *config),
-                          test_utils=generation_checks)  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.nostall.decode_step.default,
+        (
+            torch.arange(3, 7),
+            torch.full((4,), 4),
+            torch.tensor([4]),
+            slot_mask,
+            *weights,
+            cache.keys,
+            cache.values,
+            *config,
+        ),
+        test_utils=generation_checks,
+    )
 
 
 def test_mixed_or_unsupported_dtypes_are_named(varied_tiny):
@@ -183,13 +200,20 @@ def test_mixed_or_unsupported_dtypes_are_named(varied_tiny):
     weights, config = decoder._weight_lists(), decoder._native_config()
     keys = torch.zeros(2, 2, 4, 8, 4, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="keys must be Float, got BFloat16"):
-        torch.ops.nostall.prefill_prompts.default(batch[0], batch[1], 1, *weights, keys,
-                                                  keys.clone(), *config)  # fmt: skip
+        torch.ops.nostall.prefill_prompts.default(
+            batch[0], batch[1], 1, *weights, keys, keys.clone(), *config
+        )
 
 
 def _llama_dir_args(**settings) -> grpo.GRPOConfig:
-    return grpo.GRPOConfig(num_prompts=2, num_generations=4, max_new_tokens=4,
-                           watch_syncs=False, staleness=0, **settings)  # fmt: skip
+    return grpo.GRPOConfig(
+        num_prompts=2,
+        num_generations=4,
+        max_new_tokens=4,
+        watch_syncs=False,
+        staleness=0,
+        **settings,
+    )
 
 
 @pytest.mark.parametrize("master_dtype", ["float32", "bfloat16"])
@@ -199,12 +223,14 @@ def test_the_explicit_update_runs_bf16_compute(master_dtype):
     autograd path's exactly (tests/lm/test_precision.py checks the master-weight step against an
     independent float32 step)."""
     model, tokenizer = build("llama")
-    args = _llama_dir_args(dtype="bfloat16", master_dtype=master_dtype, entropy_coef=0.0,
-                           learning_rate=1e-2)  # fmt: skip
+    args = _llama_dir_args(
+        dtype="bfloat16", master_dtype=master_dtype, entropy_coef=0.0, learning_rate=1e-2
+    )
     runs = []
     for autograd in (False, True):
-        setup = grpo.build(args, grpo.Inputs(lm=LanguageModel(copy.deepcopy(model), tokenizer,
-                                                              "llama")))  # fmt: skip
+        setup = grpo.build(
+            args, grpo.Inputs(lm=LanguageModel(copy.deepcopy(model), tokenizer, "llama"))
+        )
         assert ExplicitUpdate.applies(setup.decoder, setup.stepper, None)
         batch = setup.loop.slots[0]
         torch.manual_seed(0)

@@ -21,8 +21,7 @@ from nostall.train import checkpoint
 from tests.lm.architectures import build
 
 LR = 1e-2
-FAST = dict(num_prompts=2, num_generations=4, max_new_tokens=4, watch_syncs=False,
-            learning_rate=LR)  # fmt: skip
+FAST = dict(num_prompts=2, num_generations=4, max_new_tokens=4, watch_syncs=False, learning_rate=LR)
 
 
 def _setup(arch="llama", **settings):
@@ -74,20 +73,25 @@ def test_a_bf16_step_is_the_float32_step_on_the_bf16_gradients_summed_in_float32
     names = [name for name, _ in master.named_parameters()]
     reference = copy.deepcopy(master)
     ref_params = dict(reference.named_parameters())
-    ref_optimizer = ClippedAdam([ref_params[n] for n in _order(setup)], lr=args.learning_rate,
-                                max_grad_norm=args.max_grad_norm)  # fmt: skip
+    ref_optimizer = ClippedAdam(
+        [ref_params[n] for n in _order(setup)],
+        lr=args.learning_rate,
+        max_grad_norm=args.max_grad_norm,
+    )
     compute = precision.compute_copy(reference, torch.bfloat16)
     decoder = make_decoder(compute)
     sums = {n: torch.zeros_like(p) for n, p in ref_params.items()}
-    advantage = nostall.group_advantages(batch.rewards, setup.group_index, args.num_prompts,
-                                         args.scale_rewards)  # fmt: skip
+    advantage = nostall.group_advantages(
+        batch.rewards, setup.group_index, args.num_prompts, args.scale_rewards
+    )
     parts = micro_batches(batch, accumulate)
     rows = batch.completion_ids.shape[0] // accumulate
     for part, adv in zip(parts, advantage.split(rows), strict=True):
         compute.zero_grad(set_to_none=True)
         log_prob = grpo.policy_log_probs(decoder, part, 1.0, setup.vocab, args.num_generations)
-        loss, *_ = grpo_loss(log_prob, log_prob.detach(), adv, part.completion_mask, args,
-                             part.log_probs)  # fmt: skip
+        loss, *_ = grpo_loss(
+            log_prob, log_prob.detach(), adv, part.completion_mask, args, part.log_probs
+        )
         (loss / accumulate).backward()
         for name, p in compute.named_parameters():
             sums[name] += p.grad.float()
@@ -105,8 +109,9 @@ def test_a_bf16_step_is_the_float32_step_on_the_bf16_gradients_summed_in_float32
         # (Adam's first step is lr * g / (|g| + eps): where |g| is near eps a last-bit
         # difference in g moves the step by up to a part in 10^4 of lr.)
         torch.testing.assert_close(got[name], ref_params[name], rtol=0, atol=1e-4 * LR)
-        assert torch.equal(dict(setup.compute.named_parameters())[name],
-                           got[name].detach().to(torch.bfloat16))  # fmt: skip
+        assert torch.equal(
+            dict(setup.compute.named_parameters())[name], got[name].detach().to(torch.bfloat16)
+        )
 
 
 def _order(setup) -> list[str]:
@@ -150,10 +155,15 @@ def test_the_correction_is_trls_truncated_token_weight():
     torch.testing.assert_close(grad, want_grad)
 
 
-@pytest.mark.parametrize(("dtype", "staleness", "flag", "corrects"), [
-    ("float32", 0, True, False), ("bfloat16", 0, True, True), ("bfloat16", 0, False, False),
-    ("float32", 1, False, True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dtype", "staleness", "flag", "corrects"),
+    [
+        ("float32", 0, True, False),
+        ("bfloat16", 0, True, True),
+        ("bfloat16", 0, False, False),
+        ("float32", 1, False, True),
+    ],
+)
 def test_which_runs_correct_for_the_behaviour_policy(dtype, staleness, flag, corrects):
     setup, _ = _setup(dtype=dtype, staleness=staleness, importance_sampling_correction=flag)
     assert setup.corrects is corrects
@@ -169,7 +179,7 @@ def test_a_bf16_update_reports_the_mismatch_and_reads_nothing():
         grpo.UpdateContext(setup.decoder, setup.stepper, args, setup.vocab, setup.group_index),
         batch,
         setup.corrects,
-    )  # fmt: skip (warm-up)
+    )  # (a warm-up update)
     setup.generator(batch)
     with SyncWatch(setup.lm.model, setup.compute) as watch:
         watch.mark(*batch.tensors().values(), *setup.device_tensors())
@@ -190,10 +200,18 @@ def test_a_bf16_run_saves_float32_and_resumes_exactly(tmp_path, resume_from):
 
     def run(steps, resume=None, out="a"):
         model, tokenizer = build("llama")
-        args = grpo.GRPOConfig(**{**FAST, "dtype": "bfloat16", "staleness": 0, "steps": steps,
-                                  "checkpoint": str(tmp_path / out / "c{step}.pt"),
-                                  "checkpoint_every": 1, "resume": resume,
-                                  "output_dir": str(tmp_path / out)})  # fmt: skip
+        args = grpo.GRPOConfig(
+            **{
+                **FAST,
+                "dtype": "bfloat16",
+                "staleness": 0,
+                "steps": steps,
+                "checkpoint": str(tmp_path / out / "c{step}.pt"),
+                "checkpoint_every": 1,
+                "resume": resume,
+                "output_dir": str(tmp_path / out),
+            }
+        )
         trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
         trainer.train()
         return trainer
@@ -201,8 +219,9 @@ def test_a_bf16_run_saves_float32_and_resumes_exactly(tmp_path, resume_from):
     whole = run(3)
     assert "compute bfloat16 (master weights float32)" in whole.report
     resumed = run(3, resume=str(tmp_path / "a" / f"c{resume_from}.pt"), out="b")
-    for (name, a), b in zip(whole.model.state_dict().items(),
-                            resumed.model.state_dict().values(), strict=True):  # fmt: skip
+    for (name, a), b in zip(
+        whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+    ):
         assert a.dtype == torch.float32
         assert torch.equal(a, b), name
     _, state = checkpoint.load(tmp_path / "a" / "c3.pt", "grpo")
@@ -218,9 +237,17 @@ def test_bf16_weights_reach_the_other_backends(tmp_path, backend):
     if backend == "ray":
         pytest.importorskip("ray", reason="the ray backend needs Ray (the dev install has it)")
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(**{**FAST, "dtype": "bfloat16", "staleness": 1, "steps": 3,
-                              "backend": backend, "checkpoint": str(tmp_path / "c.pt"),
-                              "checkpoint_every": 3})  # fmt: skip
+    args = grpo.GRPOConfig(
+        **{
+            **FAST,
+            "dtype": "bfloat16",
+            "staleness": 1,
+            "steps": 3,
+            "backend": backend,
+            "checkpoint": str(tmp_path / "c.pt"),
+            "checkpoint_every": 3,
+        }
+    )
     trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
     result = trainer.train()
     assert len(result.rewards) == 3
@@ -256,8 +283,9 @@ def test_settings_compose():
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_bf16_run_has_no_unintended_sync(staleness):
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(**{**FAST, "dtype": "bfloat16", "staleness": staleness, "steps": 5,
-                              "watch_syncs": True})  # fmt: skip
+    args = grpo.GRPOConfig(
+        **{**FAST, "dtype": "bfloat16", "staleness": staleness, "steps": 5, "watch_syncs": True}
+    )
     result = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args).train()
     assert result.syncs_per_update == 0, result.sync_sites
     assert result.syncs_per_decode_step == 0, result.sync_sites
@@ -267,10 +295,17 @@ def test_a_bf16_master_run_holds_everything_in_bf16(tmp_path):
     """--master-dtype bfloat16 (TRL with the model loaded in bf16): weights, moments and the
     saved model in bf16, no second copy; it trains and resumes."""
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(**{**FAST, "master_dtype": "bfloat16", "staleness": 0, "steps": 3,
-                              "output_dir": str(tmp_path / "run"),
-                              "checkpoint": str(tmp_path / "c{step}.pt"),
-                              "checkpoint_every": 2})  # fmt: skip
+    args = grpo.GRPOConfig(
+        **{
+            **FAST,
+            "master_dtype": "bfloat16",
+            "staleness": 0,
+            "steps": 3,
+            "output_dir": str(tmp_path / "run"),
+            "checkpoint": str(tmp_path / "c{step}.pt"),
+            "checkpoint_every": 2,
+        }
+    )
     trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
     setup = trainer.setup
     assert setup.compute is setup.lm.model and setup.precision is None
@@ -286,8 +321,11 @@ def test_a_bf16_master_run_holds_everything_in_bf16(tmp_path):
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model", dtype="auto")
     assert saved.dtype == torch.bfloat16
     model, tokenizer = build("llama")
-    resumed = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=dataclasses.replace(
-        args, resume=str(tmp_path / "c2.pt"), output_dir=None))  # fmt: skip
+    resumed = grpo.GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=dataclasses.replace(args, resume=str(tmp_path / "c2.pt"), output_dir=None),
+    )
     resumed.train()
     assert torch.equal(resumed.setup.optimizer.flat_parameters, setup.optimizer.flat_parameters)
 
@@ -308,9 +346,16 @@ def test_a_bf16_checkpoint_trains_saves_and_reloads(tmp_path, master):
     from tests.lm.architectures import save
 
     folder = save("qwen3", tmp_path / "bf16", dtype=torch.bfloat16)
-    args = grpo.GRPOConfig(**{**FAST, "model": str(folder), "dtype": "bfloat16", "steps": 2,
-                              "master_dtype": master,
-                              "output_dir": str(tmp_path / "run")})  # fmt: skip
+    args = grpo.GRPOConfig(
+        **{
+            **FAST,
+            "model": str(folder),
+            "dtype": "bfloat16",
+            "steps": 2,
+            "master_dtype": master,
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
     trainer = grpo.GRPOTrainer(args=args)
     want = torch.float32 if master == "float32" else torch.bfloat16
     assert {p.dtype for p in trainer.model.parameters()} == {want}
@@ -329,9 +374,17 @@ def test_a_run_resumes_in_the_other_compute_dtype(tmp_path, first, then):
 
     def run(dtype, steps, resume=None):
         model, tokenizer = build("llama")
-        args = grpo.GRPOConfig(**{**FAST, "dtype": dtype, "staleness": 1, "steps": steps,
-                                  "checkpoint": str(tmp_path / f"{dtype}.pt"),
-                                  "checkpoint_every": steps, "resume": resume})  # fmt: skip
+        args = grpo.GRPOConfig(
+            **{
+                **FAST,
+                "dtype": dtype,
+                "staleness": 1,
+                "steps": steps,
+                "checkpoint": str(tmp_path / f"{dtype}.pt"),
+                "checkpoint_every": steps,
+                "resume": resume,
+            }
+        )
         trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
         return trainer, trainer.train()
 
@@ -346,11 +399,11 @@ def test_a_run_resumes_in_the_other_compute_dtype(tmp_path, first, then):
 def test_lora_adapters_train_in_bf16_over_float32_masters():
     pytest.importorskip("peft", reason="LoRA needs peft (the dev install has it)")
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(**{**FAST, "dtype": "bfloat16", "lora_r": 4, "steps": 3,
-                              "staleness": 0})  # fmt: skip
+    args = grpo.GRPOConfig(**{**FAST, "dtype": "bfloat16", "lora_r": 4, "steps": 3, "staleness": 0})
     trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
-    trained = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
-               if p.requires_grad}  # fmt: skip
+    trained = {
+        n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad
+    }
     trainer.train()
     compute = dict(trainer.setup.compute.named_parameters())
     for name, p in trainer.model.named_parameters():

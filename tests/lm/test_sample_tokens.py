@@ -25,25 +25,49 @@ def _inputs(B, V, dtype=torch.float32, seed=0, scale=2.0):
 
 
 def _both(logits, uniform, finished, allowed, **kw):
-    kw = dict(temperature=1.0, top_k=0, top_p=1.0, eos_token_id=logits.shape[1] - 1,
-              pad_token_id=0) | kw  # fmt: skip
+    kw = (
+        dict(temperature=1.0, top_k=0, top_p=1.0, eos_token_id=logits.shape[1] - 1, pad_token_id=0)
+        | kw
+    )
     mine_finished = finished.clone()
-    token, log_prob = ops.sample_tokens(logits, uniform, mine_finished, allowed, kw["temperature"],
-                                        kw["top_k"], kw["top_p"], kw["eos_token_id"],
-                                        kw["pad_token_id"])  # fmt: skip
+    token, log_prob = ops.sample_tokens(
+        logits,
+        uniform,
+        mine_finished,
+        allowed,
+        kw["temperature"],
+        kw["top_k"],
+        kw["top_p"],
+        kw["eos_token_id"],
+        kw["pad_token_id"],
+    )
     ref = reference.sample_tokens(
-        logits, uniform, finished, allowed, kw["temperature"], kw["top_k"], kw["top_p"],
-        kw["eos_token_id"], kw["pad_token_id"],
-    )  # fmt: skip
+        logits,
+        uniform,
+        finished,
+        allowed,
+        kw["temperature"],
+        kw["top_k"],
+        kw["top_p"],
+        kw["eos_token_id"],
+        kw["pad_token_id"],
+    )
     return (token, log_prob, mine_finished), ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"temperature": 0.7}, {"top_k": 3}, {"top_p": 0.8}, {"top_k": 5, "top_p": 0.6},
-     {"top_k": 1}, {"temperature": 1.5, "top_p": 0.95}],
-)  # fmt: skip
+    [
+        {},
+        {"temperature": 0.7},
+        {"top_k": 3},
+        {"top_p": 0.8},
+        {"top_k": 5, "top_p": 0.6},
+        {"top_k": 1},
+        {"temperature": 1.5, "top_p": 0.95},
+    ],
+)
 def test_matches_reference(dtype, kw):
     mine, ref = _both(*_inputs(64, 22, dtype), **kw)
     assert torch.equal(mine[0], ref[0])
@@ -54,12 +78,15 @@ def test_matches_reference(dtype, kw):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    B=st.integers(1, 9), V=st.integers(3, 300), top_k=st.integers(0, 8),
-    top_p=st.floats(0.05, 1.0), temperature=st.floats(0.3, 3.0), seed=st.integers(0, 99),
-)  # fmt: skip
+    B=st.integers(1, 9),
+    V=st.integers(3, 300),
+    top_k=st.integers(0, 8),
+    top_p=st.floats(0.05, 1.0),
+    temperature=st.floats(0.3, 3.0),
+    seed=st.integers(0, 99),
+)
 def test_matches_reference_fuzzed(B, V, top_k, top_p, temperature, seed):
-    mine, ref = _both(*_inputs(B, V, seed=seed), top_k=top_k, top_p=top_p,
-                      temperature=temperature)  # fmt: skip
+    mine, ref = _both(*_inputs(B, V, seed=seed), top_k=top_k, top_p=top_p, temperature=temperature)
     assert torch.equal(mine[0], ref[0])
     torch.testing.assert_close(mine[1], ref[1], rtol=1e-5, atol=1e-5)
 
@@ -69,22 +96,39 @@ def test_banned_tokens_are_never_sampled_and_eos_finishes():
     logits[:, 0] = 10.0  # the banned token is by far the likeliest
     allowed = torch.tensor([False, True, True, True, True])
     finished = torch.zeros(4096, dtype=torch.bool)
-    token, _ = sample_tokens(logits, finished, allowed, eos_token_id=4, pad_token_id=0,
-                             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    token, _ = sample_tokens(
+        logits,
+        finished,
+        allowed,
+        eos_token_id=4,
+        pad_token_id=0,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert (token != 0).all()
     assert torch.equal(finished, token == 4)
     # The next step: finished rows emit padding with log-prob 0 and stay finished.
-    again, log_prob = sample_tokens(logits, finished, allowed, eos_token_id=4, pad_token_id=0,
-                                    generator=torch.Generator().manual_seed(1))  # fmt: skip
+    again, log_prob = sample_tokens(
+        logits,
+        finished,
+        allowed,
+        eos_token_id=4,
+        pad_token_id=0,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert (again[token == 4] == 0).all() and (log_prob[token == 4] == 0).all()
 
 
 def test_nothing_to_sample_is_visible():
     logits = torch.tensor([[float("nan")] * 4, [1.0, 2.0, 3.0, 4.0]])
     finished = torch.zeros(2, dtype=torch.bool)
-    token, log_prob = sample_tokens(logits, finished, torch.ones(4, dtype=torch.bool),
-                                    eos_token_id=3, pad_token_id=0,
-                                    generator=torch.Generator().manual_seed(0))  # fmt: skip
+    token, log_prob = sample_tokens(
+        logits,
+        finished,
+        torch.ones(4, dtype=torch.bool),
+        eos_token_id=3,
+        pad_token_id=0,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert token[0] == 0 and torch.isnan(log_prob[0])
     assert torch.isfinite(log_prob[1])
 
@@ -98,9 +142,15 @@ def test_frequencies_follow_the_truncated_softmax(kw):
     allowed[5] = False
     n = 40000
     finished = torch.zeros(n, dtype=torch.bool)
-    token, log_prob = sample_tokens(logits.expand(n, 6).contiguous(), finished, allowed,
-                                    eos_token_id=4, pad_token_id=5,
-                                    generator=torch.Generator().manual_seed(0), **kw)  # fmt: skip
+    token, log_prob = sample_tokens(
+        logits.expand(n, 6).contiguous(),
+        finished,
+        allowed,
+        eos_token_id=4,
+        pad_token_id=5,
+        generator=torch.Generator().manual_seed(0),
+        **kw,
+    )
     x = (logits / kw.get("temperature", 1.0)).masked_fill(~allowed, float("-inf"))
     p = reference_probabilities(x, kw.get("top_k", 0), kw.get("top_p", 1.0))
     freq = torch.bincount(token, minlength=6).double() / n
@@ -137,8 +187,9 @@ def test_compiles_without_graph_breaks():
     logits, uniform, finished, allowed = _inputs(8, 22)
 
     def step(logits, uniform, finished):
-        token, log_prob = ops.sample_tokens(logits * 2, uniform, finished, allowed, 1.0, 0, 1.0,
-                                            21, 0)  # fmt: skip
+        token, log_prob = ops.sample_tokens(
+            logits * 2, uniform, finished, allowed, 1.0, 0, 1.0, 21, 0
+        )
         return token + 1, log_prob
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
@@ -169,10 +220,30 @@ ERRORS = [
 @pytest.mark.parametrize("edit,message", ERRORS)
 def test_bad_input_is_named(mode, edit, message):
     logits, uniform, finished, allowed = _inputs(4, 22)
-    a = edit(dict(logits=logits, uniform=uniform, finished=finished, allowed=allowed,
-                  temperature=1.0, top_k=0, top_p=1.0, eos=21, pad=0))  # fmt: skip
-    args = (a["logits"], a["uniform"], a["finished"], a["allowed"], a["temperature"],
-            a["top_k"], a["top_p"], a["eos"], a["pad"])  # fmt: skip
+    a = edit(
+        dict(
+            logits=logits,
+            uniform=uniform,
+            finished=finished,
+            allowed=allowed,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos=21,
+            pad=0,
+        )
+    )
+    args = (
+        a["logits"],
+        a["uniform"],
+        a["finished"],
+        a["allowed"],
+        a["temperature"],
+        a["top_k"],
+        a["top_p"],
+        a["eos"],
+        a["pad"],
+    )
     if mode == "fake":
         from torch._subclasses.fake_tensor import FakeTensorMode
 

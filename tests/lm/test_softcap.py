@@ -27,15 +27,18 @@ def test_log_probs_and_entropies_are_the_full_computation(monkeypatch, temperatu
     torch.testing.assert_close(log_prob.double(), want_lp, rtol=0, atol=1e-5)
     torch.testing.assert_close(entropy.double(), want_h, rtol=0, atol=1e-5)
     upstream = torch.randn(2, 1, 11, generator=g)
-    mine = torch.autograd.grad((log_prob * upstream[0]).sum() + (entropy * upstream[1]).sum(),
-                               (hidden, weight))  # fmt: skip
-    theirs = torch.autograd.grad((want_lp * upstream[0]).sum() + (want_h * upstream[1]).sum(),
-                                 (hidden, weight))  # fmt: skip
+    mine = torch.autograd.grad(
+        (log_prob * upstream[0]).sum() + (entropy * upstream[1]).sum(), (hidden, weight)
+    )
+    theirs = torch.autograd.grad(
+        (want_lp * upstream[0]).sum() + (want_h * upstream[1]).sum(), (hidden, weight)
+    )
     for a, b in zip(mine, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
 
 
 def test_a_cap_must_be_positive():
     with pytest.raises(ValueError, match="cap must be positive"):
-        softcap.softcapped_token_log_prob(torch.zeros(2, 4), torch.zeros(3, 4),
-                                          torch.zeros(2, dtype=torch.long), 0.0)  # fmt: skip
+        softcap.softcapped_token_log_prob(
+            torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(2, dtype=torch.long), 0.0
+        )

@@ -18,8 +18,13 @@ ATOL = 2e-5  # float32: the same products over a longer, masked key range
 def _generate(decoder: HFDecoder, seed: int = 0) -> Completions:
     # Completions past the sliding window (4) of the windowed architectures, left padding.
     B, G, P, C = 2, 3, 5, 9
-    engine = GenerationEngine(decoder, SamplingConfig(max_new_tokens=C, stop_check_every=0),
-                              eos_token_id=2, pad_token_id=0, banned_token_ids=[0, 1])  # fmt: skip
+    engine = GenerationEngine(
+        decoder,
+        SamplingConfig(max_new_tokens=C, stop_check_every=0),
+        eos_token_id=2,
+        pad_token_id=0,
+        banned_token_ids=[0, 1],
+    )
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(3, 22, (B, P), generator=g)
     mask = torch.ones(B, P, dtype=torch.bool)

@@ -24,8 +24,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
 
 
 def test_this_process_uses_the_native_autograd():
@@ -36,11 +42,23 @@ def test_this_process_uses_the_native_autograd():
 def test_the_op_tests_pass_under_the_python_autograd():
     out = subprocess.run(
         # (Peak memory is not the autograd's business, and a sanitizer build inflates it.)
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not peak_memory",
-         *DIFFERENTIATING_TESTS],
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "not peak_memory",
+            *DIFFERENTIATING_TESTS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
         env={**os.environ, "NOSTALL_AUTOGRAD": "python"},
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert " passed" in out.stdout and " failed" not in out.stdout
 

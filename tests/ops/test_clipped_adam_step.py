@@ -19,8 +19,10 @@ def _buffers(n=37, seed=0, scale=5.0):
 def test_opcheck():
     param, grad, avg, sq, step = _buffers()
     sq.abs_()
-    torch.library.opcheck(torch.ops.nostall.clipped_adam_step.default,
-                          (param, grad, avg, sq, step, 1e-3, 0.9, 0.999, 1e-8, 1.0))  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.nostall.clipped_adam_step.default,
+        (param, grad, avg, sq, step, 1e-3, 0.9, 0.999, 1e-8, 1.0),
+    )
 
 
 def test_steps_in_turn_against_the_formula():
@@ -47,9 +49,11 @@ def test_steps_in_turn_against_the_formula():
 def test_clipped_adam_takes_the_op_for_a_number_learning_rate_on_the_cpu():
     params = [torch.nn.Parameter(torch.randn(3, 4))]
     assert ClippedAdam(params, lr=1e-3, max_grad_norm=1.0)._native_step_applies(
-        {"lr": 1e-3, "weight_decay": 0.0, "amsgrad": False, "maximize": False})  # fmt: skip
-    opt = ClippedAdam([torch.nn.Parameter(torch.randn(3))], lr=torch.tensor(1e-3),
-                      max_grad_norm=1.0)  # fmt: skip
+        {"lr": 1e-3, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
+    )
+    opt = ClippedAdam(
+        [torch.nn.Parameter(torch.randn(3))], lr=torch.tensor(1e-3), max_grad_norm=1.0
+    )
     assert not opt._native_step_applies(opt.param_groups[0])
 
 
@@ -78,14 +82,25 @@ def test_a_non_finite_gradient_spreads_as_in_clip_grad_norm():
 )
 def test_bad_arguments_are_named(change, message):
     param, grad, avg, sq, step = _buffers()
-    args = dict(param=param, grad=grad, exp_avg=avg, exp_avg_sq=sq, step=step, lr=1e-3,
-                beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=1.0)  # fmt: skip
+    args = dict(
+        param=param,
+        grad=grad,
+        exp_avg=avg,
+        exp_avg_sq=sq,
+        step=step,
+        lr=1e-3,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        max_grad_norm=1.0,
+    )
     args.update(change)
     with pytest.raises(RuntimeError, match=message):
         torch.ops.nostall.clipped_adam_step(**args)
     with pytest.raises(RuntimeError, match=message), torch._subclasses.FakeTensorMode() as mode:
-        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
-                for k, v in args.items()}  # fmt: skip
+        fake = {
+            k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()
+        }
         torch.ops.nostall.clipped_adam_step(**fake)
 
 
@@ -100,8 +115,9 @@ def test_the_bf16_step_against_the_formula_and_its_rounded_copy():
     for t, scale in enumerate((5.0, 5.0, 1e-3), start=1):
         g = (torch.randn(37, generator=torch.Generator().manual_seed(t)) * scale).bfloat16()
         kept = g.clone()
-        torch.ops.nostall.clipped_adam_step_bf16(param, g, avg, sq, step, rounded, lr, b1, b2,
-                                                 eps, max_norm)  # fmt: skip
+        torch.ops.nostall.clipped_adam_step_bf16(
+            param, g, avg, sq, step, rounded, lr, b1, b2, eps, max_norm
+        )
         assert torch.equal(g, kept)  # (the gradient is read only)
         gd = g.double() * min(1.0, max_norm / (g.double().norm().item() + 1e-6))
         m = b1 * m + (1 - b1) * gd
@@ -115,11 +131,13 @@ def test_the_bf16_step_against_the_formula_and_its_rounded_copy():
     args = (param, g, avg, sq, step, rounded, lr, b1, b2, eps, max_norm)
     torch.library.opcheck(torch.ops.nostall.clipped_adam_step_bf16.default, args)
     with pytest.raises(RuntimeError, match=r"grad must be a contiguous CPU bfloat16 \[37\]"):
-        torch.ops.nostall.clipped_adam_step_bf16(param, g.float(), avg, sq, step, rounded, lr,
-                                                 b1, b2, eps, max_norm)  # fmt: skip
+        torch.ops.nostall.clipped_adam_step_bf16(
+            param, g.float(), avg, sq, step, rounded, lr, b1, b2, eps, max_norm
+        )
     with pytest.raises(RuntimeError, match=r"rounded must be a contiguous CPU bfloat16 \[37\]"):
-        torch.ops.nostall.clipped_adam_step_bf16(param, g, avg, sq, step, rounded[:-1], lr, b1,
-                                                 b2, eps, max_norm)  # fmt: skip
+        torch.ops.nostall.clipped_adam_step_bf16(
+            param, g, avg, sq, step, rounded[:-1], lr, b1, b2, eps, max_norm
+        )
 
 
 @pytest.mark.parametrize("tensor_lr", [False, True])

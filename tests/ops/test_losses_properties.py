@@ -192,8 +192,9 @@ def _token_log_prob_linear_contract(hidden, weight, tokens, chunk_size) -> set[s
     return bad
 
 
-def _policy_loss_contract(log_prob, old_log_prob, advantage, mask, aggregation,
-                          max_tokens) -> set[str]:  # fmt: skip
+def _policy_loss_contract(
+    log_prob, old_log_prob, advantage, mask, aggregation, max_tokens
+) -> set[str]:
     bad = set()
     if _bad(log_prob, 2, FLOATS) or min(log_prob.shape) < 1:
         bad.add("log_prob")
@@ -242,8 +243,16 @@ def _well_formed(B: int, T: int, V: int, dtype: torch.dtype) -> dict[str, dict]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.sampled_from(FLOATS),
-       st.integers(0, 3), ANY_TENSOR, st.integers(-2, 3), st.text(max_size=8))  # fmt: skip
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.sampled_from(FLOATS),
+    st.integers(0, 3),
+    ANY_TENSOR,
+    st.integers(-2, 3),
+    st.text(max_size=8),
+)
 def test_malformed_input_is_refused_naming_the_argument(B, T, V, dtype, which, other, n, word):
     """Every op's well-formed arguments with one of them (`which`, if any) replaced by any
     tensor or None, and any integer and word for its sizes and options: the call succeeds
@@ -256,13 +265,19 @@ def test_malformed_input_is_refused_naming_the_argument(B, T, V, dtype, which, o
     scale, aggregation = word or "group", word or "token_mean"
     chunk_size, max_tokens = (n if n != 0 else None), (n or None)
     a = ops["group_advantages"]
-    _expect(lambda: nostall.group_advantages(*a.values(), n, scale),
-            _group_advantages_contract(*a.values(), n, scale))  # fmt: skip
+    _expect(
+        lambda: nostall.group_advantages(*a.values(), n, scale),
+        _group_advantages_contract(*a.values(), n, scale),
+    )
     a = ops["token_log_prob"]
     _expect(lambda: nostall.token_log_prob(*a.values()), _token_log_prob_contract(*a.values()))
     a = ops["token_log_prob_linear"]
-    _expect(lambda: nostall.token_log_prob_linear(*a.values(), chunk_size),
-            _token_log_prob_linear_contract(*a.values(), chunk_size))  # fmt: skip
+    _expect(
+        lambda: nostall.token_log_prob_linear(*a.values(), chunk_size),
+        _token_log_prob_linear_contract(*a.values(), chunk_size),
+    )
     a = ops["clipped_policy_loss"]
-    _expect(lambda: nostall.clipped_policy_loss(*a.values(), 0.2, 0.2, aggregation, max_tokens),
-            _policy_loss_contract(*a.values(), aggregation, max_tokens))  # fmt: skip
+    _expect(
+        lambda: nostall.clipped_policy_loss(*a.values(), 0.2, 0.2, aggregation, max_tokens),
+        _policy_loss_contract(*a.values(), aggregation, max_tokens),
+    )

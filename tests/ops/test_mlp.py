@@ -117,8 +117,14 @@ def test_input_gradient_only_when_asked():
     x = torch.randn(5, 3, dtype=torch.float64)
     nostall.mlp(x, w, biases).sum().backward()
     assert x.grad is None and all(t.grad is not None for t in w)
-    grads = ops.mlp_backward(torch.ones(5, 2, dtype=torch.float64), x, weights,
-                             ops.mlp(x, weights, biases, "tanh")[1], "tanh", False)  # fmt: skip
+    grads = ops.mlp_backward(
+        torch.ones(5, 2, dtype=torch.float64),
+        x,
+        weights,
+        ops.mlp(x, weights, biases, "tanh")[1],
+        "tanh",
+        False,
+    )
     assert grads[0] is None
 
 
@@ -218,10 +224,13 @@ def test_bad_arguments_raise_clear_errors_eager_and_compiled(case):
         ops.mlp(*args)
     with pytest.raises(RuntimeError, match=message), torch._subclasses.FakeTensorMode() as mode:
         fake_args = [
-            mode.from_tensor(a) if isinstance(a, torch.Tensor)
-            else [mode.from_tensor(t) for t in a] if isinstance(a, list) else a
+            mode.from_tensor(a)
+            if isinstance(a, torch.Tensor)
+            else [mode.from_tensor(t) for t in a]
+            if isinstance(a, list)
+            else a
             for a in args
-        ]  # fmt: skip
+        ]
         ops.mlp(*fake_args)
 
 

@@ -175,8 +175,9 @@ def test_backward_names_its_bad_argument(name, bad, message):
     args = dict(grad_entropy=torch.ones(2, 3), entropy=entropy, logsumexp=lse)
     args[name] = bad
     with pytest.raises(RuntimeError, match=message):
-        ops.token_entropy_linear_backward(args["grad_entropy"], hidden, weight, args["entropy"],
-                                          args["logsumexp"], 2)  # fmt: skip
+        ops.token_entropy_linear_backward(
+            args["grad_entropy"], hidden, weight, args["entropy"], args["logsumexp"], 2
+        )
 
 
 @settings(max_examples=100, deadline=None)

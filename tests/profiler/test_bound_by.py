@@ -71,10 +71,20 @@ def test_a_real_loop_is_split_and_the_command_prints_and_plots_it(tmp_path):
     environment steps, its rollout forwards and its update each get their share."""
     trace = tmp_path / "trace.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "cleanrl_ppo.py"), "--iterations", "1",
-         "--num-steps", "16", "--trace", str(trace)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "examples" / "cleanrl_ppo.py"),
+            "--iterations",
+            "1",
+            "--num-steps",
+            "16",
+            "--trace",
+            str(trace),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     bound = analyze_bound_by(trace)
     shares = {c: ms / bound.wall_us for c, ms in bound.by_category.items()}
@@ -86,8 +96,10 @@ def test_a_real_loop_is_split_and_the_command_prints_and_plots_it(tmp_path):
     plot = tmp_path / "bound.png"
     out = subprocess.run(
         [sys.executable, "-m", "nostall.cli", "trace", str(trace), "--json", "--plot", str(plot)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["bound_by"]["bound_by"] == bound.bound_by

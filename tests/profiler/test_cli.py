@@ -71,8 +71,10 @@ def test_profile_json(tmp_path):
 
 
 def test_fail_on_sync_exit_codes(tmp_path):
-    assert nostall("profile", "--fail-on-sync", str(script(tmp_path, SYNCING)), "--", "1"
-                   ).returncode == 3  # fmt: skip
+    assert (
+        nostall("profile", "--fail-on-sync", str(script(tmp_path, SYNCING)), "--", "1").returncode
+        == 3
+    )
     assert nostall("profile", "--fail-on-sync", str(script(tmp_path, CLEAN))).returncode == 0
 
 
@@ -98,15 +100,24 @@ def test_missing_script_and_bad_usage(tmp_path):
 
 def test_profile_with_trace_on_a_cpu_only_machine(tmp_path):
     trace_path = tmp_path / "trace.json"
-    result = nostall("profile", "--trace", str(trace_path), str(script(tmp_path, SYNCING)),
-                     "--", "1")  # fmt: skip
+    result = nostall(
+        "profile", "--trace", str(trace_path), str(script(tmp_path, SYNCING)), "--", "1"
+    )
     assert result.returncode == 0, result.stderr
     assert trace_path.is_file()
     assert "device idle breakdown" in result.stdout
     assert "bound by:" in result.stdout and "recorded under the sync watch" in result.stdout
     plot = tmp_path / "bound.png"
-    result = nostall("profile", "--trace", str(trace_path), "--plot", str(plot),
-                     str(script(tmp_path, SYNCING)), "--", "1")  # fmt: skip
+    result = nostall(
+        "profile",
+        "--trace",
+        str(trace_path),
+        "--plot",
+        str(plot),
+        str(script(tmp_path, SYNCING)),
+        "--",
+        "1",
+    )
     assert result.returncode == 0 and plot.is_file(), result.stderr
     result = nostall("profile", "--plot", str(plot), str(script(tmp_path, SYNCING)))
     assert result.returncode == 2 and "--plot needs --trace" in result.stderr

@@ -45,8 +45,11 @@ CLEANRL_SITES = {
 def _profile(script: Path, *args: str) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "nostall.cli", "profile", "--json", str(script), "--", *args],
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -54,8 +57,10 @@ def _profile(script: Path, *args: str) -> dict:
 def _score(found: set, true: set, name: str) -> tuple[float, float]:
     precision = len(found & true) / len(found) if found else 0.0
     recall = len(found & true) / len(true)
-    print(f"{name}: {len(found)} sites found, {len(true)} true; precision {precision:.3f}, "
-          f"recall {recall:.3f}")  # fmt: skip
+    print(
+        f"{name}: {len(found)} sites found, {len(true)} true; precision {precision:.3f}, "
+        f"recall {recall:.3f}"
+    )
     return precision, recall
 
 
@@ -71,13 +76,16 @@ def _true_sites() -> set[tuple[int, str]]:
 
 def test_cleanrl_style_ppo_precision_and_recall():
     report = _profile(EXAMPLE, "--iterations", "1", "--num-steps", "8")
-    found = {(s["line"], s["kind"]) for s in report["unintended"]
-             if Path(s["file"]).resolve() == EXAMPLE}  # fmt: skip
+    found = {
+        (s["line"], s["kind"]) for s in report["unintended"] if Path(s["file"]).resolve() == EXAMPLE
+    }
     elsewhere = [s for s in report["unintended"] if Path(s["file"]).resolve() != EXAMPLE]
     assert not elsewhere, elsewhere  # every site is at the script's own lines
     true = _true_sites()
     assert _score(found, true, "CleanRL-style PPO") == (1.0, 1.0), (
-        sorted(found - true), sorted(true - found))  # fmt: skip
+        sorted(found - true),
+        sorted(true - found),
+    )
 
 
 SB3_VERSION = "2.9.2"
@@ -90,29 +98,44 @@ SB3_SITES = {
     ("common/utils.py", "return th.as_tensor(obs, device=device)", "copy to device"),
     # Categorical: its logits validated at construction, each sample validated by log_prob,
     # multinomial sampling.
-    ("common/distributions.py", "self.distribution = Categorical(logits=action_logits)",
-     "distributions validation"),
-    ("common/distributions.py", "return self.distribution.log_prob(actions)",
-     "distributions validation"),
+    (
+        "common/distributions.py",
+        "self.distribution = Categorical(logits=action_logits)",
+        "distributions validation",
+    ),
+    (
+        "common/distributions.py",
+        "return self.distribution.log_prob(actions)",
+        "distributions validation",
+    ),
     ("common/distributions.py", "return self.distribution.sample()", "multinomial"),
     # Actions to NumPy for the env; values and log-probs into the NumPy rollout buffer.
     ("common/on_policy_algorithm.py", "actions = actions.cpu().numpy()", "copy to host"),
     ("common/buffers.py", "self.values[self.pos] = value.clone().cpu().numpy()", "copy to host"),
-    ("common/buffers.py", "self.log_probs[self.pos] = log_prob.clone().cpu().numpy()",
-     "copy to host"),
+    (
+        "common/buffers.py",
+        "self.log_probs[self.pos] = log_prob.clone().cpu().numpy()",
+        "copy to host",
+    ),
     ("common/buffers.py", "last_values = last_values.clone().cpu().numpy()", "copy to host"),
     # Training: each minibatch field from the NumPy buffer to the device.
     ("common/buffers.py", "return th.tensor(array, device=self.device)", "copy to device"),
     # Statistics read every minibatch for the logger.
     ("ppo/ppo.py", "pg_losses.append(policy_loss.item())", "item"),
-    ("ppo/ppo.py", "clip_fraction = th.mean((th.abs(ratio - 1) > clip_range).float()).item()",
-     "item"),
+    (
+        "ppo/ppo.py",
+        "clip_fraction = th.mean((th.abs(ratio - 1) > clip_range).float()).item()",
+        "item",
+    ),
     ("ppo/ppo.py", "value_losses.append(value_loss.item())", "item"),
     ("ppo/ppo.py", "entropy_losses.append(entropy_loss.item())", "item"),
-    ("ppo/ppo.py", "approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()",
-     "copy to host"),
+    (
+        "ppo/ppo.py",
+        "approx_kl_div = th.mean((th.exp(log_ratio) - 1) - log_ratio).cpu().numpy()",
+        "copy to host",
+    ),
     ("ppo/ppo.py", 'self.logger.record("train/loss", loss.item())', "item"),
-}  # fmt: skip
+}
 # Not syncs: the NumPy rollout buffer's own work (GAE in compute_returns_and_advantage,
 # explained_variance), the advantage normalisation and clip_grad_norm_ (device ops), Adam's host
 # step counter. Not exercised in 512 steps (CartPole truncates only at 500 steps of one
@@ -126,8 +149,10 @@ def test_stable_baselines3_ppo_precision_and_recall():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("stable-baselines3 is not installed (pip install stable-baselines3==2.9.2)")
     if version != SB3_VERSION:
-        pytest.skip(f"the list of true sites was written for stable-baselines3 {SB3_VERSION}, "
-                    f"{version} is installed")  # fmt: skip
+        pytest.skip(
+            f"the list of true sites was written for stable-baselines3 {SB3_VERSION}, "
+            f"{version} is installed"
+        )
     import stable_baselines3
 
     package = Path(stable_baselines3.__file__).resolve().parent
@@ -144,7 +169,9 @@ def test_stable_baselines3_ppo_precision_and_recall():
         assert matches, (file, fragment)
         true.add((file, matches[0], kind))
     assert _score(found, true, "Stable-Baselines3 PPO") == (1.0, 1.0), (
-        sorted(found - true), sorted(true - found))  # fmt: skip
+        sorted(found - true),
+        sorted(true - found),
+    )
 
 
 TRL_SITES = Path(__file__).resolve().parent / "real_code" / "trl_grpo_sites.json"
@@ -166,8 +193,9 @@ def test_trl_grpo_trainer_precision_and_recall():
         except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{package} is not installed (pip install {package}=={wanted})")
         if version != wanted:
-            pytest.skip(f"the list of true sites was written for {package} {wanted}, {version} "
-                        "is installed")  # fmt: skip
+            pytest.skip(
+                f"the list of true sites was written for {package} {wanted}, {version} is installed"
+            )
     import transformers
 
     root = Path(transformers.__file__).resolve().parent.parent  # site-packages
@@ -177,8 +205,15 @@ def test_trl_grpo_trainer_precision_and_recall():
         path = Path(s["file"]).resolve()
         assert path.is_relative_to(root), s  # all inside TRL and transformers
         found.add((path.relative_to(root).as_posix(), s["line"], s["kind"]))
-    true = {(site["file"], _site_packages_line(root, site["file"], site["line_text"],
-                                               site["occurrence"]), site["kind"])
-            for site in listed["sites"]}  # fmt: skip
+    true = {
+        (
+            site["file"],
+            _site_packages_line(root, site["file"], site["line_text"], site["occurrence"]),
+            site["kind"],
+        )
+        for site in listed["sites"]
+    }
     assert _score(found, true, "TRL GRPOTrainer") == (1.0, 1.0), (
-        sorted(found - true), sorted(true - found))  # fmt: skip
+        sorted(found - true),
+        sorted(true - found),
+    )

@@ -23,8 +23,16 @@ def kernel(ts, dur, corr, stream=7, device=0, cat="kernel"):
 
 def runtime(name, ts, dur, corr=None, tid=1):
     args = {} if corr is None else {"correlation": corr}
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "pid": 100,
-            "tid": tid, "args": args}  # fmt: skip
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "pid": 100,
+        "tid": tid,
+        "args": args,
+    }
 
 
 def host(cat, name, ts, dur, tid=1):

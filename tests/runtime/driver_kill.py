@@ -21,8 +21,9 @@ def ray_processes() -> set[str]:
     return found
 
 
-def kill_mid_run(code: str, leftovers: Callable[[], set[str]] = ray_processes,
-                 within_s: float = 20.0) -> float:  # fmt: skip
+def kill_mid_run(
+    code: str, leftovers: Callable[[], set[str]] = ray_processes, within_s: float = 20.0
+) -> float:
     """Runs `code` (which prints "running" once it is under way) in a fresh interpreter,
     checks it made some `leftovers`, SIGKILLs it, and asserts they are all gone within
     `within_s`; returns how long they took to go."""

@@ -67,8 +67,11 @@ def test_two_ranks_on_one_gpu_are_named():
 def test_a_shortfall_names_what_needs_it_and_what_the_cluster_has():
     each = {"num_cpus": 2.0, "num_gpus": 0.5}
     check_fits({"CPU": 4.0, "GPU": 1.0}, each, 2, "2 workers")  # fits exactly
-    with pytest.raises(ValueError, match=r"^3 workers x 2 CPUs need 6 CPUs; the Ray cluster "
-                                         r"has 4 free$"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^3 workers x 2 CPUs need 6 CPUs; the Ray cluster "
+        r"has 4 free$",
+    ):
         check_fits({"CPU": 4.0, "GPU": 2.0}, each, 3, "3 workers", " free")
     with pytest.raises(ValueError, match=r"x 0.5 GPUs need 1 GPUs; the Ray cluster has 0$"):
         check_fits({"CPU": 8.0}, each, 2, "2 workers")

@@ -20,8 +20,9 @@ class _Chunk:
 
 
 def _loop(fill, model, **kwargs):
-    return RolloutLoop([_Chunk() for _ in range(2)], fill, model, model, staleness=0,
-                       inline=True, **kwargs)  # fmt: skip
+    return RolloutLoop(
+        [_Chunk() for _ in range(2)], fill, model, model, staleness=0, inline=True, **kwargs
+    )
 
 
 def test_chunks_are_filled_on_the_callers_thread_in_order_with_their_versions():
@@ -99,13 +100,13 @@ def test_a_chunk_restored_from_a_checkpoint_is_trained_on_before_a_new_one():
 def test_inline_needs_staleness_zero():
     model = torch.nn.Linear(1, 1)
     with pytest.raises(ValueError, match="inline fills need staleness 0"):
-        RolloutLoop([_Chunk() for _ in range(3)], lambda chunk: None, model, model,
-                    staleness=1, inline=True)  # fmt: skip
+        RolloutLoop(
+            [_Chunk() for _ in range(3)], lambda chunk: None, model, model, staleness=1, inline=True
+        )
 
 
 def test_grpo_at_staleness_zero_generates_on_the_trainers_thread():
-    args = GRPOConfig(steps=2, num_prompts=2, num_generations=2, staleness=0,
-                      watch_syncs=False)  # fmt: skip
+    args = GRPOConfig(steps=2, num_prompts=2, num_generations=2, staleness=0, watch_syncs=False)
     trainer = GRPOTrainer(args=args)
     generator = trainer.setup.generator
     assert trainer.setup.loop.inline and generator.watch_rewards_here
@@ -123,8 +124,14 @@ def test_grpo_at_staleness_zero_generates_on_the_trainers_thread():
 
 def test_a_hung_reward_on_the_trainers_thread_is_named():
     """The inline generator's reward calls run in a helper thread the trainer's watches."""
-    args = GRPOConfig(steps=2, num_prompts=2, num_generations=2, staleness=0,
-                      watch_syncs=False, reward_timeout=0.3)  # fmt: skip
+    args = GRPOConfig(
+        steps=2,
+        num_prompts=2,
+        num_generations=2,
+        staleness=0,
+        watch_syncs=False,
+        reward_timeout=0.3,
+    )
     never = threading.Event()
 
     def stuck(prompts, completions, **kwargs):
@@ -133,8 +140,11 @@ def test_a_hung_reward_on_the_trainers_thread_is_named():
     trainer = GRPOTrainer(reward_funcs=stuck, args=args)
     assert isinstance(trainer.setup.generator.watchdog, Watchdog)
     try:
-        with pytest.raises(HangError, match=r"reward function stuck has not returned .*"
-                                            r"reward_timeout = 0.3 s"):  # fmt: skip
+        with pytest.raises(
+            HangError,
+            match=r"reward function stuck has not returned .*"
+            r"reward_timeout = 0.3 s",
+        ):
             trainer.train()
     finally:
         never.set()

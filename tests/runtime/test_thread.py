@@ -15,8 +15,9 @@ from tests.runtime.env_loops import env_loop
 def _runtime(staleness=0, act_fn=act, num_steps=8):
     env = nostall.envs.make("CartPole-v1", 4, seed=0, autoreset_mode="SameStep")
     agent = ActorCritic.for_env(env)
-    loop = env_loop("thread", agent, env=env, act_fn=act_fn, num_steps=num_steps,
-                    staleness=staleness)  # fmt: skip
+    loop = env_loop(
+        "thread", agent, env=env, act_fn=act_fn, num_steps=num_steps, staleness=staleness
+    )
     return loop, agent
 
 

@@ -22,9 +22,14 @@ def test_a_run_of_many_short_steps_keeps_and_reports_in_linear_work(tmp_path, mo
     monkeypatch.setattr(timeline_module.Timeline, "_add", watched)
     steps = 1200
     args = grpo.GRPOConfig(
-        steps=steps, num_prompts=2, num_generations=2, max_new_tokens=2, watch_syncs=False,
-        log_interval=100, output_dir=str(tmp_path),
-    )  # fmt: skip
+        steps=steps,
+        num_prompts=2,
+        num_generations=2,
+        max_new_tokens=2,
+        watch_syncs=False,
+        log_interval=100,
+        output_dir=str(tmp_path),
+    )
     result = grpo.train(args)
     timeline = result.timeline
     assert timeline.recorded == len(every_span) >= 2 * steps

@@ -42,12 +42,16 @@ def test_every_run_setting_is_declared_once_in_the_run_config(config):
 
 
 @pytest.mark.parametrize(("name", "value", "says"), BAD)
-@pytest.mark.parametrize(("config", "named"), [
-    (PPOConfig, lambda name: name),
-    (GRPOConfig, lambda name: "--" + name.replace("_", "-")),
-])  # fmt: skip
-def test_each_bad_run_setting_is_refused_by_every_config_naming_it(config, named, name, value,
-                                                                   says):  # fmt: skip
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (PPOConfig, lambda name: name),
+        (GRPOConfig, lambda name: "--" + name.replace("_", "-")),
+    ],
+)
+def test_each_bad_run_setting_is_refused_by_every_config_naming_it(
+    config, named, name, value, says
+):
     with pytest.raises(ValueError) as refused:
         config(**{name: value}).check()
     assert named(name) + says in str(refused.value)
@@ -60,14 +64,21 @@ def test_a_checkpoint_path_takes_its_algorithms_step_name(config, step):
         config(checkpoint="c-{epoch}.pt").check()
 
 
-@pytest.mark.parametrize(("algorithm", "own", "heading"), [
-    ("ppo", "--env-id", "The settings every run has:"),
-    ("grpo", "--model", "The settings every run has:"),
-    ("appo", "--env-id", "A PPO run's settings:"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("algorithm", "own", "heading"),
+    [
+        ("ppo", "--env-id", "The settings every run has:"),
+        ("grpo", "--model", "The settings every run has:"),
+        ("appo", "--env-id", "A PPO run's settings:"),
+    ],
+)
 def test_the_command_lists_an_algorithms_own_flags_before_every_runs(algorithm, own, heading):
-    text = subprocess.run([sys.executable, "-m", "nostall.cli", "train", algorithm, "--help"],
-                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    text = subprocess.run(
+        [sys.executable, "-m", "nostall.cli", "train", algorithm, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert heading in text
     flags = text[text.index("options:") :]  # (past the usage line)
     assert flags.index(own) < flags.index(heading) < flags.index("--checkpoint-every")

@@ -18,9 +18,11 @@ except ImportError:
 
 
 def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="vLLM is not installed in this venv: `make test-vllm` "
-                            "runs these in a venv of their own (it pins its own "
-                            "transformers)")  # fmt: skip
+    skip = pytest.mark.skip(
+        reason="vLLM is not installed in this venv: `make test-vllm` "
+        "runs these in a venv of their own (it pins its own "
+        "transformers)"
+    )
     for item in items:
         if "tests/vllm/" in str(item.fspath) and not HAS_VLLM:
             item.add_marker(skip)

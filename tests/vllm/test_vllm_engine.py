@@ -19,9 +19,17 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def run(model_dir):
-    args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", dtype="float32", staleness=0,
-                           num_prompts=4, num_generations=4, max_new_tokens=6,
-                           learning_rate=1e-3, watch_syncs=False)  # fmt: skip
+    args = grpo.GRPOConfig(
+        model=str(model_dir),
+        generator="vllm",
+        dtype="float32",
+        staleness=0,
+        num_prompts=4,
+        num_generations=4,
+        max_new_tokens=6,
+        learning_rate=1e-3,
+        watch_syncs=False,
+    )
     setup = build(args)
     yield setup, args
     setup.loop.close()

@@ -39,9 +39,16 @@ def test_a_killed_driver_leaves_nothing_running(model_dir):
 
 
 def test_a_killed_vllm_worker_is_restarted_and_its_batch_dropped(local_cluster, model_dir):
-    args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", backend="ray", staleness=1,
-                           steps=8, max_new_tokens=48, learning_rate=1.1e-3,
-                           watch_syncs=False)  # fmt: skip
+    args = grpo.GRPOConfig(
+        model=str(model_dir),
+        generator="vllm",
+        backend="ray",
+        staleness=1,
+        steps=8,
+        max_new_tokens=48,
+        learning_rate=1.1e-3,
+        watch_syncs=False,
+    )
     setup = build(args)
     trainer = GRPOTrainer(args=args, setup=setup)
     update, killed, recovered = trainer.update, [], []
@@ -66,6 +73,8 @@ def test_a_killed_vllm_worker_is_restarted_and_its_batch_dropped(local_cluster, 
     assert all("worker 0" in cause for cause in result.dropped_causes), result.dropped_causes
     (old_pid, killed_at), (new_pid, back_at) = killed[0], recovered[0]
     assert new_pid != old_pid  # a new process, its engine built again
-    print(f"{result.dropped_chunks} dropped ({result.dropped_causes}); the next batch came "
-          f"{back_at - killed_at:.1f} s after the kill")  # fmt: skip
+    print(
+        f"{result.dropped_chunks} dropped ({result.dropped_causes}); the next batch came "
+        f"{back_at - killed_at:.1f} s after the kill"
+    )
     assert back_at - killed_at < 120

@@ -20,9 +20,17 @@ BF16_ATOL = 0.05
 
 
 def test_colocated_engine_sleeps_between_batches_and_wakes_with_new_weights(model_dir):
-    args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", device="cuda",
-                           dtype="bfloat16", staleness=0, num_prompts=4, num_generations=4,
-                           max_new_tokens=6, watch_syncs=False)  # fmt: skip
+    args = grpo.GRPOConfig(
+        model=str(model_dir),
+        generator="vllm",
+        device="cuda",
+        dtype="bfloat16",
+        staleness=0,
+        num_prompts=4,
+        num_generations=4,
+        max_new_tokens=6,
+        watch_syncs=False,
+    )
     setup = build(args)
     try:
         engine = setup.generator.engine
@@ -41,8 +49,9 @@ def test_colocated_engine_sleeps_between_batches_and_wakes_with_new_weights(mode
         setup.generator(batch)
         assert engine.pushes == 2
         new = batch.log_probs[batch.completion_mask]
-        torch.testing.assert_close(new, trainer_log_probs(setup, args, batch), atol=BF16_ATOL,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            new, trainer_log_probs(setup, args, batch), atol=BF16_ATOL, rtol=0
+        )
     finally:
         setup.loop.close()
 
@@ -51,10 +60,20 @@ def _ray_run(model_dir, **settings):
     ray = pytest.importorskip("ray", reason="Ray is not installed in this venv")
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
-        args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", device="cuda",
-                               backend="ray", dtype="float32", staleness=0, steps=4,
-                               max_new_tokens=5, learning_rate=1.1e-3, log_interval=2,
-                               watch_syncs=False, **settings)  # fmt: skip
+        args = grpo.GRPOConfig(
+            model=str(model_dir),
+            generator="vllm",
+            device="cuda",
+            backend="ray",
+            dtype="float32",
+            staleness=0,
+            steps=4,
+            max_new_tokens=5,
+            learning_rate=1.1e-3,
+            log_interval=2,
+            watch_syncs=False,
+            **settings,
+        )
         return grpo.train(args)
     finally:
         ray.shutdown()
@@ -68,8 +87,11 @@ def test_a_ray_worker_generates_with_vllm_on_a_gpu_from_each_version(model_dir):
     assert result.metrics["sampling/sampling_logp_difference/max"] < 1e-3
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL weights need two CUDA devices "
-                    "(the trainer's and the worker's: NCCL takes one device a rank)")  # fmt: skip
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="NCCL weights need two CUDA devices "
+    "(the trainer's and the worker's: NCCL takes one device a rank)",
+)
 def test_nccl_weights_train_the_run_the_object_store_trains(model_dir):
     store = _ray_run(model_dir)
     nccl = _ray_run(model_dir, ray_weights="collective")

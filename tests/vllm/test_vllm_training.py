@@ -27,8 +27,13 @@ TINY = ["--learning-rate", "1.1e-3", "--max-new-tokens", "5", "--no-progress"]
 
 
 def nostall(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nostall.cli", "train", "grpo", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "nostall.cli", "train", "grpo", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_learns_copy_with_vllm_generating(model_dir, tmp_path):
@@ -40,9 +45,25 @@ def test_learns_copy_with_vllm_generating(model_dir, tmp_path):
     every push after the first dropped); 0.25 is 2.5 times chance and below every seed's
     result."""
     out = tmp_path / "run"
-    result = nostall("--generator", "vllm", "--model", str(model_dir), "--task", "copy",
-                     "--staleness", "0", "--steps", "150", "--seed", "1", "--log-interval",
-                     "50", "--out", str(out), *TINY)  # fmt: skip
+    result = nostall(
+        "--generator",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--task",
+        "copy",
+        "--staleness",
+        "0",
+        "--steps",
+        "150",
+        "--seed",
+        "1",
+        "--log-interval",
+        "50",
+        "--out",
+        str(out),
+        *TINY,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["generator"] == "vllm" and "vLLM generating" in result.stdout
@@ -56,9 +77,17 @@ def test_each_batch_is_generated_by_the_weights_it_is_tagged_with(model_dir):
     """At staleness 1 the engine takes the weights, lets them go and generates while the
     trainer writes the next version: the behaviour log-probs of every batch are those of its
     version's weights (kept per version here), in float32 within rounding."""
-    args = grpo.GRPOConfig(model=str(model_dir), generator="vllm", dtype="float32", staleness=1,
-                           max_new_tokens=5, learning_rate=1.1e-3, steps=30, seed=2,
-                           watch_syncs=False)  # fmt: skip
+    args = grpo.GRPOConfig(
+        model=str(model_dir),
+        generator="vllm",
+        dtype="float32",
+        staleness=1,
+        max_new_tokens=5,
+        learning_rate=1.1e-3,
+        steps=30,
+        seed=2,
+        watch_syncs=False,
+    )
     setup = build(args)
     kept = {0: copy.deepcopy(setup.compute.state_dict())}
     publish = setup.loop.publish
@@ -94,8 +123,19 @@ def test_each_batch_is_generated_by_the_weights_it_is_tagged_with(model_dir):
 
 
 def test_the_rollout_process_holds_the_engine(model_dir, tmp_path):
-    result = nostall("--generator", "vllm", "--backend", "process", "--model", str(model_dir),
-                     "--steps", "6", "--out", str(tmp_path / "run"), *TINY)  # fmt: skip
+    result = nostall(
+        "--generator",
+        "vllm",
+        "--backend",
+        "process",
+        "--model",
+        str(model_dir),
+        "--steps",
+        "6",
+        "--out",
+        str(tmp_path / "run"),
+        *TINY,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["steps"] == 6 and report["weight_pushes"] >= 6
@@ -104,12 +144,30 @@ def test_the_rollout_process_holds_the_engine(model_dir, tmp_path):
 def test_a_resumed_run_repeats_an_uninterrupted_one(model_dir, tmp_path):
     """From the first of two checkpoints: the same rewards and the same weights at the end (the
     engine's draws come from the run's sampling generator, which the checkpoint holds)."""
-    common = ["--generator", "vllm", "--model", str(model_dir), "--dtype", "float32",
-              "--staleness", "0", "--steps", "6", "--checkpoint-every", "3", *TINY]  # fmt: skip
+    common = [
+        "--generator",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--dtype",
+        "float32",
+        "--staleness",
+        "0",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        *TINY,
+    ]
     full = nostall(*common, "--checkpoint", str(tmp_path / "full{step}.pt"))
     assert full.returncode == 0, full.stderr[-3000:]
-    resumed = nostall(*common, "--resume", str(tmp_path / "full3.pt"),
-                      "--checkpoint", str(tmp_path / "resumed{step}.pt"))  # fmt: skip
+    resumed = nostall(
+        *common,
+        "--resume",
+        str(tmp_path / "full3.pt"),
+        "--checkpoint",
+        str(tmp_path / "resumed{step}.pt"),
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, a = checkpoint.load(tmp_path / "full6.pt", "grpo")
     _, b = checkpoint.load(tmp_path / "resumed6.pt", "grpo")

@@ -27,8 +27,13 @@ def torch_requirement() -> str:
         return explicit
     probe = "import importlib.metadata as m; print(m.version('torch'))"
     try:
-        found = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True,
-                               text=True, timeout=60, check=False)  # fmt: skip
+        found = subprocess.run(
+            [sys.executable, "-I", "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         found = None
     version = found.stdout.strip() if found is not None and found.returncode == 0 else ""

@@ -22,23 +22,29 @@ def main(rank: int, world: int, address: str, out: str, tied: bool, device: str)
     distributed.join(address, rank, world, "nccl" if device == "cuda" else "gloo")
     args = fsdp_args(device)
     update = RankUpdate(torch.float32, vocab=None, eos_token_id=None, decoupled=True)
-    trainer = ShardedTrainer(_model(tied).to(device), args, rank, world, update,
-                             torch.device(device))  # fmt: skip
+    trainer = ShardedTrainer(
+        _model(tied).to(device), args, rank, world, update, torch.device(device)
+    )
     step = trainer.optimizer.apply_gradients
     recorded = []
     trainer.optimizer.apply_gradients = lambda: recorded.append(
         {name: p.grad.full_tensor() for name, p in trainer.named}
-    )  # fmt: skip
-    trainer.update(_on(_batch(args.num_prompts, args.num_generations), device),
-                   lr=args.learning_rate)  # fmt: skip
+    )
+    trainer.update(
+        _on(_batch(args.num_prompts, args.num_generations), device), lr=args.learning_rate
+    )
     trainer.optimizer.apply_gradients = step
     for seed in (1, 2):
         batch = _on(_batch(args.num_prompts, args.num_generations, seed=seed), device)
         metrics = trainer.update(batch, lr=args.learning_rate)
     weights, state = trainer.full_weights(), trainer.full_optimizer_state()
     if rank == 0:
-        saved = {"gradients": recorded, "weights": weights, "optimizer": state,
-                 "loss": metrics["loss"]}  # fmt: skip
+        saved = {
+            "gradients": recorded,
+            "weights": weights,
+            "optimizer": state,
+            "loss": metrics["loss"],
+        }
         torch.save(_to_host(saved), out)
     dist.destroy_process_group()
 

@@ -27,9 +27,16 @@ EOS = 5
 
 
 def _llama(tied: bool = False) -> torch.nn.Module:
-    config = LlamaConfig(vocab_size=22, hidden_size=32, intermediate_size=48,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=32, tie_word_embeddings=tied)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=22,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
@@ -71,16 +78,33 @@ def _run(model, args: grpo.GRPOConfig, banned: list[int], autograd: bool, steps:
 
 
 @pytest.mark.parametrize("which", ["qwen2_tiny", "llama_untied"])
-@pytest.mark.parametrize(("loss_type", "temperature", "updates", "banned", "entropy_coef"), [
-    ("dapo", 1.0, 1, [0, 1], 0.0), ("grpo", 0.7, 2, [], 0.0), ("dr_grpo", 1.3, 1, [1], 0.1),
-    ("bnpo", 1.0, 2, [0, 1], 0.0), ("dapo", 0.7, 2, [0, 1], 0.05), ("grpo", 1.0, 1, [1], 0.2),
-])  # fmt: skip
-def test_explicit_update_matches_autograd(which, loss_type, temperature, updates, banned,
-                                          entropy_coef):  # fmt: skip
+@pytest.mark.parametrize(
+    ("loss_type", "temperature", "updates", "banned", "entropy_coef"),
+    [
+        ("dapo", 1.0, 1, [0, 1], 0.0),
+        ("grpo", 0.7, 2, [], 0.0),
+        ("dr_grpo", 1.3, 1, [1], 0.1),
+        ("bnpo", 1.0, 2, [0, 1], 0.0),
+        ("dapo", 0.7, 2, [0, 1], 0.05),
+        ("grpo", 1.0, 1, [1], 0.2),
+    ],
+)
+def test_explicit_update_matches_autograd(
+    which, loss_type, temperature, updates, banned, entropy_coef
+):
     model = builtin_model("tiny", seed=3).model if which == "qwen2_tiny" else _llama()
-    args = grpo.GRPOConfig(num_prompts=3, num_generations=4, max_new_tokens=4, loss_type=loss_type,
-                     temperature=temperature, updates_per_batch=updates, learning_rate=1e-2,
-                     max_grad_norm=0.5, is_cap=1.5, entropy_coef=entropy_coef)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=3,
+        num_generations=4,
+        max_new_tokens=4,
+        loss_type=loss_type,
+        temperature=temperature,
+        updates_per_batch=updates,
+        learning_rate=1e-2,
+        max_grad_norm=0.5,
+        is_cap=1.5,
+        entropy_coef=entropy_coef,
+    )
     mine, mine_metrics = _run(copy.deepcopy(model), args, banned, autograd=False)
     theirs, their_metrics = _run(copy.deepcopy(model), args, banned, autograd=True)
     for name, p in theirs.items():
@@ -90,17 +114,32 @@ def test_explicit_update_matches_autograd(which, loss_type, temperature, updates
     assert not torch.equal(theirs["model.norm.weight"], model.model.norm.weight)
 
 
-@pytest.mark.parametrize(("micro", "accumulate", "mask_truncated", "loss_type"), [
-    (2, 2, False, "grpo"), (2, 1, False, "dapo"), (4, 2, True, "dr_grpo"), (1, 1, True, "dapo"),
-])  # fmt: skip
-def test_micro_batches_and_masked_truncation_match_autograd(micro, accumulate, mask_truncated,
-                                                            loss_type):  # fmt: skip
+@pytest.mark.parametrize(
+    ("micro", "accumulate", "mask_truncated", "loss_type"),
+    [
+        (2, 2, False, "grpo"),
+        (2, 1, False, "dapo"),
+        (4, 2, True, "dr_grpo"),
+        (1, 1, True, "dapo"),
+    ],
+)
+def test_micro_batches_and_masked_truncation_match_autograd(
+    micro, accumulate, mask_truncated, loss_type
+):
     """TRL's micro-batches (steps_per_generation), gradient accumulation and
     mask_truncated_completions: the explicit update against autograd, two passes a batch."""
-    args = grpo.GRPOConfig(num_prompts=4, num_generations=3, max_new_tokens=4,
-                           loss_type=loss_type, updates_per_batch=2, learning_rate=1e-2,
-                           steps_per_generation=micro, gradient_accumulation_steps=accumulate,
-                           mask_truncated_completions=mask_truncated, entropy_coef=0.1)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=4,
+        num_generations=3,
+        max_new_tokens=4,
+        loss_type=loss_type,
+        updates_per_batch=2,
+        learning_rate=1e-2,
+        steps_per_generation=micro,
+        gradient_accumulation_steps=accumulate,
+        mask_truncated_completions=mask_truncated,
+        entropy_coef=0.1,
+    )
     model = builtin_model("tiny", seed=3).model
     mine, mine_metrics = _run(copy.deepcopy(model), args, [0, 1], autograd=False)
     theirs, their_metrics = _run(copy.deepcopy(model), args, [0, 1], autograd=True)
@@ -118,11 +157,13 @@ def test_the_fused_weights_are_views_of_the_optimizers_buffer():
     decoder = Decoder(builtin_model("tiny").model)
     optimizer = ClippedAdam(training_order(decoder), lr=1e-3, max_grad_norm=1.0)
     update = ExplicitUpdate(decoder, optimizer)
-    for layer, qkv, bias, gate_up in zip(decoder.layers, update.qkv, update.qkv_bias,
-                                         update.gate_up, strict=True):  # fmt: skip
+    for layer, qkv, bias, gate_up in zip(
+        decoder.layers, update.qkv, update.qkv_bias, update.gate_up, strict=True
+    ):
         attn, mlp = layer.self_attn, layer.mlp
-        assert torch.equal(qkv, torch.cat([attn.q_proj.weight, attn.k_proj.weight,
-                                           attn.v_proj.weight]))  # fmt: skip
+        assert torch.equal(
+            qkv, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        )
         assert torch.equal(bias, torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
         assert torch.equal(gate_up, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         assert qkv.data_ptr() == attn.q_proj.weight.data_ptr()
@@ -172,13 +213,15 @@ def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_p
     for saved in (state, older):
         fresh = grpo_setup.build(args)
         grpo_state.restore(fresh, saved, grpo.GRPOResult(args={}))
-        expected = {n: setup.optimizer.state[p]["exp_avg"] for n, p in
-                    setup.lm.model.named_parameters()}  # fmt: skip
+        expected = {
+            n: setup.optimizer.state[p]["exp_avg"] for n, p in setup.lm.model.named_parameters()
+        }
         if k == 1:  # the first save's moments, not the live ones
             expected = {n: state["optimizer"]["state"][where[n]]["exp_avg"] for n in names}
         for name, p in fresh.lm.model.named_parameters():
-            torch.testing.assert_close(fresh.optimizer.state[p]["exp_avg"], expected[name],
-                                       rtol=0, atol=0, msg=name)  # fmt: skip
+            torch.testing.assert_close(
+                fresh.optimizer.state[p]["exp_avg"], expected[name], rtol=0, atol=0, msg=name
+            )
 
 
 def test_packed_parameters_make_the_generators_fused_weights_views():
@@ -201,11 +244,14 @@ def test_packed_parameters_make_the_generators_fused_weights_views():
             p.add_(0.01)
     outs = []
     for decoder in decoders:
-        engine = GenerationEngine(decoder, SamplingConfig(max_new_tokens=4),
-                                  eos_token_id=lm.eos_token_id, pad_token_id=lm.pad_token_id,
-                                  banned_token_ids=lm.banned_token_ids())  # fmt: skip
-        enc = lm.tokenizer(["abc=", "hh="], padding=True, return_tensors="pt",
-                           padding_side="left")  # fmt: skip
+        engine = GenerationEngine(
+            decoder,
+            SamplingConfig(max_new_tokens=4),
+            eos_token_id=lm.eos_token_id,
+            pad_token_id=lm.pad_token_id,
+            banned_token_ids=lm.banned_token_ids(),
+        )
+        enc = lm.tokenizer(["abc=", "hh="], padding=True, return_tensors="pt", padding_side="left")
         batch = Completions.empty(4, enc.input_ids.shape[1], 4)
         batch.prompt_ids.copy_(enc.input_ids.repeat_interleave(2, 0))
         batch.prompt_mask.copy_(enc.attention_mask.bool().repeat_interleave(2, 0))

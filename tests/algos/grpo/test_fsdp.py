@@ -35,10 +35,25 @@ def free_port() -> int:
 def _sharded_run(tmp_path, tied: bool, device: str = "cpu") -> dict:
     out = tmp_path / "rank0.pt"
     address = f"tcp://127.0.0.1:{free_port()}"
-    ranks = [subprocess.Popen([sys.executable, "-m", "tests.algos.grpo.fsdp_rank", str(r), "2",
-                               address, str(out), str(int(tied)), device], cwd=ROOT,
-                              stderr=subprocess.PIPE, text=True)
-             for r in range(2)]  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.algos.grpo.fsdp_rank",
+                str(r),
+                "2",
+                address,
+                str(out),
+                str(int(tied)),
+                device,
+            ],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for rank in ranks:
         _, err = rank.communicate(timeout=240)
         assert rank.returncode == 0, err[-3000:]
@@ -47,11 +62,22 @@ def _sharded_run(tmp_path, tied: bool, device: str = "cpu") -> dict:
 
 @pytest.mark.parametrize(
     "tied, device",
-    [(False, "cpu"), (True, "cpu"),
-     pytest.param(True, "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-         torch.cuda.device_count() < 2, reason="FSDP2 over NCCL needs two CUDA devices (a "
-                                              "GPU a rank)")])],
-)  # fmt: skip
+    [
+        (False, "cpu"),
+        (True, "cpu"),
+        pytest.param(
+            True,
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    torch.cuda.device_count() < 2,
+                    reason="FSDP2 over NCCL needs two CUDA devices (a GPU a rank)",
+                ),
+            ],
+        ),
+    ],
+)
 def test_fsdp_ranks_average_to_the_single_ranks_gradient_and_step(tmp_path, tied, device):
     """On "cuda" the ranks shard over NCCL, a GPU each; the single rank stays on the CPU."""
     sharded = _sharded_run(tmp_path, tied, device)
@@ -70,9 +96,12 @@ def test_fsdp_ranks_average_to_the_single_ranks_gradient_and_step(tmp_path, tied
         assert sorted(got) == sorted(names)
         for name, grad in zip(names, expected, strict=True):
             torch.testing.assert_close(got[name], grad, rtol=RTOL, atol=ATOL)
-    optimizer = ClippedAdam(model.parameters(), lr=args.learning_rate,
-                            max_grad_norm=args.max_grad_norm,
-                            weight_decay=args.weight_decay)  # fmt: skip
+    optimizer = ClippedAdam(
+        model.parameters(),
+        lr=args.learning_rate,
+        max_grad_norm=args.max_grad_norm,
+        weight_decay=args.weight_decay,
+    )
     for seed in (1, 2):
         grpo_update(
             UpdateContext(PolicyTerms(model), optimizer, args, None, group_index, autograd=True),
@@ -80,11 +109,13 @@ def test_fsdp_ranks_average_to_the_single_ranks_gradient_and_step(tmp_path, tied
             True,
         )
     for name, param in model.named_parameters():
-        torch.testing.assert_close(sharded["weights"][name], param.detach(), rtol=RTOL,
-                                   atol=WEIGHT_ATOL)  # fmt: skip
+        torch.testing.assert_close(
+            sharded["weights"][name], param.detach(), rtol=RTOL, atol=WEIGHT_ATOL
+        )
     state = optimizer.state_dict()["state"]
     for index, name in enumerate(names):
         for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(sharded["optimizer"][name][key], state[index][key],
-                                       rtol=1e-3, atol=1e-7)  # fmt: skip
+            torch.testing.assert_close(
+                sharded["optimizer"][name][key], state[index][key], rtol=1e-3, atol=1e-7
+            )
         assert float(sharded["optimizer"][name]["step"]) == float(state[index]["step"]) == 4

@@ -49,11 +49,22 @@ def trl_loss(log_prob, old, advantage, mask, loss_type, eps_low, eps_high, beta,
 def test_each_loss_type_matches_trls_formula(loss_type, beta, clip_high):
     log_prob, old, _, ref, advantage, mask = _batch()
     args = grpo.GRPOConfig(loss_type=loss_type, beta=beta, clip_high=clip_high)
-    loss = grpo.grpo_loss(log_prob, old, advantage, mask, args,
-                          ref_log_prob=ref if beta else None)[0]  # fmt: skip
+    loss = grpo.grpo_loss(log_prob, old, advantage, mask, args, ref_log_prob=ref if beta else None)[
+        0
+    ]
     ours = torch.autograd.grad(loss, log_prob)[0]
-    expected = trl_loss(log_prob, old, advantage, mask, loss_type, 0.2,
-                        clip_high if clip_high is not None else 0.2, beta, ref, 5)  # fmt: skip
+    expected = trl_loss(
+        log_prob,
+        old,
+        advantage,
+        mask,
+        loss_type,
+        0.2,
+        clip_high if clip_high is not None else 0.2,
+        beta,
+        ref,
+        5,
+    )
     theirs = torch.autograd.grad(expected, log_prob)[0]
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
@@ -73,8 +84,9 @@ def test_decoupled_loss_matches_its_formula():
     expected = ((per_token * m).sum(-1) / m.sum(-1)).mean()
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
     grad = torch.autograd.grad(loss, log_prob)[0]
-    torch.testing.assert_close(grad, torch.autograd.grad(expected, log_prob)[0], rtol=1e-5,
-                               atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        grad, torch.autograd.grad(expected, log_prob)[0], rtol=1e-5, atol=1e-6
+    )
 
 
 # Staleness 0 unless a test says otherwise: bit-for-bit comparisons need the synchronous run.
@@ -116,8 +128,9 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
     args = grpo.GRPOConfig(**FAST, checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2)
     full = grpo.build(args)
     result = grpo.train(args, setup=full)
-    resumed_args = dataclasses.replace(args, resume=str(tmp_path / f"ckpt-{k}.pt"),
-                                       checkpoint=str(tmp_path / "again-{step}.pt"))  # fmt: skip
+    resumed_args = dataclasses.replace(
+        args, resume=str(tmp_path / f"ckpt-{k}.pt"), checkpoint=str(tmp_path / "again-{step}.pt")
+    )
     resumed = grpo.build(resumed_args)
     again = grpo.train(resumed_args, setup=resumed)
     assert again.rewards == result.rewards
@@ -129,11 +142,13 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.GRPOConfig(**dict(FAST, staleness=1), checkpoint=str(tmp_path / "c-{step}.pt"),
-                     checkpoint_every=3)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **dict(FAST, staleness=1), checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=3
+    )
     first = grpo.train(args)
-    resumed = grpo.train(dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"),
-                                             checkpoint=None))  # fmt: skip
+    resumed = grpo.train(
+        dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"), checkpoint=None)
+    )
     # The batch trained on right after the checkpoint was already generated then: it is the
     # same batch, restored from the checkpoint.
     assert resumed.rewards[:4] == first.rewards[:4]
@@ -143,8 +158,9 @@ def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
 def test_resume_refuses_conflicting_arguments(tmp_path):
     args = grpo.GRPOConfig(**FAST, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=6)
     grpo.train(args)
-    bad = dataclasses.replace(args, resume=str(tmp_path / "c.pt"), learning_rate=1e-4,
-                              num_generations=8)  # fmt: skip
+    bad = dataclasses.replace(
+        args, resume=str(tmp_path / "c.pt"), learning_rate=1e-4, num_generations=8
+    )
     with pytest.raises(CheckpointError, match=r"learning_rate .*num_generations"):
         grpo.train(bad)
 
@@ -154,8 +170,9 @@ def test_a_checkpoint_from_before_the_entropy_bonus_resumes_without_one(tmp_path
     """Checkpoints written before `entropy_coef` existed trained with no bonus: they resume
     exactly with --entropy-coef 0 (from the k-th save), and the default bonus is refused by
     name rather than silently mixed into a run that had none."""
-    args = grpo.GRPOConfig(**FAST, entropy_coef=0.0, checkpoint=str(tmp_path / "c-{step}.pt"),
-                     checkpoint_every=2)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **FAST, entropy_coef=0.0, checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=2
+    )
     first = grpo.train(args)
     path = tmp_path / f"c-{k}.pt"
     saved, state = checkpoint.load(path, "grpo")
@@ -187,12 +204,17 @@ def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type)
             mask = batch.completion_mask
             want_entropy = (entropy * mask).sum() / mask.sum()
             log_prob = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
-            advantage = nostall.group_advantages(batch.rewards, setup.group_index,
-                                                 args.num_prompts, args.scale_rewards)  # fmt: skip
+            advantage = nostall.group_advantages(
+                batch.rewards, setup.group_index, args.num_prompts, args.scale_rewards
+            )
             surrogate = nostall.clipped_policy_loss(
-                log_prob, log_prob, advantage, mask,
-                aggregation=grpo.AGGREGATIONS[loss_type], max_tokens=mask.shape[1],
-            ).loss  # fmt: skip
+                log_prob,
+                log_prob,
+                advantage,
+                mask,
+                aggregation=grpo.AGGREGATIONS[loss_type],
+                max_tokens=mask.shape[1],
+            ).loss
         metrics = grpo.grpo_update(
             grpo.UpdateContext(
                 setup.decoder, setup.optimizer, args, setup.vocab, setup.group_index
@@ -201,8 +223,9 @@ def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type)
             False,
         )
         torch.testing.assert_close(metrics["entropy"], want_entropy, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(metrics["loss"], surrogate - 0.2 * want_entropy,
-                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        torch.testing.assert_close(
+            metrics["loss"], surrogate - 0.2 * want_entropy, rtol=1e-5, atol=1e-6
+        )
     without = grpo.grpo_update(
         grpo.UpdateContext(
             setup.decoder,
@@ -224,8 +247,9 @@ def test_tiny_model_learns_copy():
     seeds, in 149-180 steps; the last ten steps' means 0.54-0.96, median 0.94)."""
     first, last = [], []
     for seed in (2, 3, 4, 5, 6):
-        rewards = grpo.train(grpo.GRPOConfig(steps=200, watch_syncs=False, log_interval=50,
-                                             seed=seed)).rewards  # fmt: skip
+        rewards = grpo.train(
+            grpo.GRPOConfig(steps=200, watch_syncs=False, log_interval=50, seed=seed)
+        ).rewards
         first.append(sum(rewards[:10]) / 10)
         last.append(sum(rewards[-10:]) / 10)
     assert max(first) < 0.2, first  # every run starts at chance
@@ -272,10 +296,12 @@ def _reward_text(prompts, completions, **kw):
         (dict(entropy_coef=float("nan")), "--entropy-coef must be a finite number >= 0"),
         (dict(reward="tests.algos.grpo.test_grpo:missing"), "has no function 'missing'"),
         (dict(reward="nomodule_xyz:f"), "cannot import"),
-        (dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="a"),
-         "--reward-weights must be numbers"),
+        (
+            dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="a"),
+            "--reward-weights must be numbers",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_named(change, message):
     with pytest.raises(ValueError, match=message):
         grpo.build(grpo.GRPOConfig(**dict(FAST, **change)))
@@ -283,11 +309,13 @@ def test_bad_input_is_named(change, message):
 
 @pytest.mark.parametrize(
     "reward,message",
-    [("_reward_wrong_length", "returned 1 values for 16 completions"),
-     ("_reward_inf", "returned inf for completion 0"),
-     ("_reward_text", "_reward_text returned '1.0' for completion 0 \\(a number or None"),
-     ("_reward_raises", "the reward server is down")],
-)  # fmt: skip
+    [
+        ("_reward_wrong_length", "returned 1 values for 16 completions"),
+        ("_reward_inf", "returned inf for completion 0"),
+        ("_reward_text", "_reward_text returned '1.0' for completion 0 \\(a number or None"),
+        ("_reward_raises", "the reward server is down"),
+    ],
+)
 def test_a_failing_reward_stops_the_run_with_its_cause(reward, message):
     args = grpo.GRPOConfig(**dict(FAST, reward=f"tests.algos.grpo.test_grpo:{reward}"))
     with pytest.raises(nostall.runtime.RuntimeStopped, match=message) as info:
@@ -311,7 +339,13 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none present")
 @pytest.mark.parametrize("staleness,inflight", [(0, False), (1, False), (1, True)])
 def test_trains_on_a_gpu(staleness, inflight):
-    result = grpo.train(grpo.GRPOConfig(**dict(FAST, watch_syncs=True), device="cuda",
-                                  staleness=staleness, inflight_weights=inflight))  # fmt: skip
+    result = grpo.train(
+        grpo.GRPOConfig(
+            **dict(FAST, watch_syncs=True),
+            device="cuda",
+            staleness=staleness,
+            inflight_weights=inflight,
+        )
+    )
     assert len(result.rewards) == FAST["steps"]
     assert result.syncs_per_update == 0, result.sync_sites

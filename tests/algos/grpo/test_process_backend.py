@@ -42,13 +42,17 @@ def test_staleness_zero_matches_the_thread_backend_bit_for_bit():
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
     """Written by the thread backend, resumed on the process backend: the same run."""
-    args = grpo.GRPOConfig(**dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"),
-                     checkpoint_every=2)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2
+    )
     full = grpo.build(args)
     result = grpo.train(args, setup=full)
-    resumed_args = dataclasses.replace(args, backend="process",
-                                       resume=str(tmp_path / f"ckpt-{k}.pt"),
-                                       checkpoint=str(tmp_path / "again-{step}.pt"))  # fmt: skip
+    resumed_args = dataclasses.replace(
+        args,
+        backend="process",
+        resume=str(tmp_path / f"ckpt-{k}.pt"),
+        checkpoint=str(tmp_path / "again-{step}.pt"),
+    )
     resumed = grpo.build(resumed_args)
     again = grpo.train(resumed_args, setup=resumed)
     assert again.rewards == result.rewards
@@ -61,19 +65,25 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.GRPOConfig(**dict(FAST, staleness=1), backend="process",
-                     checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=3)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **dict(FAST, staleness=1),
+        backend="process",
+        checkpoint=str(tmp_path / "c-{step}.pt"),
+        checkpoint_every=3,
+    )
     first = grpo.train(args)
-    resumed = grpo.train(dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"),
-                                             checkpoint=None))  # fmt: skip
+    resumed = grpo.train(
+        dataclasses.replace(args, resume=str(tmp_path / "c-3.pt"), checkpoint=None)
+    )
     # The batch trained on right after the checkpoint was generated before it: restored.
     assert resumed.rewards[:4] == first.rewards[:4]
     assert len(resumed.rewards) == args.steps
 
 
 def test_the_generation_sides_figures_cross_the_process_boundary():
-    args = grpo.GRPOConfig(**dict(FAST, watch_syncs=True, staleness=1), backend="process",
-                     inflight_weights=True)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **dict(FAST, watch_syncs=True, staleness=1), backend="process", inflight_weights=True
+    )
     result = grpo.train(args)
     assert result.syncs_per_decode_step == 0, result.sync_sites  # measured in the child
     assert result.syncs_per_update == 0, result.sync_sites
@@ -96,9 +106,11 @@ def test_a_reward_that_raises_in_the_child_stops_the_run_with_its_traceback():
 
 @pytest.mark.parametrize(
     "change,message",
-    [(dict(backend="mpi"), "--backend must be thread, process or ray"),
-     (dict(backend="process", device="cuda"), "--backend process generates on the CPU|no CUDA")],
-)  # fmt: skip
+    [
+        (dict(backend="mpi"), "--backend must be thread, process or ray"),
+        (dict(backend="process", device="cuda"), "--backend process generates on the CPU|no CUDA"),
+    ],
+)
 def test_bad_backend_arguments_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         grpo.GRPOConfig(**FAST, **change).check()

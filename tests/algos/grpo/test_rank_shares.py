@@ -37,9 +37,17 @@ def _batch(Bp: int, G: int, P: int = 5, C: int = 6, seed: int = 0) -> LMBatch:
 def fsdp_args(device: str = "cpu") -> grpo.GRPOConfig:
     """The FSDP2 test's run: token-mean loss over two micro-batches, one step each, decay and
     a gradient-norm clip that acts."""
-    return grpo.GRPOConfig(num_prompts=4, num_generations=3, loss_type="dapo",
-                           steps_per_generation=2, entropy_coef=0.05, learning_rate=1e-2,
-                           weight_decay=0.1, max_grad_norm=0.05, device=device)  # fmt: skip
+    return grpo.GRPOConfig(
+        num_prompts=4,
+        num_generations=3,
+        loss_type="dapo",
+        steps_per_generation=2,
+        entropy_coef=0.05,
+        learning_rate=1e-2,
+        weight_decay=0.1,
+        max_grad_norm=0.05,
+        device=device,
+    )
 
 
 class Recorder:
@@ -59,8 +67,9 @@ class Recorder:
         pass
 
     def apply_gradients(self) -> None:
-        self.steps.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
-                           for p in self.params])  # fmt: skip
+        self.steps.append(
+            [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in self.params]
+        )
 
 
 def _gradients(model, args, batch, vocab, rank):
@@ -81,9 +90,15 @@ def _gradients(model, args, batch, vocab, rank):
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
 def test_the_ranks_mean_gradient_is_the_whole_batchs(loss_type, micro, accumulate, entropy_coef):
     M, Bp, G = 2, 4, 3
-    args = grpo.GRPOConfig(num_prompts=Bp, num_generations=G, loss_type=loss_type,
-                           steps_per_generation=micro, gradient_accumulation_steps=accumulate,
-                           entropy_coef=entropy_coef, temperature=0.8)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=Bp,
+        num_generations=G,
+        loss_type=loss_type,
+        steps_per_generation=micro,
+        gradient_accumulation_steps=accumulate,
+        entropy_coef=entropy_coef,
+        temperature=0.8,
+    )
     model, batch = _model(), _batch(Bp, G)
     vocab = SampledVocab.build(22, [1, 2])
     whole = _gradients(model, args, batch, vocab, (0, 1))

@@ -14,18 +14,26 @@ ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 3,
-                       reason="needs three CUDA devices (driver, generation worker, rank 1)"),
-]  # fmt: skip
+    pytest.mark.skipif(
+        torch.cuda.device_count() < 3,
+        reason="needs three CUDA devices (driver, generation worker, rank 1)",
+    ),
+]
 
 
 def test_two_ranks_on_gpus_train_the_one_rank_run(tmp_path):
     assert not ray.is_initialized(), "a cluster left by another module would hold every GPU"
     args = grpo.GRPOConfig(**dict(FAST, steps=2), device="cuda", dtype="float32")
     one, one_weights, _ = _run(args)
-    two, two_weights, trainer = _run(grpo.GRPOConfig(**dict(FAST, steps=2), device="cuda",
-                                                     dtype="float32", trainers=2,
-                                                     output_dir=str(tmp_path)))  # fmt: skip
+    two, two_weights, trainer = _run(
+        grpo.GRPOConfig(
+            **dict(FAST, steps=2),
+            device="cuda",
+            dtype="float32",
+            trainers=2,
+            output_dir=str(tmp_path),
+        )
+    )
     assert two.rewards == one.rewards
     _close(two_weights, one_weights)
     assert "on 2 FSDP2 ranks" in trainer.report

@@ -39,12 +39,17 @@ def test_staleness_zero_one_worker_matches_the_thread_backend_bit_for_bit(local_
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_moves_between_thread_and_ray(local_cluster, tmp_path, k):
-    args = grpo.GRPOConfig(**dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"),
-                     checkpoint_every=2)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2
+    )
     full = grpo.build(args)
     result = grpo.train(args, setup=full)
-    resumed_args = dataclasses.replace(args, backend="ray", resume=str(tmp_path / f"ckpt-{k}.pt"),
-                                       checkpoint=str(tmp_path / "again-{step}.pt"))  # fmt: skip
+    resumed_args = dataclasses.replace(
+        args,
+        backend="ray",
+        resume=str(tmp_path / f"ckpt-{k}.pt"),
+        checkpoint=str(tmp_path / "again-{step}.pt"),
+    )
     resumed = grpo.build(resumed_args)
     assert grpo.train(resumed_args, setup=resumed).rewards == result.rewards
     assert _same(_parameters(full), _parameters(resumed))
@@ -55,8 +60,13 @@ def test_resume_from_the_kth_checkpoint_moves_between_thread_and_ray(local_clust
 
 
 def test_two_generation_workers_every_batch_once_within_the_bound(local_cluster, tmp_path):
-    args = grpo.GRPOConfig(**dict(FAST, staleness=1), backend="ray", num_workers=2,
-                     checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=2)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **dict(FAST, staleness=1),
+        backend="ray",
+        num_workers=2,
+        checkpoint=str(tmp_path / "c-{step}.pt"),
+        checkpoint_every=2,
+    )
     setup = grpo.build(args)
     lags, lag = [], setup.loop.lag
     setup.loop.lag = lambda batch: lags.append(lag(batch)) or lags[-1]

@@ -20,8 +20,9 @@ def test_word_problems_have_their_answers():
 
 
 def test_the_reward_rises_on_the_tiny_model():
-    args = grpo.GRPOConfig(task="arithmetic", steps=100, seed=3, max_new_tokens=3,
-                           watch_syncs=False)  # fmt: skip
+    args = grpo.GRPOConfig(
+        task="arithmetic", steps=100, seed=3, max_new_tokens=3, watch_syncs=False
+    )
     trainer = grpo.GRPOTrainer(args=args)
     assert trainer.setup.reward_names == ["number_reward", "digits_format_reward"]
     rewards = trainer.train().rewards

@@ -16,8 +16,15 @@ from nostall.algos.grpo.update import METRICS
 
 ray = pytest.importorskip("ray", reason="Ray (a dev dependency) is not installed")
 
-FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2,
-            staleness=0, backend="ray")  # fmt: skip
+FAST = dict(
+    steps=6,
+    num_prompts=4,
+    num_generations=4,
+    watch_syncs=False,
+    log_interval=2,
+    staleness=0,
+    backend="ray",
+)
 # Adam's normalised step moves an element with near-zero gradients by a fraction of the
 # learning rate (1.1e-3) when the gradient's rounding changes: sharded sums round otherwise.
 WEIGHT_ATOL = 1e-4
@@ -44,8 +51,7 @@ def _run(args):
 
 def test_two_trainer_ranks_train_the_one_rank_run(local_cluster, tmp_path):
     one, one_weights, _ = _run(grpo.GRPOConfig(**FAST))
-    two, two_weights, trainer = _run(grpo.GRPOConfig(**FAST, trainers=2,
-                                                     output_dir=str(tmp_path)))  # fmt: skip
+    two, two_weights, trainer = _run(grpo.GRPOConfig(**FAST, trainers=2, output_dir=str(tmp_path)))
     assert two.rewards == one.rewards
     _close(two_weights, one_weights)
     assert "on 2 FSDP2 ranks" in trainer.report
@@ -95,11 +101,17 @@ def test_gradient_checkpointing_trains_the_one_rank_run(local_cluster, monkeypat
 @pytest.mark.parametrize("saved, resumed, k", [(2, 1, 2), (1, 2, 4)])
 def test_a_checkpoint_resumes_at_another_rank_count(local_cluster, tmp_path, saved, resumed, k):
     # (--beta: the reference model the ranks shard is the checkpoint's, not the resumed model)
-    args = grpo.GRPOConfig(**FAST, trainers=saved, checkpoint=str(tmp_path / "ckpt-{step}.pt"),
-                           checkpoint_every=2, beta=0.5)  # fmt: skip
+    args = grpo.GRPOConfig(
+        **FAST,
+        trainers=saved,
+        checkpoint=str(tmp_path / "ckpt-{step}.pt"),
+        checkpoint_every=2,
+        beta=0.5,
+    )
     full, full_weights, _ = _run(args)
-    again = dataclasses.replace(args, trainers=resumed, resume=str(tmp_path / f"ckpt-{k}.pt"),
-                                checkpoint=None)  # fmt: skip
+    again = dataclasses.replace(
+        args, trainers=resumed, resume=str(tmp_path / f"ckpt-{k}.pt"), checkpoint=None
+    )
     result, weights, _ = _run(again)
     assert result.rewards == full.rewards
     _close(weights, full_weights)
@@ -132,13 +144,17 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
         (dict(trainers=0), "--trainers must be at least 1"),
         (dict(trainers=2, backend="thread"), "--trainers > 1 needs --backend ray"),
         (dict(trainers=3, backend="ray"), "--trainers 3 must divide the 4 prompt groups"),
-        (dict(trainers=2, backend="ray", steps_per_generation=4),
-         "--trainers 2 must divide the 1 prompt groups"),
-        (dict(backend="ray", device="cuda", gpus_per_worker=0),
-         "--gpus-per-worker must be above 0|no CUDA"),
+        (
+            dict(trainers=2, backend="ray", steps_per_generation=4),
+            "--trainers 2 must divide the 1 prompt groups",
+        ),
+        (
+            dict(backend="ray", device="cuda", gpus_per_worker=0),
+            "--gpus-per-worker must be above 0|no CUDA",
+        ),
         (dict(backend="ray", gpus_per_worker=-1), "--gpus-per-worker must be a finite number"),
     ],
-)  # fmt: skip
+)
 def test_settings_the_ranks_cannot_train_are_named(settings, message):
     with pytest.raises(ValueError, match=message):
         grpo.GRPOConfig(**dict(num_prompts=4, num_generations=4), **settings).check()

@@ -53,8 +53,9 @@ def test_with_identical_weights_the_behaviour_weight_is_one_under_top_k_and_top_
     """The generator's behaviour log-probs and the trainer's, from the same weights, agree
     token for token: the decoupled weight exp(trainer - behaviour) is 1 (before, under top-k
     or top-p it was the kept probability mass, about 0.78 at these settings)."""
-    args = grpo.GRPOConfig(num_prompts=4, num_generations=4, watch_syncs=False,
-                           max_new_tokens=6, **truncation)  # fmt: skip
+    args = grpo.GRPOConfig(
+        num_prompts=4, num_generations=4, watch_syncs=False, max_new_tokens=6, **truncation
+    )
     behaviour, trainer = generated_and_trainer(grpo.build(args), args)
     weight = (trainer - behaviour).exp()
     torch.testing.assert_close(weight, torch.ones_like(weight), rtol=0, atol=1e-5)
@@ -73,18 +74,32 @@ def test_trls_figures_reach_tensorboard_and_the_report(tmp_path):
     def length_bonus(prompts, completions, **kwargs):
         return [None if i % 2 else float(len(c)) for i, c in enumerate(completions)]
 
-    args = grpo.GRPOConfig(steps=4, num_prompts=4, num_generations=4, watch_syncs=False,
-                           log_interval=2, staleness=0, output_dir=str(tmp_path))  # fmt: skip
-    trainer = grpo.GRPOTrainer(model="tiny", reward_funcs=[answer_reward, length_bonus],
-                               args=args)  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=4,
+        num_prompts=4,
+        num_generations=4,
+        watch_syncs=False,
+        log_interval=2,
+        staleness=0,
+        output_dir=str(tmp_path),
+    )
+    trainer = grpo.GRPOTrainer(model="tiny", reward_funcs=[answer_reward, length_bonus], args=args)
     progress = Progress(args.steps, tmp_path, bar=False)
     result = trainer.train(progress)
     progress.close()
     logged = result.metrics
-    for name in ("reward_std", "frac_reward_zero_std", "rewards/answer_reward/mean",
-                 "rewards/answer_reward/std", "rewards/length_bonus/mean",
-                 "completions/mean_length", "completions/min_length", "completions/max_length",
-                 "completions/clipped_ratio", "learning_rate"):  # fmt: skip
+    for name in (
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/answer_reward/mean",
+        "rewards/answer_reward/std",
+        "rewards/length_bonus/mean",
+        "completions/mean_length",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/clipped_ratio",
+        "learning_rate",
+    ):
         assert name in logged, name
     assert 1 <= logged["completions/min_length"] <= logged["completions/mean_length"]
     assert logged["completions/mean_length"] <= logged["completions/max_length"] <= 5
@@ -107,8 +122,13 @@ def test_trls_figures_reach_tensorboard_and_the_report(tmp_path):
 def test_batch_stats_are_trls():
     from nostall.lm.stats import batch_stats
 
-    stats = batch_stats([1.0, 1.0, 0.0, 2.0], {"f": [1.0, float("nan"), 0.0, 2.0]},
-                        [3, 5, 5, 2], [True, False, False, True], 2)  # fmt: skip
+    stats = batch_stats(
+        [1.0, 1.0, 0.0, 2.0],
+        {"f": [1.0, float("nan"), 0.0, 2.0]},
+        [3, 5, 5, 2],
+        [True, False, False, True],
+        2,
+    )
     assert stats["reward_std"] == pytest.approx((0 + 2**0.5) / 2)  # unbiased, mean of groups
     assert stats["frac_reward_zero_std"] == 0.5
     assert stats["rewards/f/mean"] == 1.0 and stats["rewards/f/std"] == 1.0
@@ -118,16 +138,22 @@ def test_batch_stats_are_trls():
 
 
 def test_trls_names_set_the_settings_they_name():
-    args = grpo.GRPOConfig(epsilon=0.3, epsilon_high=0.28, num_iterations=2,
-                           max_completion_length=7)  # fmt: skip
+    args = grpo.GRPOConfig(
+        epsilon=0.3, epsilon_high=0.28, num_iterations=2, max_completion_length=7
+    )
     assert (args.clip_low, args.clip_high, args.updates_per_batch, args.max_new_tokens) == (
-        0.3, 0.28, 2, 7)  # fmt: skip
+        0.3,
+        0.28,
+        2,
+        7,
+    )
     with pytest.raises(ValueError, match=r"--epsilon 0\.3 and --clip-low 0\.1 name the same"):
         grpo.GRPOConfig(epsilon=0.3, clip_low=0.1)
     from nostall.cli import _parser
 
-    parsed = _parser().parse_args(["train", "grpo", "--epsilon", "0.25",
-                                        "--max-completion-length", "6"])  # fmt: skip
+    parsed = _parser().parse_args(
+        ["train", "grpo", "--epsilon", "0.25", "--max-completion-length", "6"]
+    )
     from nostall.config_flags import config_from
 
     args = config_from(parsed, grpo.GRPOConfig)
@@ -159,11 +185,18 @@ def test_accumulated_micro_batches_give_the_full_batch_step():
     groups give the full batch's gradient, for one optimizer step. (Compared as gradients:
     Adam's first step is lr times the gradient's sign, which rounding can flip where a
     component is near zero.)"""
-    base = dict(num_prompts=4, num_generations=4, watch_syncs=False, loss_type="grpo",
-                entropy_coef=0.0, max_grad_norm=1e9)  # fmt: skip
+    base = dict(
+        num_prompts=4,
+        num_generations=4,
+        watch_syncs=False,
+        loss_type="grpo",
+        entropy_coef=0.0,
+        max_grad_norm=1e9,
+    )
     full, _ = _updated(grpo.GRPOConfig(**base))
-    split, _ = _updated(grpo.GRPOConfig(**base, steps_per_generation=2,
-                                        gradient_accumulation_steps=2))  # fmt: skip
+    split, _ = _updated(
+        grpo.GRPOConfig(**base, steps_per_generation=2, gradient_accumulation_steps=2)
+    )
     want = full.optimizer.flat_gradient
     assert want.abs().max() > 0
     torch.testing.assert_close(split.optimizer.flat_gradient, want, rtol=1e-4, atol=1e-6)
@@ -208,11 +241,14 @@ def test_truncated_completions_can_be_left_out_of_the_loss():
         assert (not moved) if masked else moved
 
 
-@pytest.mark.parametrize(("kind", "want"), [
-    ("constant", [0.0, 0.5, 1.0, 1.0, 1.0]),
-    ("linear", [0.0, 0.5, 1.0, 2 / 3, 1 / 3]),
-    ("cosine", [0.0, 0.5, 1.0, 0.75, 0.25]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "want"),
+    [
+        ("constant", [0.0, 0.5, 1.0, 1.0, 1.0]),
+        ("linear", [0.0, 0.5, 1.0, 2 / 3, 1 / 3]),
+        ("cosine", [0.0, 0.5, 1.0, 0.75, 0.25]),
+    ],
+)
 def test_the_learning_rate_schedule_is_transformers(kind, want):
     args = grpo.GRPOConfig(steps=5, learning_rate=1.0, lr_scheduler_type=kind, warmup_steps=2)
     assert [args.learning_rate_at(s) for s in range(1, 6)] == pytest.approx(want)
@@ -222,8 +258,15 @@ def test_the_learning_rate_schedule_is_transformers(kind, want):
 
 def test_a_scheduled_run_logs_its_learning_rate():
     seen = []
-    args = grpo.GRPOConfig(steps=4, num_prompts=2, num_generations=2, watch_syncs=False,
-                           log_interval=1, lr_scheduler_type="linear", staleness=0)  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=4,
+        num_prompts=2,
+        num_generations=2,
+        watch_syncs=False,
+        log_interval=1,
+        lr_scheduler_type="linear",
+        staleness=0,
+    )
     grpo.GRPOTrainer(args=args).train(lambda step, values: seen.append(values["learning_rate"]))
     assert seen == pytest.approx([args.learning_rate_at(s) for s in range(1, 5)])
 
@@ -251,8 +294,9 @@ def test_repetition_penalty_and_min_p_are_transformers():
         RepetitionPenaltyLogitsProcessor,
     )
 
-    args = grpo.GRPOConfig(repetition_penalty=1.3, min_p=0.2, temperature=0.7,
-                           num_prompts=2, num_generations=2)  # fmt: skip
+    args = grpo.GRPOConfig(
+        repetition_penalty=1.3, min_p=0.2, temperature=0.7, num_prompts=2, num_generations=2
+    )
     engine = grpo.build(args).generator.engine
     torch.manual_seed(0)
     logits = torch.randn(2, 22) * 3
@@ -268,17 +312,32 @@ def test_repetition_penalty_and_min_p_are_transformers():
 
 
 def test_a_run_with_min_p_and_repetition_penalty_records_the_policys_log_probs():
-    args = grpo.GRPOConfig(repetition_penalty=1.5, min_p=0.1, num_prompts=4, num_generations=4,
-                           watch_syncs=False, max_new_tokens=6)  # fmt: skip
+    args = grpo.GRPOConfig(
+        repetition_penalty=1.5,
+        min_p=0.1,
+        num_prompts=4,
+        num_generations=4,
+        watch_syncs=False,
+        max_new_tokens=6,
+    )
     behaviour, trainer = generated_and_trainer(grpo.build(args), args)
     torch.testing.assert_close(trainer, behaviour, rtol=0, atol=1e-5)
 
 
 def test_completions_are_logged_and_old_checkpoints_pruned(tmp_path):
-    args = grpo.GRPOConfig(steps=5, num_prompts=2, num_generations=2, watch_syncs=False,
-                           log_interval=2, staleness=0, output_dir=str(tmp_path),
-                           log_completions=True, checkpoint=str(tmp_path / "c-{step:03d}.pt"),
-                           checkpoint_every=1, save_total_limit=2)  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=5,
+        num_prompts=2,
+        num_generations=2,
+        watch_syncs=False,
+        log_interval=2,
+        staleness=0,
+        output_dir=str(tmp_path),
+        log_completions=True,
+        checkpoint=str(tmp_path / "c-{step:03d}.pt"),
+        checkpoint_every=1,
+        save_total_limit=2,
+    )
     grpo.GRPOTrainer(args=args).train()
     rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [2, 4, 5] and len(rows) == 3 * 4
@@ -291,8 +350,10 @@ def test_completions_are_logged_and_old_checkpoints_pruned(tmp_path):
         grpo.GRPOConfig(save_total_limit=2, checkpoint="c.pt").check()
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
-                 "{% if add_generation_prompt %}={% endif %}")  # fmt: skip
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}={% endif %}"
+)
 
 
 def test_conversational_prompts_go_through_the_chat_template(tmp_path):
@@ -303,18 +364,31 @@ def test_conversational_prompts_go_through_the_chat_template(tmp_path):
 
     lm = load_model("tiny", seed=0)
     lm.tokenizer.chat_template = CHAT_TEMPLATE
-    rows = [{"prompt": [{"role": "user", "content": s}], "answer": s}
-            for s in ("abcde", "hgfed", "cabbe", "dghaa")]  # fmt: skip
+    rows = [
+        {"prompt": [{"role": "user", "content": s}], "answer": s}
+        for s in ("abcde", "hgfed", "cabbe", "dghaa")
+    ]
     seen = {}
 
     def reward(prompts, completions, answer, **kwargs):
         seen.update(prompt=prompts[0], completion=completions[0])
         return [float(c[0]["content"] == a) for c, a in zip(completions, answer, strict=True)]
 
-    args = grpo.GRPOConfig(steps=3, num_prompts=2, num_generations=2, watch_syncs=False,
-                           staleness=0, output_dir=str(tmp_path))  # fmt: skip
-    trainer = grpo.GRPOTrainer(model=lm.model, processing_class=lm.tokenizer, reward_funcs=reward,
-                               train_dataset=rows, args=args)  # fmt: skip
+    args = grpo.GRPOConfig(
+        steps=3,
+        num_prompts=2,
+        num_generations=2,
+        watch_syncs=False,
+        staleness=0,
+        output_dir=str(tmp_path),
+    )
+    trainer = grpo.GRPOTrainer(
+        model=lm.model,
+        processing_class=lm.tokenizer,
+        reward_funcs=reward,
+        train_dataset=rows,
+        args=args,
+    )
     encoder = trainer.setup.generator.encoder
     assert encoder.length == len("abcde=")  # the template's generation prompt, "="
     trainer.train()
@@ -328,14 +402,22 @@ def test_conversational_prompts_go_through_the_chat_template(tmp_path):
 def test_conversational_prompts_without_a_chat_template_are_refused():
     rows = [{"prompt": [{"role": "user", "content": "abcde"}]}]
     with pytest.raises(ValueError, match="need a tokenizer with a chat template"):
-        grpo.GRPOTrainer(model="tiny", reward_funcs=lambda prompts, completions, **k: [0.0],
-                         train_dataset=rows, args=grpo.GRPOConfig(watch_syncs=False))  # fmt: skip
+        grpo.GRPOTrainer(
+            model="tiny",
+            reward_funcs=lambda prompts, completions, **k: [0.0],
+            train_dataset=rows,
+            args=grpo.GRPOConfig(watch_syncs=False),
+        )
     with pytest.raises(ValueError, match="mixes text and conversational prompts"):
-        grpo.GRPOTrainer(model="tiny", train_dataset=[*rows, {"prompt": "abcde="}],
-                         args=grpo.GRPOConfig(watch_syncs=False))  # fmt: skip
+        grpo.GRPOTrainer(
+            model="tiny",
+            train_dataset=[*rows, {"prompt": "abcde="}],
+            args=grpo.GRPOConfig(watch_syncs=False),
+        )
     with pytest.raises(ValueError, match="must be a string or a conversation"):
-        grpo.GRPOTrainer(model="tiny", train_dataset=[{"prompt": 5}],
-                         args=grpo.GRPOConfig(watch_syncs=False))  # fmt: skip
+        grpo.GRPOTrainer(
+            model="tiny", train_dataset=[{"prompt": 5}], args=grpo.GRPOConfig(watch_syncs=False)
+        )
 
 
 def test_a_setting_the_config_lacks_is_refused_with_the_closest_names():

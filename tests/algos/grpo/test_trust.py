@@ -16,16 +16,23 @@ from nostall.lm.rewards import Rewards
 from nostall.lm.tasks import partial_credit
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-FAST = dict(steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2,
-            staleness=0)  # fmt: skip
-ROWS = [{"prompt": "abcde=", "answer": "abcde"}, {"prompt": "hgfed=", "answer": "hgfed"},
-        {"prompt": "cabbe="}, {"prompt": "dghaa=", "answer": "dghaa"}]  # fmt: skip
+FAST = dict(
+    steps=6, num_prompts=4, num_generations=4, watch_syncs=False, log_interval=2, staleness=0
+)
+ROWS = [
+    {"prompt": "abcde=", "answer": "abcde"},
+    {"prompt": "hgfed=", "answer": "hgfed"},
+    {"prompt": "cabbe="},
+    {"prompt": "dghaa=", "answer": "dghaa"},
+]
 
 
 def _answer_or_none(prompts, completions, answer, **kwargs):
     """Not applicable (None) where a row has no answer, as TRL's rewards do."""
-    return [None if a is None else partial_credit(c, a)
-            for c, a in zip(completions, answer, strict=True)]  # fmt: skip
+    return [
+        None if a is None else partial_credit(c, a)
+        for c, a in zip(completions, answer, strict=True)
+    ]
 
 
 def test_a_row_without_an_optional_column_gets_none():
@@ -35,15 +42,20 @@ def test_a_row_without_an_optional_column_gets_none():
         seen.extend(answer)
         return _answer_or_none(prompts, completions, answer)
 
-    GRPOTrainer(model="tiny", reward_funcs=reward, train_dataset=ROWS,
-                args=GRPOConfig(**FAST)).train()  # fmt: skip
+    GRPOTrainer(
+        model="tiny", reward_funcs=reward, train_dataset=ROWS, args=GRPOConfig(**FAST)
+    ).train()
     assert None in seen and "abcde" in seen
 
 
 def test_none_and_nan_rewards_are_not_applicable_and_arrays_are_taken():
-    rewards = Rewards([lambda prompts, completions, **kw: [None, 1.0, float("nan")],
-                       lambda prompts, completions, **kw: np.array([0.5, 0.25, 2.0])],
-                      [1.0, 2.0])  # fmt: skip
+    rewards = Rewards(
+        [
+            lambda prompts, completions, **kw: [None, 1.0, float("nan")],
+            lambda prompts, completions, **kw: np.array([0.5, 0.25, 2.0]),
+        ],
+        [1.0, 2.0],
+    )
     assert rewards(["p"] * 3, ["a", "b", "c"], {}) == [1.0, 1.5, 4.0]
     nothing = Rewards([lambda prompts, completions, **kw: [None, None]])
     assert nothing(["p"] * 2, ["a", "b"], {}) == [0.0, 0.0]  # TRL's nansum of nothing
@@ -61,17 +73,23 @@ def test_a_reward_that_is_not_a_number_is_refused_naming_the_reward(value):
 @pytest.mark.parametrize(
     "change,message",
     [
-        (dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="nan"),
-         "--reward-weights must be finite"),
-        (dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="1,inf"),
-         "--reward-weights must be finite"),
+        (
+            dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="nan"),
+            "--reward-weights must be finite",
+        ),
+        (
+            dict(reward="tests.algos.grpo.test_grpo:_reward_raises", reward_weights="1,inf"),
+            "--reward-weights must be finite",
+        ),
         (dict(reward_weights="2"), "--reward-weights weighs the functions of --reward"),
-        (dict(checkpoint="ck_{run}.pt"), "--checkpoint 'ck_{run}.pt': the only placeholder "
-                                         "is {step}"),
+        (
+            dict(checkpoint="ck_{run}.pt"),
+            "--checkpoint 'ck_{run}.pt': the only placeholder is {step}",
+        ),
         (dict(checkpoint="ck-{iteration}.pt"), "the only placeholder is {step}"),
         (dict(checkpoint="ck-{.pt"), "the only placeholder is {step}"),
     ],
-)  # fmt: skip
+)
 def test_bad_settings_are_refused_before_anything_runs(change, message):
     with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("}", r"\}")):
         grpo.build(GRPOConfig(**{**FAST, **change}))
@@ -83,24 +101,44 @@ def test_a_ppo_checkpoint_placeholder_is_checked_too():
 
 
 def test_resume_reports_what_the_uninterrupted_run_reports(tmp_path):
-    common = dict(FAST, steps=40, target_reward=0.0, watch_syncs=True,
-                  checkpoint=str(tmp_path / "ck-{step}.pt"), checkpoint_every=10)  # fmt: skip
+    common = dict(
+        FAST,
+        steps=40,
+        target_reward=0.0,
+        watch_syncs=True,
+        checkpoint=str(tmp_path / "ck-{step}.pt"),
+        checkpoint_every=10,
+    )
     full = grpo.train(GRPOConfig(**common))
     assert full.steps_to_target == 10  # the first full window of 10 steps
     with pytest.raises(ValueError, match="--steps 20 is not past the checkpoint's step 20"):
-        GRPOTrainer(args=GRPOConfig(**{**common, "steps": 20,
-                                       "resume": str(tmp_path / "ck-20.pt")}))  # fmt: skip
-    resumed = grpo.train(GRPOConfig(**{**common, "resume": str(tmp_path / "ck-20.pt"),
-                                       "checkpoint": None, "torch_threads": 2}))  # fmt: skip
+        GRPOTrainer(
+            args=GRPOConfig(**{**common, "steps": 20, "resume": str(tmp_path / "ck-20.pt")})
+        )
+    resumed = grpo.train(
+        GRPOConfig(
+            **{
+                **common,
+                "resume": str(tmp_path / "ck-20.pt"),
+                "checkpoint": None,
+                "torch_threads": 2,
+            }
+        )
+    )
     assert resumed.steps_to_target == full.steps_to_target  # the crossing, not the resume
     assert resumed.rewards == full.rewards
     assert resumed.syncs_per_update == 0  # the resumed process's own 3rd and 4th steps
 
 
 def _nostall(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nostall", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "nostall", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_no_progress_keeps_tensorboard_and_two_runs_keep_two_logs(tmp_path):
@@ -110,9 +148,23 @@ def test_no_progress_keeps_tensorboard_and_two_runs_keep_two_logs(tmp_path):
     )
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     for again in ([], ["--overwrite"]):  # (a folder holding a run is written only if told)
-        result = _nostall("train", "grpo", "--dataset", "data.jsonl", "--reward",
-                          "my_rewards:length", "--steps", "4", "--num-prompts", "2",
-                          "--no-progress", "--out", "run", *again, cwd=tmp_path)  # fmt: skip
+        result = _nostall(
+            "train",
+            "grpo",
+            "--dataset",
+            "data.jsonl",
+            "--reward",
+            "my_rewards:length",
+            "--steps",
+            "4",
+            "--num-prompts",
+            "2",
+            "--no-progress",
+            "--out",
+            "run",
+            *again,
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr
     runs = list((tmp_path / "run" / "tensorboard").iterdir())
     assert len(runs) == 2 and all(any(r.glob("events.*")) for r in runs)
@@ -140,21 +192,43 @@ def test_a_column_named_as_a_reward_argument_is_refused_at_load(tmp_path, column
     """It would reach the reward functions twice: a TypeError at the first reward call."""
     rows = [{**row, column: "x"} if i == 2 else row for i, row in enumerate(ROWS)]
     with pytest.raises(ValueError, match=f"row 3: a column named '{column}' would collide"):
-        GRPOTrainer(model="tiny", reward_funcs=_answer_or_none, train_dataset=rows,
-                    args=GRPOConfig(**FAST))  # fmt: skip
+        GRPOTrainer(
+            model="tiny", reward_funcs=_answer_or_none, train_dataset=rows, args=GRPOConfig(**FAST)
+        )
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    result = subprocess.run([sys.executable, "-m", "nostall.cli", "train", "grpo", "--model",
-                             "tiny", "--dataset", str(path), "--reward", "nostall.lm.tasks:"
-                             "answer_reward", "--out", str(tmp_path / "out")],
-                            capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nostall.cli",
+            "train",
+            "grpo",
+            "--model",
+            "tiny",
+            "--dataset",
+            str(path),
+            "--reward",
+            "nostall.lm.tasks:answer_reward",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 2 and f"column named '{column}'" in result.stderr
 
 
 def test_a_prompt_the_tokenizer_cannot_read_is_refused():
     with pytest.raises(ValueError, match="prompt 'xyz=' has text the tokenizer does not know"):
-        GRPOTrainer(model="tiny", reward_funcs=_answer_or_none,
-                    train_dataset=[{"prompt": "xyz="}], args=GRPOConfig(**FAST))  # fmt: skip
+        GRPOTrainer(
+            model="tiny",
+            reward_funcs=_answer_or_none,
+            train_dataset=[{"prompt": "xyz="}],
+            args=GRPOConfig(**FAST),
+        )
 
 
 def test_a_run_trains_on_from_the_model_it_saved(tmp_path):

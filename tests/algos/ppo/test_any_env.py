@@ -27,8 +27,13 @@ def test_ppo_solves_acrobot_through_gymnasium_as_through_the_native_env():
     from NumPy's, so the episodes start in other states."""
     runs = {}
     for backend in ("native", "gymnasium"):
-        args = ppo.PPOConfig(env_id="Acrobot-v1", env_backend=backend, total_timesteps=200_000,
-                        stop_when_solved=True, **FAST)  # fmt: skip
+        args = ppo.PPOConfig(
+            env_id="Acrobot-v1",
+            env_backend=backend,
+            total_timesteps=200_000,
+            stop_when_solved=True,
+            **FAST,
+        )
         runs[backend] = ppo.train(args)
         assert runs[backend].solved_at is not None, (backend, runs[backend].curve[-3:])
     native, gymnasium = (runs[b].solved_at[0] for b in ("native", "gymnasium"))
@@ -36,8 +41,12 @@ def test_ppo_solves_acrobot_through_gymnasium_as_through_the_native_env():
 
 
 def test_a_custom_env_class_trains():
-    args = ppo.PPOConfig(env_id="tests.algos.custom_envs:SignEnv", total_timesteps=16 * 1024,
-                    watch_syncs=False, log_interval=1)  # fmt: skip
+    args = ppo.PPOConfig(
+        env_id="tests.algos.custom_envs:SignEnv",
+        total_timesteps=16 * 1024,
+        watch_syncs=False,
+        log_interval=1,
+    )
     result = ppo.train(args)
     first, last = result.curve[0][2], result.curve[-1][2]
     assert first < 7.5 and last > 9, result.curve  # random: about 5 of 10
@@ -46,8 +55,13 @@ def test_a_custom_env_class_trains():
 def test_the_adapter_runs_on_the_process_backend_and_resumes_exactly(tmp_path):
     """The rollout process builds the adapter itself; checkpoints hold the Gymnasium envs as data,
     so resuming from the 2nd and the 4th checkpoint ends where the uninterrupted run ends."""
-    common = dict(env_id="CartPole-v1", env_backend="gymnasium", total_timesteps=6 * 1024,
-                  checkpoint_every=2, **FAST)  # fmt: skip
+    common = dict(
+        env_id="CartPole-v1",
+        env_backend="gymnasium",
+        total_timesteps=6 * 1024,
+        checkpoint_every=2,
+        **FAST,
+    )
     ppo.train(
         ppo.PPOConfig(**common, backend="process", checkpoint=str(tmp_path / "s-{iteration}.pt"))
     )
@@ -62,8 +76,9 @@ def test_the_adapter_runs_on_the_process_backend_and_resumes_exactly(tmp_path):
 
 
 def test_an_env_that_raises_mid_run_stops_the_run_with_its_traceback():
-    args = appo.APPOConfig(env_id="tests.algos.custom_envs:FailingEnv", total_timesteps=64 * 1024,
-                     **FAST)  # fmt: skip
+    args = appo.APPOConfig(
+        env_id="tests.algos.custom_envs:FailingEnv", total_timesteps=64 * 1024, **FAST
+    )
     from tests.algos.custom_envs import FailingEnv
 
     FailingEnv.steps = 0
@@ -76,8 +91,7 @@ def test_an_env_that_raises_mid_run_stops_the_run_with_its_traceback():
     while error is not None:
         chain.append(error)
         error = error.__cause__
-    assert any("custom_envs.py" in str(e.__traceback__.tb_frame) or _in_traceback(e)
-               for e in chain)  # fmt: skip
+    assert any("custom_envs.py" in str(e.__traceback__.tb_frame) or _in_traceback(e) for e in chain)
 
 
 def _in_traceback(error: BaseException) -> bool:
@@ -129,8 +143,11 @@ def test_native_backend_refuses_an_id_it_does_not_have():
 def test_an_env_holding_more_than_data_is_refused_naming_what(tmp_path):
     env = GymnasiumVectorEnv("CartPole-v1", 1)
     env.envs.envs[0].unwrapped.handle = threading.Lock()  # as a simulator handle would be
-    with pytest.raises(ValueError, match=r"cannot be saved for a checkpoint: CartPole-v1: "
-                                         r"CartPoleEnv\.handle is a _thread\.lock"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"cannot be saved for a checkpoint: CartPole-v1: "
+        r"CartPoleEnv\.handle is a _thread\.lock",
+    ):
         env.state_dict()
     env.close()
 
@@ -180,8 +197,20 @@ def test_save_load_eval_round_trip(tmp_path):
     """A run writes policy.pt (weights only); load_policy gives the trained actor's actions;
     `nostall eval` reports the returns and records an episode."""
     out = tmp_path / "run"
-    code = main(["train", "ppo", "--env", "CartPole-v1", "--total-timesteps", "40960",
-                 "--no-progress", "--no-watch-syncs", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--total-timesteps",
+            "40960",
+            "--no-progress",
+            "--no-watch-syncs",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     record = torch.load(out / "policy.pt", weights_only=True)  # no pickled code needed
     assert record["env_id"] == "CartPole-v1" and record["discrete"]
@@ -230,9 +259,16 @@ def test_the_cnn_learns_from_pixels_kept_uint8_in_the_chunks(tmp_path):
 
     first, last = [], []
     for seed in range(5):  # (measured: from 4.6-5.2 to 9.65-10 of 10 on every seed)
-        args = ppo.PPOConfig(env_id="tests.algos.custom_envs:VisualSignEnv", num_envs=4,
-                             num_steps=64, total_timesteps=12 * 256, learning_rate=2.5e-3,
-                             watch_syncs=False, log_interval=1, seed=seed)  # fmt: skip
+        args = ppo.PPOConfig(
+            env_id="tests.algos.custom_envs:VisualSignEnv",
+            num_envs=4,
+            num_steps=64,
+            total_timesteps=12 * 256,
+            learning_rate=2.5e-3,
+            watch_syncs=False,
+            log_interval=1,
+            seed=seed,
+        )
         result = Recording(args=args).train()
         first.append(result.curve[0][2])
         last.append(result.curve[-1][2])
@@ -287,9 +323,17 @@ def test_envpool_backend_steps_with_same_step_autoreset():
 
 def test_ppo_on_envpool_pong_with_the_cnn():
     pytest.importorskip("envpool", reason="EnvPool (a dev dependency) is not installed")
-    args = ppo.PPOConfig(env_id="Pong-v5", env_backend="envpool", num_envs=2, num_steps=32,
-                    total_timesteps=2 * 64, num_minibatches=2, update_epochs=1,
-                    watch_syncs=False, log_interval=1)  # fmt: skip
+    args = ppo.PPOConfig(
+        env_id="Pong-v5",
+        env_backend="envpool",
+        num_envs=2,
+        num_steps=32,
+        total_timesteps=2 * 64,
+        num_minibatches=2,
+        update_epochs=1,
+        watch_syncs=False,
+        log_interval=1,
+    )
     result = ppo.train(args)
     assert result.steps == 128 and result.policy["kind"] == "cnn"
     assert result.policy["obs_shape"] == [4, 84, 84]

@@ -75,11 +75,16 @@ def test_the_halves_overlap_send_act_recv_in_order():
         setattr(env.torch, name, logged)
     _collect_chunk(env, _lean_left_act(events), num_steps=3)
     assert events[:9] == [
-        ("act", 2), ("send", 0),
-        ("act", 2), ("send", 1), ("recv", 0),
-        ("act", 2), ("send", 0), ("recv", 1),
         ("act", 2),
-    ]  # fmt: skip
+        ("send", 0),
+        ("act", 2),
+        ("send", 1),
+        ("recv", 0),
+        ("act", 2),
+        ("send", 0),
+        ("recv", 1),
+        ("act", 2),
+    ]
     assert events[-1] == ("recv", 1) and events.count(("recv", 0)) == 3
     env.close()
 
@@ -122,16 +127,36 @@ def test_stacked_frames_along_the_channels():
 
 def test_ppo_trains_on_stacked_frames_and_eval_and_record_stack_them_too(tmp_path):
     out = tmp_path / "run"
-    code = main(["train", "ppo", "--env", "tests.algos.custom_envs:GraySignEnv",
-                 "--frame-stack", "2", "--num-envs", "2", "--num-steps", "32",
-                 "--total-timesteps", "128", "--no-progress", "--no-watch-syncs",
-                 "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "ppo",
+            "--env",
+            "tests.algos.custom_envs:GraySignEnv",
+            "--frame-stack",
+            "2",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "32",
+            "--total-timesteps",
+            "128",
+            "--no-progress",
+            "--no-watch-syncs",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     saved = torch.load(out / "policy.pt", weights_only=True)
     assert saved["frame_stack"] == 2 and saved["obs_shape"] == [2, 40, 40]
     env = "tests.algos.custom_envs:GraySignEnv"  # code: named again, never taken from the file
-    assert main(["eval", str(out), "--env", env, "--episodes", "3",
-                 "--record", str(tmp_path / "a.gif")]) == 0  # fmt: skip
+    assert (
+        main(
+            ["eval", str(out), "--env", env, "--episodes", "3", "--record", str(tmp_path / "a.gif")]
+        )
+        == 0
+    )
     frames = record(load_policy(out / "policy.pt", env_id=env), tmp_path / "b.gif")
     assert frames == 11  # the reset's frame and ten steps
     with Image.open(tmp_path / "b.gif") as image:
@@ -160,9 +185,26 @@ def test_envpool_frame_stack_is_its_stack_num():
 
 def test_an_envpool_run_is_evaluated_and_recorded(tmp_path):
     out = tmp_path / "run"
-    code = main(["train", "ppo", "--env", "CartPole-v1", "--env-backend", "envpool",
-                 "--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256",
-                 "--no-progress", "--no-watch-syncs", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--env-backend",
+            "envpool",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "32",
+            "--total-timesteps",
+            "256",
+            "--no-progress",
+            "--no-watch-syncs",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     gif = tmp_path / "episode.gif"
     assert main(["eval", str(out), "--episodes", "2", "--record", str(gif)]) == 0

@@ -63,8 +63,13 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, backend, module):
     native rollout here: it then always waits at the staleness bound and pulls exactly the
     weights published at the checkpoint.)"""
     name = module.__name__.rsplit(".", 1)[1]
-    common = dict(total_timesteps=8 * 1024, log_interval=4, checkpoint_every=2, backend=backend,
-                  watch_syncs=False)  # fmt: skip
+    common = dict(
+        total_timesteps=8 * 1024,
+        log_interval=4,
+        checkpoint_every=2,
+        backend=backend,
+        watch_syncs=False,
+    )
     module.train(CONFIGS[name](**common, checkpoint=str(tmp_path / "straight-{iteration}.pt")))
     straight = tmp_path / "straight-8.pt"
     defaults = CONFIGS[name]()
@@ -74,8 +79,11 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, backend, module):
     )
     for k in (2, 4, 6):
         resumed = tmp_path / f"resumed-from-{k}.pt"
-        module.train(CONFIGS[name](**common, checkpoint=str(resumed),
-                                 resume=str(tmp_path / f"straight-{k}.pt")))  # fmt: skip
+        module.train(
+            CONFIGS[name](
+                **common, checkpoint=str(resumed), resume=str(tmp_path / f"straight-{k}.pt")
+            )
+        )
         for a, b in zip(_params(straight, name), _params(resumed, name), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"resumed from {k}")
         assert ppo.load_checkpoint(resumed, name)["iteration"] == 8
@@ -88,8 +96,13 @@ def test_appo_on_the_process_backend_restores_the_chunks_collected_ahead(tmp_pat
         seen.append((chunk.version, chunk.obs.clone()))
         return appo.vtrace_advantages(agent, chunk, args)
 
-    common = dict(total_timesteps=6 * 1024, log_interval=3, checkpoint_every=2,
-                  backend="process", watch_syncs=False)  # fmt: skip
+    common = dict(
+        total_timesteps=6 * 1024,
+        log_interval=3,
+        checkpoint_every=2,
+        backend="process",
+        watch_syncs=False,
+    )
 
     class Recording(appo.APPOTrainer):
         advantage_fn = staticmethod(recording)
@@ -106,11 +119,22 @@ def test_appo_on_the_process_backend_restores_the_chunks_collected_ahead(tmp_pat
 def test_a_checkpoint_resumes_on_the_other_backend(tmp_path):
     common = dict(total_timesteps=6 * 1024, log_interval=3, checkpoint_every=3, watch_syncs=False)
     for saved_on, resumed_on in (("process", "thread"), ("thread", "process")):
-        ppo.train(ppo.PPOConfig(**common, backend=saved_on,
-                           checkpoint=str(tmp_path / f"{saved_on}-{{iteration}}.pt")))  # fmt: skip
+        ppo.train(
+            ppo.PPOConfig(
+                **common,
+                backend=saved_on,
+                checkpoint=str(tmp_path / f"{saved_on}-{{iteration}}.pt"),
+            )
+        )
         resumed = tmp_path / f"{saved_on}-to-{resumed_on}.pt"
-        ppo.train(ppo.PPOConfig(**common, backend=resumed_on, checkpoint=str(resumed),
-                           resume=str(tmp_path / f"{saved_on}-3.pt")))  # fmt: skip
+        ppo.train(
+            ppo.PPOConfig(
+                **common,
+                backend=resumed_on,
+                checkpoint=str(resumed),
+                resume=str(tmp_path / f"{saved_on}-3.pt"),
+            )
+        )
         for a, b in zip(_params(tmp_path / f"{saved_on}-6.pt"), _params(resumed), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -133,8 +157,9 @@ def test_resuming_a_finished_run_and_its_throughput(tmp_path):
     ppo.train(ppo.PPOConfig(total_timesteps=4096, checkpoint=str(path), watch_syncs=False))
     finished = ppo.train(ppo.PPOConfig(total_timesteps=4096, resume=str(path), watch_syncs=False))
     assert finished.steps == 4096 and finished.steps_per_second == 0.0
-    more = ppo.train(ppo.PPOConfig(total_timesteps=8192, resume=str(path), watch_syncs=False,
-                              log_interval=1))  # fmt: skip
+    more = ppo.train(
+        ppo.PPOConfig(total_timesteps=8192, resume=str(path), watch_syncs=False, log_interval=1)
+    )
     # Only this run's steps over this run's time: not 8192 steps over 4 iterations' time.
     assert more.steps == 8192 and more.resumed_at_steps == 4096
     assert more.steps_per_second == pytest.approx(4096 / more.seconds)
@@ -163,9 +188,13 @@ def test_resume_between_weight_publications_is_exact(tmp_path, backend):
     # Weights published every 2 updates: at iteration 3 the rollout side still holds those of
     # iteration 2, and a resumed run must collect with those too.
     common = dict(
-        total_timesteps=6 * 1024, log_interval=3, checkpoint_every=3, backend=backend,
-        publish_every=2, watch_syncs=False,
-    )  # fmt: skip
+        total_timesteps=6 * 1024,
+        log_interval=3,
+        checkpoint_every=3,
+        backend=backend,
+        publish_every=2,
+        watch_syncs=False,
+    )
     ppo.train(ppo.PPOConfig(**common, checkpoint=str(tmp_path / "straight-{iteration}.pt")))
     resumed = tmp_path / "resumed.pt"
     ppo.train(
@@ -204,9 +233,12 @@ def test_steady_throughput_leaves_out_the_first_iteration():
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_ppo_on_a_gpu_solves_cartpole_and_the_thread_backend_never_syncs(backend):
     args = ppo.PPOConfig(
-        device="cuda", backend=backend, total_timesteps=200_000, stop_when_solved=True,
+        device="cuda",
+        backend=backend,
+        total_timesteps=200_000,
+        stop_when_solved=True,
         log_interval=5,
-    )  # fmt: skip
+    )
     result = ppo.train(args)
     assert result.solved_at is not None, result.curve[-5:]
     if backend == "thread":  # the process backend's weight hand-off waits for the update
@@ -267,6 +299,10 @@ def test_module_entry_points_take_their_arguments():
     import sys
 
     for algorithm in ("ppo", "appo", "grpo"):
-        result = subprocess.run([sys.executable, "-m", "nostall", "train", algorithm, "--help"],
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "nostall", "train", algorithm, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0 and "usage: nostall train" in result.stdout, result.stderr

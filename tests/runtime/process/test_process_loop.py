@@ -24,8 +24,9 @@ def test_process_backend_reproduces_the_thread_backend_at_staleness_0():
 
 
 def test_asynchronous_ppo_learns_cartpole_with_a_rollout_process():
-    args = appo.APPOConfig(total_timesteps=300_000, stop_when_solved=True, log_interval=5,
-                     backend="process")  # fmt: skip
+    args = appo.APPOConfig(
+        total_timesteps=300_000, stop_when_solved=True, log_interval=5, backend="process"
+    )
     result = appo.train(args)
     assert result.solved_at is not None, result.curve[-5:]
 
@@ -37,8 +38,13 @@ def _exploding_agent(env):
 def test_a_failure_in_the_rollout_process_reaches_the_trainer():
     env = nostall.envs.make("CartPole-v1", 4)
     agent = ActorCritic.for_env(env)
-    runtime = env_loop("process", agent, make_env=functools.partial(cartpole, 4), num_steps=8,
-                       make_agent=_exploding_agent)  # fmt: skip
+    runtime = env_loop(
+        "process",
+        agent,
+        make_env=functools.partial(cartpole, 4),
+        num_steps=8,
+        make_agent=_exploding_agent,
+    )
     with pytest.raises(RuntimeStopped, match="cannot build the policy"), runtime:
         runtime.next_chunk()
     assert mp.active_children() == []

@@ -31,8 +31,16 @@ def _make_env(seed):
 def _runtime(num_workers, staleness, **kwargs) -> tuple[RayLoop, torch.nn.Module]:
     """A Ray transport over CartPole and the trainer's agent it publishes."""
     agent = make_agent(_make_env(0))
-    loop = env_loop("ray", agent, make_env=_make_env, make_agent=make_agent, num_steps=16,
-                    staleness=staleness, num_workers=num_workers, **kwargs)  # fmt: skip
+    loop = env_loop(
+        "ray",
+        agent,
+        make_env=_make_env,
+        make_agent=make_agent,
+        num_steps=16,
+        staleness=staleness,
+        num_workers=num_workers,
+        **kwargs,
+    )
     return loop, agent
 
 
@@ -150,8 +158,14 @@ def test_more_workers_than_the_cluster_can_place_fail_at_once(local_cluster):
 
 
 def test_a_worker_whose_env_raises_stops_the_run_with_the_cause(local_cluster):
-    args = appo.APPOConfig(env_id="tests.algos.custom_envs:FailingEnv", backend="ray",
-                     total_timesteps=4096, num_envs=1, num_steps=64, **FAST)  # fmt: skip
+    args = appo.APPOConfig(
+        env_id="tests.algos.custom_envs:FailingEnv",
+        backend="ray",
+        total_timesteps=4096,
+        num_envs=1,
+        num_steps=64,
+        **FAST,
+    )
     with pytest.raises(RuntimeError, match="the simulator diverged"):
         appo.train(args)
 
@@ -164,9 +178,26 @@ def test_appo_on_two_workers_learns_and_the_report_counts_no_drops(local_cluster
     finals = []
     for seed in (1, 2, 3):  # (none tuned on; the median against the claim)
         out = tmp_path / f"seed{seed}"
-        code = main(["train", "appo", "--env", "CartPole-v1", "--backend", "ray",
-                     "--num-workers", "2", "--total-timesteps", "40000", "--seed", str(seed),
-                     "--no-progress", "--no-watch-syncs", "--out", str(out)])  # fmt: skip
+        code = main(
+            [
+                "train",
+                "appo",
+                "--env",
+                "CartPole-v1",
+                "--backend",
+                "ray",
+                "--num-workers",
+                "2",
+                "--total-timesteps",
+                "40000",
+                "--seed",
+                str(seed),
+                "--no-progress",
+                "--no-watch-syncs",
+                "--out",
+                str(out),
+            ]
+        )
         assert code == 0
         report = json.loads((out / "report.json").read_text())
         assert report["dropped_chunks"] == 0
@@ -196,13 +227,22 @@ def _agent_params(path, algorithm):
 
 
 @pytest.mark.parametrize("workers,staleness", [(1, 0), (2, 1), (2, 3)])
-def test_resume_from_the_kth_checkpoint_on_ray_is_exact(local_cluster, tmp_path, workers,
-                                                          staleness):  # fmt: skip
+def test_resume_from_the_kth_checkpoint_on_ray_is_exact(
+    local_cluster, tmp_path, workers, staleness
+):
     """Chunks are requested from worker k mod K and trained on in request order, so a run on
     several workers is reproducible and every checkpoint (chunks in flight received, each
     worker's envs, generator and weights saved) resumes to the uninterrupted run's end."""
-    common = dict(backend="ray", num_workers=workers, staleness=staleness, num_envs=4,
-                  num_steps=64, total_timesteps=8 * 256, checkpoint_every=2, **FAST)  # fmt: skip
+    common = dict(
+        backend="ray",
+        num_workers=workers,
+        staleness=staleness,
+        num_envs=4,
+        num_steps=64,
+        total_timesteps=8 * 256,
+        checkpoint_every=2,
+        **FAST,
+    )
     appo.train(appo.APPOConfig(**common, checkpoint=str(tmp_path / "s-{iteration}.pt")))
     straight = _agent_params(tmp_path / "s-8.pt", "appo")
     saved = ppo.load_checkpoint(tmp_path / "s-4.pt", "appo")["runtime"]
@@ -219,13 +259,27 @@ def test_resume_from_the_kth_checkpoint_on_ray_is_exact(local_cluster, tmp_path,
 def test_a_checkpoint_moves_between_the_thread_and_ray_backends(local_cluster, tmp_path):
     common = dict(total_timesteps=6 * 1024, checkpoint_every=3, **FAST)
     for saved_on, resumed_on in (("thread", "ray"), ("ray", "thread")):
-        ppo.train(ppo.PPOConfig(**common, backend=saved_on,
-                           checkpoint=str(tmp_path / f"{saved_on}-{{iteration}}.pt")))  # fmt: skip
+        ppo.train(
+            ppo.PPOConfig(
+                **common,
+                backend=saved_on,
+                checkpoint=str(tmp_path / f"{saved_on}-{{iteration}}.pt"),
+            )
+        )
         resumed = tmp_path / f"{saved_on}-to-{resumed_on}.pt"
-        ppo.train(ppo.PPOConfig(**common, backend=resumed_on, checkpoint=str(resumed),
-                           resume=str(tmp_path / f"{saved_on}-3.pt")))  # fmt: skip
-        for a, b in zip(_agent_params(tmp_path / f"{saved_on}-6.pt", "ppo"),
-                        _agent_params(resumed, "ppo"), strict=True):  # fmt: skip
+        ppo.train(
+            ppo.PPOConfig(
+                **common,
+                backend=resumed_on,
+                checkpoint=str(resumed),
+                resume=str(tmp_path / f"{saved_on}-3.pt"),
+            )
+        )
+        for a, b in zip(
+            _agent_params(tmp_path / f"{saved_on}-6.pt", "ppo"),
+            _agent_params(resumed, "ppo"),
+            strict=True,
+        ):
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"{saved_on} -> {resumed_on}")
 
 
@@ -248,14 +302,28 @@ def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
     from nostall.runtime.rollout import collect
     from nostall.runtime.storage import rollout_slots
 
-    args = ppo.PPOConfig(norm_adv=False, num_envs=4, num_steps=32, num_minibatches=2,
-                    update_epochs=1, trainers=2, backend="ray", max_grad_norm=1e9)  # fmt: skip
+    args = ppo.PPOConfig(
+        norm_adv=False,
+        num_envs=4,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=1,
+        trainers=2,
+        backend="ray",
+        max_grad_norm=1e9,
+    )
     args.check()
     env = _make_env(0)
     agent = make_agent(env)
     chunk = rollout_slots(0, 32, **slot_layout(env))[0]
-    collect(env, lambda obs, g: act(agent, obs, g), chunk, env.torch.reset(seed=0),
-            torch.Generator().manual_seed(0), EpisodeTracker(4))  # fmt: skip
+    collect(
+        env,
+        lambda obs, g: act(agent, obs, g),
+        chunk,
+        env.torch.reset(seed=0),
+        torch.Generator().manual_seed(0),
+        EpisodeTracker(4),
+    )
     grads = {}
     for world in (1, 2):
         model = copy.deepcopy(agent)
@@ -264,8 +332,14 @@ def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
             model.parameters(), lr=lr, max_grad_norm=args.max_grad_norm, eps=1e-5
         )  # as ppo.train makes it
         generator = torch.Generator().manual_seed(1)
-        ranks = TrainerRanks(dataclasses.replace(args, trainers=world), model, optimizer,
-                                  generator, ppo.gae_advantages, env)  # fmt: skip
+        ranks = TrainerRanks(
+            dataclasses.replace(args, trainers=world),
+            model,
+            optimizer,
+            generator,
+            ppo.gae_advantages,
+            env,
+        )
         with ranks:
             ranks.dispatch(chunk, args.learning_rate)
             targets = ppo.gae_advantages(model, chunk, args)
@@ -282,8 +356,22 @@ def test_two_trainer_ranks_average_to_the_single_rank_gradient(local_cluster):
 def test_appo_with_two_trainer_ranks_runs_from_the_command(local_cluster, tmp_path):
     from nostall.cli import main
 
-    code = main(["train", "appo", "--backend", "ray", "--trainers", "2", "--total-timesteps",
-                 "4096", "--no-progress", "--no-watch-syncs", "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "appo",
+            "--backend",
+            "ray",
+            "--trainers",
+            "2",
+            "--total-timesteps",
+            "4096",
+            "--no-progress",
+            "--no-watch-syncs",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0 and (tmp_path / "policy.pt").exists()
     with pytest.raises(ValueError, match="trainers > 1 needs --backend ray"):
         ppo.PPOConfig(trainers=2).check()
@@ -292,21 +380,39 @@ def test_appo_with_two_trainer_ranks_runs_from_the_command(local_cluster, tmp_pa
 
 
 @pytest.mark.parametrize("workers,staleness", [(1, 0), (2, 2)])
-def test_collective_weights_train_the_same_run_as_the_object_store(local_cluster, tmp_path,
-                                                                   workers, staleness):  # fmt: skip
+def test_collective_weights_train_the_same_run_as_the_object_store(
+    local_cluster, tmp_path, workers, staleness
+):
     """Weights broadcast by gloo (as NCCL would between GPUs) reach the workers as the object
     store's do: the same run, bit for bit, and its checkpoints resume exactly."""
-    common = dict(backend="ray", num_workers=workers, staleness=staleness, num_envs=4,
-                  num_steps=64, total_timesteps=6 * 256, checkpoint_every=3, **FAST)  # fmt: skip
+    common = dict(
+        backend="ray",
+        num_workers=workers,
+        staleness=staleness,
+        num_envs=4,
+        num_steps=64,
+        total_timesteps=6 * 256,
+        checkpoint_every=3,
+        **FAST,
+    )
     appo.train(appo.APPOConfig(**common, checkpoint=str(tmp_path / "store-{iteration}.pt")))
-    appo.train(appo.APPOConfig(**common, ray_weights="collective",
-                         checkpoint=str(tmp_path / "coll-{iteration}.pt")))  # fmt: skip
+    appo.train(
+        appo.APPOConfig(
+            **common, ray_weights="collective", checkpoint=str(tmp_path / "coll-{iteration}.pt")
+        )
+    )
     store = _agent_params(tmp_path / "store-6.pt", "appo")
     for a, b in zip(store, _agent_params(tmp_path / "coll-6.pt", "appo"), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     resumed = tmp_path / "resumed.pt"
-    appo.train(appo.APPOConfig(**common, ray_weights="collective", checkpoint=str(resumed),
-                         resume=str(tmp_path / "coll-3.pt")))  # fmt: skip
+    appo.train(
+        appo.APPOConfig(
+            **common,
+            ray_weights="collective",
+            checkpoint=str(resumed),
+            resume=str(tmp_path / "coll-3.pt"),
+        )
+    )
     for a, b in zip(store, _agent_params(resumed, "appo"), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -315,8 +421,14 @@ def test_collective_weights_train_the_same_run_as_the_object_store(local_cluster
 def test_collective_weights_over_nccl_on_gpus():
     """The same run with the trainer on a GPU and the broadcast over NCCL to a worker on the
     other GPU."""
-    common = dict(backend="ray", num_workers=1, total_timesteps=4 * 1024, device="cuda",
-                  gpus_per_worker=1, **FAST)  # fmt: skip
+    common = dict(
+        backend="ray",
+        num_workers=1,
+        total_timesteps=4 * 1024,
+        device="cuda",
+        gpus_per_worker=1,
+        **FAST,
+    )
     first = appo.train(appo.APPOConfig(**common))
     second = appo.train(appo.APPOConfig(**common, ray_weights="collective"))
     assert [c[2] for c in first.curve] == [c[2] for c in second.curve]
@@ -338,8 +450,9 @@ def test_a_run_that_started_its_cluster_reaps_only_what_it_started():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", SPARED], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", SPARED], capture_output=True, text=True, timeout=300
+    )
     pid, verdict = done.stdout.split()[:2]
     try:
         assert done.returncode == 0, done.stderr[-2000:]

@@ -31,8 +31,13 @@ def test_workers_spread_over_two_nodes_and_every_chunk_is_trained_once(two_nodes
         return real_start(self)
 
     monkeypatch.setattr(RayLoop, "start", start)
-    args = appo.APPOConfig(backend="ray", num_workers=2, total_timesteps=8 * 128 * 10,
-                     watch_syncs=False, log_interval=1)  # fmt: skip
+    args = appo.APPOConfig(
+        backend="ray",
+        num_workers=2,
+        total_timesteps=8 * 128 * 10,
+        watch_syncs=False,
+        log_interval=1,
+    )
     nodes = set()
 
     def log(steps, metrics):
