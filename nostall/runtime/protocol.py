@@ -18,6 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from nostall.runtime.timeline import Timeline
+
 
 @runtime_checkable
 class Fill(Protocol):
@@ -43,6 +45,8 @@ class Transport(Protocol):
     staleness: int
     version: int  # updates published
     inline: bool  # chunks filled in next_chunk, on the trainer's own thread
+    timeline: Timeline  # when each side worked (the report's overlap, timeline.png)
+    # (Ray's also has `loss`: the chunks lost with a worker and each restart, for the report.)
 
     def next_chunk(self) -> tuple[int, Any]: ...  # blocks; raises the rollout side's error
     def release(self, index: int) -> None: ...

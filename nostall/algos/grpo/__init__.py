@@ -26,7 +26,8 @@ runs it, with TRL's names, and the waits taken out:
   (nostall/lm/precision.py); the gap between generation's and the trainer's log-probs is
   reported every update and, where they can differ, corrected by the capped weight above.
 Read top to bottom:
-- config.py: every setting, TRL's names; config_checks.py: the checks of TRL's options;
+- config.py: every setting, TRL's names (after every run's: nostall/train/run_config.py);
+  config_checks.py: the checks of TRL's options;
   runtime_options.py: the checks of where it generates;
 - loss.py: log-probs and the clipped surrogate; update.py: an update on one batch;
   explicit_update.py: the same update by explicit adjoints, no autograd graph;
