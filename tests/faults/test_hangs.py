@@ -151,11 +151,10 @@ def test_the_generator_marks_every_decode_step_and_reward_call():
 def test_a_batch_longer_than_the_liveness_timeout_is_not_killed(monkeypatch, tmp_path):
     """A rollout process inside a marked step (here a 2.5 s reward) is held to that step's
     limit, not to the liveness timeout between steps (1 s here, 120 s by default)."""
-    import functools
+    import dataclasses
 
     from nostall.algos import grpo
     from nostall.algos.grpo import setup as grpo_setup
-    from nostall.runtime.process.loop import ProcessLoop
 
     (tmp_path / "slow_reward.py").write_text(
         "import time\n"
@@ -165,9 +164,13 @@ def test_a_batch_longer_than_the_liveness_timeout_is_not_killed(monkeypatch, tmp
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
-    monkeypatch.setattr(
-        grpo_setup, "ProcessLoop", functools.partial(ProcessLoop, liveness_timeout_s=1.0)
-    )
+    options, shortened = grpo_setup._transport_options, []
+
+    def short_liveness(*args):  # the run's transport, its liveness timeout 1 s
+        shortened.append(dataclasses.replace(options(*args), liveness_timeout_s=1.0))
+        return shortened[-1]
+
+    monkeypatch.setattr(grpo_setup, "_transport_options", short_liveness)
     args = grpo.GRPOConfig(
         steps=2,
         num_prompts=2,
@@ -177,4 +180,5 @@ def test_a_batch_longer_than_the_liveness_timeout_is_not_killed(monkeypatch, tmp
         watch_syncs=False,
     )
     result = grpo.GRPOTrainer(args=args).train()
+    assert len(shortened) == 1  # (the process was held to 1 s between marked steps)
     assert len(result.rewards) == 2
