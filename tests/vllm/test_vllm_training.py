@@ -37,8 +37,8 @@ def nostall(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 
 
 def test_learns_copy_with_vllm_generating(model_dir, tmp_path):
-    """Learning, not one seed's luck: chance is about 0.1 a position (the first 10 steps'
-    mean reward is 0.07-0.17 on seeds 1-8). After 150 steps the final reward ranged 0.35-0.95
+    """Learning, not one seed's luck: chance is about 0.1 a position (this seed's first 10
+    steps average 0.07). After 150 steps the final reward ranged 0.35-0.95
     over seeds 1-8 with vLLM generating (0.35 on this seed, median 0.68) and 0.52-0.81 with the
     native engine (median 0.70): nearly the same median, vLLM's sampler drawing other samples. An
     engine whose pushed weights were never used stays near chance (this seed ends at 0.04 with
