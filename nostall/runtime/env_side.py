@@ -4,13 +4,15 @@ and the observation the next chunk starts from; `side(chunk)` fills one chunk.""
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 
 import torch
 
 from nostall.runtime.rollout import ActFn, collect
-from nostall.runtime.storage import Chunk
+from nostall.runtime.storage import Chunk, rollout_slots
+from nostall.runtime.transports import SideRecipe
 
 
 class EnvSide:
@@ -67,3 +69,38 @@ def make_env_side(
     env_seed = seed + worker * num_envs
     env = make_env(env_seed)
     return EnvSide(env, make_agent(env), act, rollout, seed + worker, env_seed)
+
+
+def env_side_recipe(
+    agent: torch.nn.Module,
+    act: ActFn,
+    rollout: Callable | None,
+    seed: int,
+    num_envs: int,
+    env=None,
+    make_env: Callable[[int], object] | None = None,
+    make_agent: Callable | None = None,
+) -> SideRecipe:
+    """An environments' side for any transport: beside the trainer, over `env` with a CPU copy
+    of `agent`; built anew where it runs (when `make_env(seed)` and `make_agent(env)` are
+    given: picklable), worker w's as make_env_side seeds it."""
+
+    def beside() -> EnvSide:
+        # The rollout side's own copy, on the CPU with the environments. From a GPU trainer this
+        # copies the weights to the host once, at construction.
+        rollout_agent = copy.deepcopy(agent).cpu()  # sync: one-time copy to the rollout side
+        return EnvSide(env, rollout_agent, act, rollout, seed, seed)
+
+    anew = None
+    if make_env is not None:
+        anew = functools.partial(make_env_side, make_env, make_agent, act, rollout, seed, num_envs)
+    return SideRecipe(beside, anew)
+
+
+def env_slots(backend: str, staleness: int, num_steps: int, layout: dict, pin: bool) -> list[Chunk]:
+    """The chunks an environments' transport cycles through (`layout`: envs.layout.slot_layout's).
+    Ray's workers fill chunks of their own: two receive them. Shared memory cannot also be
+    pinned: only the thread backend's chunks are (`pin`, for a trainer on a GPU)."""
+    if backend == "ray":
+        return rollout_slots(0, num_steps, **layout)
+    return rollout_slots(staleness, num_steps, **layout, pin_memory=pin and backend == "thread")
