@@ -44,7 +44,7 @@ TRAINERS = {
     ),
     "grpo": (
         "nostall.algos.grpo",
-        "GRPOConfig",
+        "GRPOCommandConfig",
         "GRPOTrainer",
         "GRPO for a causal language model, its generation overlapped with training",
     ),
@@ -270,9 +270,13 @@ def _train(args: argparse.Namespace) -> int:
     # too, after every installed module (nostall.user_code).
     working_directory_last()
     config_class, trainer_class = _trainer(args.algorithm)
-    config = config_from(args, config_class)
+    try:
+        config = config_from(args, config_class)
+    except ValueError as e:  # flags that contradict each other (two names of one setting)
+        print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if config.output_dir is None:  # the first of runs/NAME, runs/NAME-2, ... free of a run
-        config.output_dir = f"runs/{args.algorithm}-{config.run_name}"
+        config.output_dir = f"runs/{args.algorithm}-{config.folder_name}"
         if not (config.resume or args.overwrite):
             config.output_dir = _free_folder(config.output_dir, previous_run)
     earlier = previous_run(config.output_dir)

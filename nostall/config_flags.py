@@ -61,9 +61,14 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     run's settings), each base's under a heading of its own."""
     docs = _field_docs(cls)
     hints = typing.get_type_hints(cls)
+    # A class that only sets other defaults (GRPOCommandConfig) lists its fields where its
+    # base would: the base's own first.
+    layout = cls
+    while set(layout.__annotations__) <= {f.name for f in dataclasses.fields(layout.__mro__[1])}:
+        layout = layout.__mro__[1]
     inherited = {
         f.name: klass
-        for klass in cls.__mro__[1:]
+        for klass in layout.__mro__[1:]
         if dataclasses.is_dataclass(klass)
         for f in dataclasses.fields(klass)
     }
@@ -71,7 +76,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     own = [f for f in dataclasses.fields(cls) if f.name not in inherited]
     # (the nearest base's first: APPO's own, PPO's, then every run's)
     rest = [f for f in dataclasses.fields(cls) if f.name in inherited]
-    rest.sort(key=lambda f: cls.__mro__.index(inherited[f.name]))
+    rest.sort(key=lambda f: layout.__mro__.index(inherited[f.name]))
     for f in own + rest:
         target = parser
         if f.name in inherited:
@@ -86,12 +91,12 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
 def _add_flag(parser, f: dataclasses.Field, hint, doc: str) -> None:
     flag = "--" + f.name.replace("_", "-")
     help_text = f"{doc} (default: {f.default})"
-    if hint is bool:
+    base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    if base is bool:
         parser.add_argument(
             flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
         )
         return
-    base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
     parser.add_argument(flag, type=_PARSERS.get(base, base), default=f.default, help=help_text)
 
 

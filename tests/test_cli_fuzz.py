@@ -16,7 +16,7 @@ from nostall.algos.grpo import trainer as grpo_trainer
 from nostall.algos.ppo import trainer as ppo_trainer
 from nostall.envs.backends import make_env
 
-CONFIGS = {"ppo": ppo.PPOConfig, "appo": appo.APPOConfig, "grpo": grpo.GRPOConfig}
+CONFIGS = {"ppo": ppo.PPOConfig, "appo": appo.APPOConfig, "grpo": grpo.GRPOCommandConfig}
 
 
 class _Started(Exception):
@@ -61,7 +61,7 @@ def _flags(config: type) -> list[str]:
     return [
         "--" + f.name.replace("_", "-")
         for f in dataclasses.fields(config)
-        if f.name not in skip and f.type not in (bool, "bool")
+        if f.name not in skip and f.type not in (bool, "bool", "bool | None")
     ]
 
 

@@ -28,7 +28,7 @@ def nostall(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     )
 
 
-def grpo_args(tmp_path, **changes) -> grpo.GRPOConfig:
+def grpo_args(tmp_path, **changes) -> grpo.GRPOCommandConfig:
     settings = dict(
         steps=4,
         num_prompts=2,
@@ -40,7 +40,7 @@ def grpo_args(tmp_path, **changes) -> grpo.GRPOConfig:
         checkpoint_every=2,
         save_total_limit=1,
     )
-    return grpo.GRPOConfig(**{**settings, **changes})
+    return grpo.GRPOCommandConfig(**{**settings, **changes})
 
 
 def test_pruning_keeps_the_new_checkpoint_beside_another_runs_higher_step(tmp_path):

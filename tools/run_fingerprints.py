@@ -46,7 +46,9 @@ def main(names: list[str]) -> None:
     for name, options in GRPO_RUNS.items():
         if names and name not in names:
             continue
-        args = grpo.GRPOConfig(steps=12, seed=7, watch_syncs=False, log_interval=4, **options)
+        args = grpo.GRPOCommandConfig(
+            steps=12, seed=7, watch_syncs=False, log_interval=4, **options
+        )
         trainer = grpo.GRPOTrainer(args=args)
         rewards = trainer.train().rewards
         print(name, [round(r, 6) for r in rewards[-4:]], digest(trainer.model.state_dict()))

@@ -59,7 +59,7 @@ def grpo_sizes(out: str) -> dict:
     """A GRPO checkpoint of the built-in small model, against the model's own bytes."""
     from nostall.algos import grpo
 
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model="small",
         steps=2,
         num_prompts=2,

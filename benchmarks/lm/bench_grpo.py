@@ -49,7 +49,7 @@ SAME_AS_TRL = dict(
 
 
 def nostall_to_target(seed: int, max_steps: int, time_limit: float, **kw) -> dict:
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **{**SAME_AS_TRL, **kw},
         seed=seed,
         steps=max_steps,
@@ -94,9 +94,9 @@ def race(seeds: int, time_limit: float, skip_trl: bool, first_seed: int = 101) -
         "nostall S=0": dict(staleness=0),
         "nostall S=1": dict(staleness=1),
         "nostall defaults": dict(
-            staleness=grpo.GRPOConfig.staleness,
-            learning_rate=grpo.GRPOConfig.learning_rate,
-            entropy_coef=grpo.GRPOConfig.entropy_coef,
+            staleness=grpo.GRPOCommandConfig.staleness,
+            learning_rate=grpo.GRPOCommandConfig.learning_rate,
+            entropy_coef=grpo.GRPOCommandConfig.entropy_coef,
         ),
     }
     runs: dict[str, list[dict]] = {name: [] for name in variants}
@@ -158,7 +158,7 @@ def balanced(seeds: int, steps: int) -> None:
     out: dict[str, list] = {name: [] for name in variants}
     for seed in range(1, seeds + 1):
         for name, variant in variants.items():
-            r = grpo.train(grpo.GRPOConfig(**kw, **variant, seed=seed))
+            r = grpo.train(grpo.GRPOCommandConfig(**kw, **variant, seed=seed))
             # Every step generates the same token slots (no early stop): steps/s is the work
             # rate; completion tokens/s also depends on how long the completions were.
             out[name].append(
@@ -208,7 +208,7 @@ def inflight(seeds: int, steps: int) -> None:
     for seed in range(1, seeds + 1):
         for staleness, on in variants:
             r = grpo.train(
-                grpo.GRPOConfig(**kw, seed=seed, staleness=staleness, inflight_weights=on)
+                grpo.GRPOCommandConfig(**kw, seed=seed, staleness=staleness, inflight_weights=on)
             )
             out[staleness, on].append(
                 (

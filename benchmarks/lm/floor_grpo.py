@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=200)
     a = p.parse_args()
     torch.set_num_threads(1)
-    args = grpo.GRPOConfig(**SAME_AS_TRL, seed=1, steps=10, watch_syncs=False)
+    args = grpo.GRPOCommandConfig(**SAME_AS_TRL, seed=1, steps=10, watch_syncs=False)
     setup = build(args)
     config = setup.lm.model.config
     P = setup.loop.slots[0].prompt_ids.shape[1]
@@ -96,7 +96,8 @@ def main() -> None:
         )
 
     update_ms = _median_ms(update, a.repeats)
-    bonus = dataclasses.replace(args, entropy_coef=grpo.GRPOConfig.entropy_coef)  # the defaults'
+    # the command's default bonus
+    bonus = dataclasses.replace(args, entropy_coef=grpo.GRPOCommandConfig.entropy_coef)
 
     def update_with_bonus():
         grpo.grpo_update(

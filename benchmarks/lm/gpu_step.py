@@ -31,7 +31,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         build_model(folder, "135m")
-        config = grpo.GRPOConfig(
+        config = grpo.GRPOCommandConfig(
             model=folder,
             steps=args.steps,
             num_prompts=PROMPTS,

@@ -117,7 +117,7 @@ def run_nostall(
         extra["dtype"] = "float32"
     if "bf16w" in side:
         extra["master_dtype"] = "bfloat16"
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=folder,
         steps=steps,
         num_prompts=PROMPTS,

@@ -82,7 +82,7 @@ def main() -> None:
             continue
         runs = []
         for seed in range(a.first_seed, a.first_seed + a.seeds):
-            args = grpo.GRPOConfig(
+            args = grpo.GRPOCommandConfig(
                 **{**SAME_AS_TRL, **change},
                 seed=seed,
                 steps=2000,

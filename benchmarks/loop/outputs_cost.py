@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nostall.algos.grpo.config import GRPOConfig
+from nostall.algos.grpo.config import GRPOCommandConfig
 from nostall.algos.grpo.result import GRPOResult
 from nostall.runtime.overlap import union
 from nostall.runtime.timeline import Timeline
@@ -67,7 +67,7 @@ def main() -> None:
     timeline = Timeline.of(spans)
     record_s = time.perf_counter() - start
     result = GRPOResult(
-        args={**vars(GRPOConfig()), "dataset": ""},
+        args={**vars(GRPOCommandConfig()), "dataset": ""},
         timeline=timeline,
         rewards=[(i % 100) / 100 for i in range(cli.steps)],
         step_times=[s for side, s, _ in spans if side == "train"],

@@ -58,13 +58,14 @@ class GroupGenerator:
         num_prompts: int,
         num_generations: int,
         seed: int,
+        data_seed: int | None = None,
         options: GeneratorOptions = GeneratorOptions(),
     ):
         self.engine, self.encoder, self.source, self.rewards = engine, encoder, source, rewards
         self.num_prompts, self.num_generations = num_prompts, num_generations
         # On the model's device: the sampler draws its noise there.
         self.generator = torch.Generator(engine.allowed.device).manual_seed(seed)
-        source.seed(seed)
+        source.seed(seed if data_seed is None else data_seed)  # (the prompts' order)
         self.eos_token_id = engine.eos_token_id
         self.watch_syncs = options.watch_syncs
         self.keep_texts = options.keep_texts

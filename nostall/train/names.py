@@ -10,12 +10,16 @@ import functools
 
 
 def refuses_unknown_names(cls: type) -> type:
-    """Wraps a dataclass's generated __init__: ValueError naming each unknown keyword."""
+    """Wraps a dataclass's generated __init__: ValueError naming each unknown keyword. A class
+    with `outside_names` (another library's names that are not its fields) takes those too,
+    handing them to its `take_outside(dict)` after __init__."""
     init = cls.__init__
-    names = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+    outside = getattr(cls, "outside_names", frozenset())
+    names = sorted({f.name for f in dataclasses.fields(cls) if f.init} | outside)
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
+        taken = {name: kwargs.pop(name) for name in list(kwargs) if name in outside}
         unknown = [name for name in kwargs if name not in names]
         if unknown:
             parts = []
@@ -28,6 +32,8 @@ def refuses_unknown_names(cls: type) -> type:
                 f"are the fields of {cls.__name__}, the command's flags"
             )
         init(self, *args, **kwargs)
+        if outside:
+            self.take_outside(taken)
 
     cls.__init__ = __init__
     return cls

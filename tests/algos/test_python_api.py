@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nostall
-from nostall.algos.grpo import GRPOConfig, GRPOTrainer
+from nostall.algos.grpo import GRPOCommandConfig, GRPOConfig, GRPOTrainer
 from nostall.algos.ppo import PPOConfig, PPOTrainer
 from nostall.lm.tasks import TASKS, partial_credit
 
@@ -42,7 +42,7 @@ def test_grpo_learns_the_copy_task_from_a_reward_callable_and_a_dataset(tmp_path
     # (At the defaults, staleness 1, the version lag follows the threads' timing: seeds 0-5
     # reached the target in 290-686 steps, the default seed in 373. 400 steps failed once on a
     # loaded machine; the run stops at the target, so the margin costs nothing when it learns.)
-    config = GRPOConfig(
+    config = GRPOCommandConfig(
         steps=1000,
         target_reward=0.6,
         stop_when_solved=True,
@@ -73,7 +73,7 @@ def test_rows_a_dataset_and_a_jsonl_path_are_the_same_run(tmp_path):
     runs = []
     for data in (rows, Dataset.from_list(rows), str(path)):
         # (Staleness 0: at 1 the weights a batch is generated with depend on thread timing.)
-        args = GRPOConfig(steps=6, staleness=0, **FAST_GRPO)
+        args = GRPOCommandConfig(steps=6, staleness=0, **FAST_GRPO)
         result = GRPOTrainer(
             model="tiny", reward_funcs=copy_reward, train_dataset=data, args=args
         ).train()
@@ -93,10 +93,10 @@ def test_a_reward_callable_is_the_same_run_as_its_module_function(tmp_path, monk
         model="tiny",
         reward_funcs="user_rewards:copy_reward",
         train_dataset=rows,
-        args=GRPOConfig(steps=6, staleness=0, **FAST_GRPO),
+        args=GRPOCommandConfig(steps=6, staleness=0, **FAST_GRPO),
     ).train()
     # (Staleness 0: at 1 the weights a batch is generated with depend on the threads' timing.)
-    args = GRPOConfig(steps=6, staleness=0, **FAST_GRPO)
+    args = GRPOCommandConfig(steps=6, staleness=0, **FAST_GRPO)
     by_callable = GRPOTrainer(
         model="tiny", reward_funcs=copy_reward, train_dataset=rows, args=args
     ).train()
@@ -112,14 +112,14 @@ def test_a_transformers_model_object_trains_with_its_tokenizer():
         processing_class=lm.tokenizer,
         reward_funcs=copy_reward,
         train_dataset=copy_rows(32),
-        args=GRPOConfig(steps=4, **SAME),
+        args=GRPOCommandConfig(steps=4, **SAME),
     ).train()
     assert len(result.rewards) == 4
     reference = GRPOTrainer(
         model="tiny",
         reward_funcs=copy_reward,
         train_dataset=copy_rows(32),
-        args=GRPOConfig(steps=4, **SAME),
+        args=GRPOCommandConfig(steps=4, **SAME),
     ).train()
     assert result.rewards == reference.rewards  # the same weights and seeds: the same run
 
@@ -135,17 +135,17 @@ def test_a_model_object_or_directory_gets_a_real_models_defaults(tmp_path):
         processing_class=lm.tokenizer,
         reward_funcs=copy_reward,
         train_dataset=copy_rows(8),
-        args=GRPOConfig(**FAST_GRPO),
+        args=GRPOCommandConfig(**FAST_GRPO),
     )
     assert trainer.config.learning_rate == 1e-6
-    assert trainer.config.max_new_tokens == 64 - 7  # 256, cut to the 64-position context
-    assert GRPOConfig().max_new_tokens == 5 and GRPOConfig().learning_rate == 1.1e-3
+    assert trainer.config.max_new_tokens == 64 - 7  # 512, cut to the 64-position context
+    assert GRPOCommandConfig().max_new_tokens == 5 and GRPOCommandConfig().learning_rate == 1.1e-3
     explicit = GRPOTrainer(
         model=lm.model,
         processing_class=lm.tokenizer,
         reward_funcs=copy_reward,
         train_dataset=copy_rows(8),
-        args=GRPOConfig(max_new_tokens=4, **FAST_GRPO),
+        args=GRPOCommandConfig(max_new_tokens=4, **FAST_GRPO),
     )
     assert explicit.config.max_new_tokens == 4
 
@@ -163,7 +163,7 @@ def test_a_model_object_or_directory_gets_a_real_models_defaults(tmp_path):
 def test_bad_python_arguments_are_named(kwargs, message):
     args = dict(model="tiny", reward_funcs=copy_reward, train_dataset=copy_rows(8))
     with pytest.raises(ValueError, match=message):
-        GRPOTrainer(**{**args, **kwargs}, args=GRPOConfig(steps=2, **FAST_GRPO))
+        GRPOTrainer(**{**args, **kwargs}, args=GRPOCommandConfig(steps=2, **FAST_GRPO))
 
 
 def test_ppo_trainer_solves_cartpole_from_an_id(tmp_path):

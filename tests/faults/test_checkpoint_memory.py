@@ -88,7 +88,7 @@ def test_equal_weights_are_stored_once_and_shared_on_load(tmp_path):
 def test_a_grpo_checkpoint_holds_each_weight_once(tmp_path, staleness):
     """The trainer's weights, the published copy and (when it holds the same version) the
     rollout side's are one copy in the file; Adam's two moments are two more; ties kept."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=2,
         num_prompts=2,
         num_generations=2,

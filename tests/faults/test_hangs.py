@@ -128,7 +128,7 @@ def test_the_generator_marks_every_decode_step_and_reward_call():
             self.steps.append((what, limit_s, limit_name))
             super().doing(what, limit_s, limit_name)
 
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=2,
         num_generations=2,
         max_new_tokens=4,
@@ -171,7 +171,7 @@ def test_a_batch_longer_than_the_liveness_timeout_is_not_killed(monkeypatch, tmp
         return shortened[-1]
 
     monkeypatch.setattr(grpo_setup, "_transport_options", short_liveness)
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=2,
         num_prompts=2,
         num_generations=2,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nostall.algos.grpo import GRPOConfig, GRPOTrainer
+from nostall.algos.grpo import GRPOCommandConfig, GRPOTrainer
 from nostall.runtime.thread import RolloutLoop
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -89,7 +89,7 @@ def test_a_run_generates_no_batch_past_its_last_step(backend, tmp_path):
         mp.setenv("NOSTALL_TEST_CALLS", str(calls))
         mp.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
         mp.syspath_prepend(str(tmp_path))
-        config = GRPOConfig(
+        config = GRPOCommandConfig(
             steps=4,
             num_prompts=2,
             num_generations=2,

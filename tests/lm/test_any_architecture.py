@@ -65,7 +65,7 @@ def test_generation_and_trainer_log_probs_agree(arch, dtype):
     log-probs the trainer reproduces from the same weights, in either compute dtype."""
     model, tokenizer = build(arch)
     lm = LanguageModel(model, tokenizer, arch)
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=2, num_generations=3, max_new_tokens=6, top_k=5, watch_syncs=False, dtype=dtype
     )
     setup = grpo.build(args, grpo.Inputs(lm=lm))
@@ -173,7 +173,7 @@ def test_long_completions_run_end_to_end(tmp_path, stop_check_every):
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "long")
     char_tokenizer().save_pretrained(tmp_path / "long")
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=str(tmp_path / "long"),
         steps=2,
         num_prompts=2,

@@ -22,7 +22,7 @@ pytestmark = [
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt2"])
 def test_generation_and_trainer_agree_on_the_gpu(arch, dtype):
     model, tokenizer = build(arch)
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=2,
         num_generations=3,
         max_new_tokens=6,
@@ -42,7 +42,7 @@ def test_generation_and_trainer_agree_on_the_gpu(arch, dtype):
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_a_bf16_gpu_run_trains_without_a_sync(arch, staleness):
     model, tokenizer = build(arch)
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=2,
         num_generations=4,
         max_new_tokens=6,

@@ -177,7 +177,7 @@ def test_the_loops_refresh_takes_weights_published_mid_chunk():
 def test_grpo_generator_records_each_tokens_version():
     """The trainer publishes version 1 while batch 1 is at its third token: tokens 2.. carry
     version 1, the batch version 0, and the mean token lag counts each token's."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=2,
         num_prompts=2,
         num_generations=2,
@@ -229,7 +229,7 @@ def test_grpo_generator_records_each_tokens_version():
 
 
 def test_a_run_with_inflight_weights_reports_its_token_lag():
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=6,
         num_prompts=4,
         num_generations=4,
@@ -247,4 +247,4 @@ def test_a_run_with_inflight_weights_reports_its_token_lag():
 
 def test_inflight_weights_need_staleness():
     with pytest.raises(ValueError, match="--inflight-weights needs --staleness of at least 1"):
-        grpo.GRPOConfig(inflight_weights=True, staleness=0).check()
+        grpo.GRPOCommandConfig(inflight_weights=True, staleness=0).check()

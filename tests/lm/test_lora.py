@@ -26,7 +26,7 @@ FAST = dict(
 def test_only_the_adapters_train_and_the_adapter_reloads(tmp_path):
     from nostall.lm.models import builtin_model
 
-    args = grpo.GRPOConfig(steps=3, output_dir=str(tmp_path), **FAST)
+    args = grpo.GRPOCommandConfig(steps=3, output_dir=str(tmp_path), **FAST)
     trainer = grpo.GRPOTrainer(args=args)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.train()
@@ -43,7 +43,7 @@ def test_only_the_adapters_train_and_the_adapter_reloads(tmp_path):
 
 
 def test_generation_and_trainer_agree_with_adapters():
-    args = grpo.GRPOConfig(**{**FAST, "lora_r": 8})
+    args = grpo.GRPOCommandConfig(**{**FAST, "lora_r": 8})
     setup = grpo.build(args)
     with torch.no_grad():  # adapters that do something (peft starts them at zero)
         for name, p in setup.lm.model.named_parameters():
@@ -62,7 +62,7 @@ def test_generation_and_trainer_agree_with_adapters():
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_lora_run_resumes_exactly_from_the_kth_checkpoint(tmp_path, k):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=3, checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=1, **FAST
     )
     straight = grpo.GRPOTrainer(args=args).train()
@@ -79,7 +79,7 @@ def test_the_seed_alone_draws_the_adapters():
     between them (a model directory loads without drawing: the adapters were all it drew)."""
 
     def adapters(seed):
-        setup = grpo.build(grpo.GRPOConfig(**FAST, seed=seed))
+        setup = grpo.build(grpo.GRPOCommandConfig(**FAST, seed=seed))
         return {k: v.clone() for k, v in setup.lm.model.state_dict().items() if "lora_A" in k}
 
     first = adapters(3)

@@ -34,8 +34,8 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     base = dict(
         num_prompts=2, num_generations=4, watch_syncs=False, max_grad_norm=1e9, entropy_coef=0.1
     )
-    _, want = _gradients(grpo.GRPOConfig(**base))
-    checkpointed, got = _gradients(grpo.GRPOConfig(**base, gradient_checkpointing=True))
+    _, want = _gradients(grpo.GRPOCommandConfig(**base))
+    checkpointed, got = _gradients(grpo.GRPOCommandConfig(**base, gradient_checkpointing=True))
     assert isinstance(checkpointed.decoder, HFDecoder)
     model = checkpointed.lm.model
     assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
@@ -45,13 +45,13 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_micro_batch_size_sets_the_micro_batches():
-    args = grpo.GRPOConfig(num_prompts=4, num_generations=4, micro_batch_size=8)
+    args = grpo.GRPOCommandConfig(num_prompts=4, num_generations=4, micro_batch_size=8)
     args.check()
     assert args.micro_batches == 2
     with pytest.raises(ValueError, match="must be a multiple of --num-generations 4"):
-        grpo.GRPOConfig(num_prompts=4, num_generations=4, micro_batch_size=6).check()
+        grpo.GRPOCommandConfig(num_prompts=4, num_generations=4, micro_batch_size=6).check()
     with pytest.raises(ValueError, match="disagree"):
-        grpo.GRPOConfig(num_prompts=4, micro_batch_size=8, steps_per_generation=2).check()
+        grpo.GRPOCommandConfig(num_prompts=4, micro_batch_size=8, steps_per_generation=2).check()
 
 
 def test_generation_on_a_thread_reads_the_trainers_own_weights(tmp_path):
@@ -60,9 +60,9 @@ def test_generation_on_a_thread_reads_the_trainers_own_weights(tmp_path):
     from nostall.runtime.shared_weights import SharedWeights
 
     for staleness in (0, 1):
-        setup = grpo.build(grpo.GRPOConfig(staleness=staleness, watch_syncs=False))
+        setup = grpo.build(grpo.GRPOCommandConfig(staleness=staleness, watch_syncs=False))
         assert setup.generator.model is setup.lm.model
         assert isinstance(setup.loop.weights, SharedWeights)
-    bf16 = grpo.build(grpo.GRPOConfig(staleness=1, dtype="bfloat16", watch_syncs=False))
+    bf16 = grpo.build(grpo.GRPOCommandConfig(staleness=1, dtype="bfloat16", watch_syncs=False))
     assert bf16.generator.model is bf16.compute and bf16.compute is not bf16.lm.model
     assert isinstance(bf16.loop.weights, SharedWeights)

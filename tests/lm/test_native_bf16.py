@@ -205,8 +205,8 @@ def test_mixed_or_unsupported_dtypes_are_named(varied_tiny):
         )
 
 
-def _llama_dir_args(**settings) -> grpo.GRPOConfig:
-    return grpo.GRPOConfig(
+def _llama_dir_args(**settings) -> grpo.GRPOCommandConfig:
+    return grpo.GRPOCommandConfig(
         num_prompts=2,
         num_generations=4,
         max_new_tokens=4,

@@ -26,7 +26,7 @@ FAST = dict(num_prompts=2, num_generations=4, max_new_tokens=4, watch_syncs=Fals
 
 def _setup(arch="llama", **settings):
     model, tokenizer = build(arch)
-    args = grpo.GRPOConfig(**{**FAST, **settings})
+    args = grpo.GRPOCommandConfig(**{**FAST, **settings})
     return grpo.build(args, grpo.Inputs(lm=LanguageModel(model, tokenizer, arch))), args
 
 
@@ -40,7 +40,7 @@ def test_auto_is_bf16_only_where_the_hardware_has_it_and_not_for_the_toys(monkey
         assert precision.compute_dtype("bfloat16", cpu, builtin=True) == torch.bfloat16
         assert precision.compute_dtype("float32", cpu, builtin=False) == torch.float32
     with pytest.raises(ValueError, match="--dtype must be one of auto, float32, bfloat16"):
-        grpo.GRPOConfig(dtype="fp16").check()
+        grpo.GRPOCommandConfig(dtype="fp16").check()
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
@@ -142,7 +142,7 @@ def test_the_correction_is_trls_truncated_token_weight():
     behaviour = log_prob.detach() + torch.randn(4, 5, generator=g) * 0.5
     advantage = torch.randn(4, generator=g)
     mask = torch.rand(4, 5, generator=g) > 0.2
-    args = grpo.GRPOConfig(loss_type="dapo", is_cap=2.0)
+    args = grpo.GRPOCommandConfig(loss_type="dapo", is_cap=2.0)
     loss, *_ = grpo_loss(log_prob, log_prob.detach(), advantage, mask, args, behaviour)
     ratio = (log_prob - log_prob.detach()).exp()
     clipped = ratio.clamp(1 - args.clip_low, 1 + args.clip_low)
@@ -200,7 +200,7 @@ def test_a_bf16_run_saves_float32_and_resumes_exactly(tmp_path, resume_from):
 
     def run(steps, resume=None, out="a"):
         model, tokenizer = build("llama")
-        args = grpo.GRPOConfig(
+        args = grpo.GRPOCommandConfig(
             **{
                 **FAST,
                 "dtype": "bfloat16",
@@ -237,7 +237,7 @@ def test_bf16_weights_reach_the_other_backends(tmp_path, backend):
     if backend == "ray":
         pytest.importorskip("ray", reason="the ray backend needs Ray (the dev install has it)")
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **{
             **FAST,
             "dtype": "bfloat16",
@@ -283,7 +283,7 @@ def test_settings_compose():
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_bf16_run_has_no_unintended_sync(staleness):
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **{**FAST, "dtype": "bfloat16", "staleness": staleness, "steps": 5, "watch_syncs": True}
     )
     result = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args).train()
@@ -295,7 +295,7 @@ def test_a_bf16_master_run_holds_everything_in_bf16(tmp_path):
     """--master-dtype bfloat16 (TRL with the model loaded in bf16): weights, moments and the
     saved model in bf16, no second copy; it trains and resumes."""
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **{
             **FAST,
             "master_dtype": "bfloat16",
@@ -332,9 +332,9 @@ def test_a_bf16_master_run_holds_everything_in_bf16(tmp_path):
 
 def test_a_bf16_master_with_float32_compute_is_refused():
     with pytest.raises(ValueError, match="--master-dtype bfloat16 computes in bf16"):
-        grpo.GRPOConfig(master_dtype="bfloat16", dtype="float32").check()
+        grpo.GRPOCommandConfig(master_dtype="bfloat16", dtype="float32").check()
     with pytest.raises(ValueError, match="--master-dtype must be float32 or bfloat16"):
-        grpo.GRPOConfig(master_dtype="float16").check()
+        grpo.GRPOCommandConfig(master_dtype="float16").check()
 
 
 @pytest.mark.parametrize("master", ["float32", "bfloat16"])
@@ -346,7 +346,7 @@ def test_a_bf16_checkpoint_trains_saves_and_reloads(tmp_path, master):
     from tests.lm.architectures import save
 
     folder = save("qwen3", tmp_path / "bf16", dtype=torch.bfloat16)
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **{
             **FAST,
             "model": str(folder),
@@ -374,7 +374,7 @@ def test_a_run_resumes_in_the_other_compute_dtype(tmp_path, first, then):
 
     def run(dtype, steps, resume=None):
         model, tokenizer = build("llama")
-        args = grpo.GRPOConfig(
+        args = grpo.GRPOCommandConfig(
             **{
                 **FAST,
                 "dtype": dtype,
@@ -399,7 +399,9 @@ def test_a_run_resumes_in_the_other_compute_dtype(tmp_path, first, then):
 def test_lora_adapters_train_in_bf16_over_float32_masters():
     pytest.importorskip("peft", reason="LoRA needs peft (the dev install has it)")
     model, tokenizer = build("llama")
-    args = grpo.GRPOConfig(**{**FAST, "dtype": "bfloat16", "lora_r": 4, "steps": 3, "staleness": 0})
+    args = grpo.GRPOCommandConfig(
+        **{**FAST, "dtype": "bfloat16", "lora_r": 4, "steps": 3, "staleness": 0}
+    )
     trainer = grpo.GRPOTrainer(model=model, processing_class=tokenizer, args=args)
     trained = {
         n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from nostall.algos.grpo import GRPOConfig, GRPOTrainer
+from nostall.algos.grpo import GRPOCommandConfig, GRPOTrainer
 from nostall.runtime.queue import RuntimeStopped
 from nostall.runtime.thread import RolloutLoop
 from nostall.runtime.watchdog import HangError, Watchdog
@@ -106,7 +106,9 @@ def test_inline_needs_staleness_zero():
 
 
 def test_grpo_at_staleness_zero_generates_on_the_trainers_thread():
-    args = GRPOConfig(steps=2, num_prompts=2, num_generations=2, staleness=0, watch_syncs=False)
+    args = GRPOCommandConfig(
+        steps=2, num_prompts=2, num_generations=2, staleness=0, watch_syncs=False
+    )
     trainer = GRPOTrainer(args=args)
     generator = trainer.setup.generator
     assert trainer.setup.loop.inline and generator.watch_rewards_here
@@ -124,7 +126,7 @@ def test_grpo_at_staleness_zero_generates_on_the_trainers_thread():
 
 def test_a_hung_reward_on_the_trainers_thread_is_named():
     """The inline generator's reward calls run in a helper thread the trainer's watches."""
-    args = GRPOConfig(
+    args = GRPOCommandConfig(
         steps=2,
         num_prompts=2,
         num_generations=2,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nostall.envs
-from nostall.algos.grpo import GRPOConfig, build
+from nostall.algos.grpo import GRPOCommandConfig, build
 from nostall.algos.ppo import PPOConfig
 from nostall.algos.ppo.agent import ActorCritic
 from nostall.algos.ppo.setup import make_transport
@@ -51,7 +51,7 @@ def test_the_rollout_sides_are_fills():
         PPOConfig(num_envs=4, num_steps=8), _env(), ActorCritic.for_env(_env())
     )
     assert isinstance(runtime._fill, Fill)  # EnvSide
-    setup = build(GRPOConfig(num_prompts=2, num_generations=2, watch_syncs=False))
+    setup = build(GRPOCommandConfig(num_prompts=2, num_generations=2, watch_syncs=False))
     assert isinstance(setup.generator, Fill)  # GroupGenerator
 
 

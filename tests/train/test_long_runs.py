@@ -21,7 +21,7 @@ def test_a_run_of_many_short_steps_keeps_and_reports_in_linear_work(tmp_path, mo
 
     monkeypatch.setattr(timeline_module.Timeline, "_add", watched)
     steps = 1200
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=steps,
         num_prompts=2,
         num_generations=2,

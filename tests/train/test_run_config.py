@@ -9,11 +9,14 @@ import sys
 import pytest
 
 from nostall.algos.appo import APPOConfig
-from nostall.algos.grpo import GRPOConfig
+from nostall.algos.grpo import GRPOCommandConfig, GRPOConfig
 from nostall.algos.ppo import PPOConfig
 from nostall.train.run_config import RunConfig
 
 SHARED = [f.name for f in dataclasses.fields(RunConfig)]
+# GRPOConfig is TRL's: a shared setting TRL defaults otherwise takes TRL's default (declared again
+# for that alone; the command's config puts nostall's back).
+TRL_DEFAULTS = {GRPOConfig: {"seed": 42, "output_dir": "trainer_output"}}
 
 BAD = [  # (setting, value, what the message says after its name)
     ("log_interval", 0, " must be at least 1, got 0"),
@@ -30,15 +33,16 @@ BAD = [  # (setting, value, what the message says after its name)
 ]
 
 
-@pytest.mark.parametrize("config", [PPOConfig, APPOConfig, GRPOConfig])
+@pytest.mark.parametrize("config", [PPOConfig, APPOConfig, GRPOConfig, GRPOCommandConfig])
 def test_every_run_setting_is_declared_once_in_the_run_config(config):
     assert issubclass(config, RunConfig)
     names = [f.name for f in dataclasses.fields(config)]
     assert set(SHARED) <= set(names)
-    # None declared again below RunConfig: its default and docstring are the one place.
+    # None declared again below RunConfig but TRL's seed: its docstring is the one place.
     for klass in config.__mro__[: config.__mro__.index(RunConfig)]:
-        assert not set(SHARED) & set(vars(klass).get("__annotations__", {})), klass
-    assert {n: getattr(config(), n) for n in SHARED} == {n: getattr(RunConfig(), n) for n in SHARED}
+        assert set(SHARED) & set(vars(klass).get("__annotations__", {})) <= {"seed"}, klass
+    expected = {n: getattr(RunConfig(), n) for n in SHARED} | TRL_DEFAULTS.get(config, {})
+    assert {n: getattr(config(), n) for n in SHARED} == expected
 
 
 @pytest.mark.parametrize(("name", "value", "says"), BAD)

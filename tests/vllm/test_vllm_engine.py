@@ -19,7 +19,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def run(model_dir):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=str(model_dir),
         generator="vllm",
         dtype="float32",

@@ -30,7 +30,7 @@ def test_a_killed_driver_leaves_nothing_running(model_dir):
     """(First in the file: before this module's own cluster starts.)"""
     seconds = kill_mid_run(
         "from nostall.algos import grpo\n"
-        f"args = grpo.GRPOConfig(model={str(model_dir)!r}, generator='vllm', backend='ray',"
+        f"args = grpo.GRPOCommandConfig(model={str(model_dir)!r}, generator='vllm', backend='ray',"
         " steps=10**6, max_new_tokens=5, watch_syncs=False, log_interval=1)\n"
         "grpo.train(args, log=lambda step, m: print('running', flush=True))\n",
         _leftovers,
@@ -39,7 +39,7 @@ def test_a_killed_driver_leaves_nothing_running(model_dir):
 
 
 def test_a_killed_vllm_worker_is_restarted_and_its_batch_dropped(local_cluster, model_dir):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=str(model_dir),
         generator="vllm",
         backend="ray",

@@ -20,7 +20,7 @@ BF16_ATOL = 0.05
 
 
 def test_colocated_engine_sleeps_between_batches_and_wakes_with_new_weights(model_dir):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=str(model_dir),
         generator="vllm",
         device="cuda",
@@ -60,7 +60,7 @@ def _ray_run(model_dir, **settings):
     ray = pytest.importorskip("ray", reason="Ray is not installed in this venv")
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
-        args = grpo.GRPOConfig(
+        args = grpo.GRPOCommandConfig(
             model=str(model_dir),
             generator="vllm",
             device="cuda",

@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed in this venv")
 
 
 def test_broadcast_weights_train_the_run_the_object_store_trains(local_cluster, model_dir):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=str(model_dir),
         generator="vllm",
         backend="ray",
@@ -50,7 +50,7 @@ def test_broadcast_weights_train_the_run_the_object_store_trains(local_cluster, 
 def test_two_trainer_ranks_train_the_one_rank_run_with_vllm_generating(local_cluster, model_dir):
     """--trainers 2 (FSDP2 ranks, the driver and a Ray actor) with a vLLM worker: the
     one-rank run, reward for reward, weights within Adam's rounding of a sharded gradient."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=str(model_dir),
         generator="vllm",
         backend="ray",

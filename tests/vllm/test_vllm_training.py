@@ -77,7 +77,7 @@ def test_each_batch_is_generated_by_the_weights_it_is_tagged_with(model_dir):
     """At staleness 1 the engine takes the weights, lets them go and generates while the
     trainer writes the next version: the behaviour log-probs of every batch are those of its
     version's weights (kept per version here), in float32 within rounding."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         model=str(model_dir),
         generator="vllm",
         dtype="float32",

@@ -41,7 +41,7 @@ Read top to bottom:
   constructor.
 """
 
-from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
+from nostall.algos.grpo.config import AGGREGATIONS, GRPOCommandConfig, GRPOConfig
 from nostall.algos.grpo.loss import (
     aggregate,
     grpo_loss,
@@ -58,6 +58,7 @@ from nostall.algos.grpo.update import METRICS, UpdateContext, grpo_update
 __all__ = [
     "AGGREGATIONS",
     "METRICS",
+    "GRPOCommandConfig",
     "GRPOConfig",
     "GRPOResult",
     "GRPOTrainer",

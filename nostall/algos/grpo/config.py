@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from nostall.algos.grpo import trl_names
 from nostall.algos.grpo.config_checks import check_trl_options
 from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.lm.models import BUILTIN_SIZES
@@ -17,7 +19,11 @@ from nostall.train.run_config import RunConfig
 from nostall.train.schedule import learning_rate_at
 
 # Settings whose default depends on the model: (a built-in model's, a model directory's).
-MODEL_DEFAULTS = {"max_new_tokens": (5, 256), "learning_rate": (1.1e-3, 1e-6)}
+MODEL_DEFAULTS = {
+    "max_new_tokens": (5, 512),
+    "learning_rate": (1.1e-3, 1e-6),
+    "gradient_checkpointing": (False, True),
+}
 
 # TRL's loss_type -> clipped_policy_loss's aggregation.
 AGGREGATIONS = {
@@ -44,6 +50,14 @@ RESUMABLE = RUN_RESUMABLE | {
     "epsilon_high",
     "num_iterations",
     "max_completion_length",
+    "max_steps",
+    "num_train_epochs",
+    "save_strategy",
+    "save_steps",
+    "eval_strategy",
+    "eval_steps",
+    "report_to",
+    "run_name",
 }
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
@@ -54,16 +68,30 @@ ALIASES = {
     "epsilon_high": "clip_high",
     "num_iterations": "updates_per_batch",
     "max_completion_length": "max_new_tokens",
+    "logging_steps": "log_interval",
+    "vllm_importance_sampling_correction": "importance_sampling_correction",
+    "micro_batch_size": "per_device_train_batch_size",  # (nostall's earlier name)
 }
+
+# TRL's per_device_train_batch_size where the generation batch is TRL's (no num_prompts).
+TRL_MICRO_BATCH = 8
 
 
 @refuses_unknown_names
 @dataclass
 class GRPOConfig(RunConfig):
-    """A GRPO run's settings, with TRL's GRPOConfig names where TRL has the setting, after
-    every run's (RunConfig: device, backend, seed, logging, checkpoints, outputs); every field
-    is also a flag of `nostall train grpo` (`--num-generations 8`), its docstring the flag's
-    help."""
+    """A GRPO run's settings: TRL's GRPOConfig, its names with TRL's meanings and defaults
+    (a script written for TRL runs with its import changed), and nostall's own settings, off
+    or at TRL's behaviour unless asked for (overlap: staleness; transports: backend). Every
+    field is also a flag of `nostall train grpo` (`--num-generations 8`), its docstring the
+    flag's help; the command starts from GRPOCommandConfig's defaults. TRL's names that are
+    not fields here are taken as trl_names.py says (accepted, or refused by name)."""
+
+    outside_names = trl_names.OUTSIDE_NAMES
+
+    seed: int = 42
+    """seeds the run: the model's initialisation, the prompts' order and every sampling
+    generator (TRL's default, 42; the command's, 0)"""
 
     model: str = "tiny"
     """a built-in model ("tiny", "small"), a local causal LM directory, or a Hub id already in
@@ -78,10 +106,20 @@ class GRPOConfig(RunConfig):
     task's partial-credit reward against the `answer` column"""
     reward_weights: str | list[float] | None = None
     """weights of the reward functions, comma-separated (default: 1 each)"""
-    steps: int = 500
-    """generation batches to train on (one or more optimizer steps each)"""
-    num_prompts: int = 8
-    """prompts per generation batch"""
+    steps: int | None = None
+    """generation batches to train on (one or more optimizer steps each; default: from
+    max_steps, else num_train_epochs passes over the dataset, as TRL counts them)"""
+    max_steps: int = -1
+    """optimizer steps to train for (TRL's; -1: num_train_epochs passes over the dataset)"""
+    num_train_epochs: float = 3.0
+    """passes over the dataset when neither steps nor max_steps is given (TRL's: the last
+    generation batch that does not fill is left out of each epoch's count)"""
+    num_prompts: int | None = None
+    """prompts per generation batch (default: generation_batch_size / num_generations, as
+    TRL's; the command's, 8)"""
+    generation_batch_size: int | None = None
+    """completions per generation batch (TRL's; default: per_device_train_batch_size x
+    steps_per_generation, or num_prompts x num_generations)"""
     num_generations: int = 8
     """completions per prompt (the group), at least 2"""
     max_new_tokens: int | None = None
@@ -105,8 +143,8 @@ class GRPOConfig(RunConfig):
     model, tuned for its tasks at --staleness 1 (benchmarks/RESULTS.md; TRL's synchronous loop,
     --staleness 0, uses 2e-3 and no entropy bonus there); 1e-6, TRL's, with a model
     directory"""
-    lr_scheduler_type: str = "constant"
-    """the learning rate over the run: "constant", "linear" (to 0 at the last step) or
+    lr_scheduler_type: str = "linear"
+    """the learning rate over the run: "constant", "linear" (to 0 at the last step; TRL's) or
     "cosine" (to 0), after any warm-up; it moves once a generation batch"""
     warmup_ratio: float = 0.0
     """the share of the steps over which the learning rate rises linearly from 0"""
@@ -116,6 +154,15 @@ class GRPOConfig(RunConfig):
     """decoupled weight decay (AdamW's), applied with every optimizer step"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
+    optim: str = "adamw_torch_fused"
+    """the optimizer: transformers' AdamW names ("adamw_torch_fused", "adamw_torch") are
+    nostall's fused Adam with decoupled weight decay; others are refused"""
+    adam_beta1: float = 0.9
+    """Adam's first-moment decay"""
+    adam_beta2: float = 0.999
+    """Adam's second-moment decay"""
+    adam_epsilon: float = 1e-8
+    """Adam's epsilon"""
     loss_type: str = "dapo"
     """grpo, bnpo, dr_grpo or dapo (TRL's names)"""
     scale_rewards: str = "group"
@@ -142,18 +189,21 @@ class GRPOConfig(RunConfig):
     gradient_accumulation_steps: int = 1
     """micro-batches whose gradients are summed into one optimizer step (each weighted by
     1 / gradient_accumulation_steps, as transformers' Trainer does)"""
-    micro_batch_size: int | None = None
-    """completions per micro-batch (TRL's per_device_train_batch_size), a multiple of
-    num_generations: sets steps_per_generation to the batch over it"""
-    gradient_checkpointing: bool = False
+    per_device_train_batch_size: int | None = None
+    """completions per micro-batch, a multiple of num_generations (default: TRL's 8 where
+    the generation batch is TRL's, else the batch over steps_per_generation); sets
+    steps_per_generation to the batch over it"""
+    gradient_checkpointing: bool | None = None
     """keep only each layer's input in the update's forward and recompute the rest in the
     backward (transformers' gradient checkpointing, through the model's own forward, dropout
-    off): less memory for more compute"""
+    off): less memory for more compute (default: on for a model directory or object, as TRL's;
+    off for a built-in model)"""
     mask_truncated_completions: bool = False
     """leave completions that max_new_tokens cut off (no <eos>) out of the loss (TRL's option)"""
-    staleness: int = 1
-    """how many policy versions generation may run ahead of training (0: synchronous GRPO, the
-    same run as a generate-then-train loop; the default 1 overlaps generation with the update)"""
+    staleness: int = 0
+    """how many policy versions generation may run ahead of training (0, TRL's: synchronous
+    GRPO, a generate-then-train loop; 1, the command's default, overlaps generation with the
+    update)"""
     inflight_weights: bool = False
     """with staleness >= 1: the generator takes weights published while it generates a batch
     between two decode steps (in flight, as PipelineRL does), each token's version recorded;
@@ -165,12 +215,12 @@ class GRPOConfig(RunConfig):
     can differ: always at staleness >= 1 (the decoupled objective), and at staleness 0 with
     bfloat16 compute (TRL's vllm_importance_sampling_correction). float32 at staleness 0
     generates with the trainer's own arithmetic; the difference is reported every step"""
-    entropy_coef: float = 0.05
+    entropy_coef: float = 0.0
     """weight of an entropy bonus: the loss minus entropy_coef times the sampling
     distribution's entropy, a plain mean over the completion tokens whatever the loss type (as
     TRL's `entropy_coef`). It keeps a group's completions from all becoming the same, where
     their advantages, and so the update, vanish (see benchmarks/RESULTS.md); 0: none, TRL's
-    default"""
+    default (the command's: 0.05)"""
     stop_check_every: int = 0
     """stop generating once every completion ended, checked every this many tokens (a host
     read); 0: always generate max_new_tokens"""
@@ -186,6 +236,14 @@ class GRPOConfig(RunConfig):
     gpus_per_worker: float | None = None
     """--backend ray: GPUs each generation worker reserves (default 1 with --device cuda, 0 on
     the CPU; NCCL weights need each worker on a GPU of its own, not the trainer's)"""
+    bf16: bool | None = None
+    """TRL's: True computes in bfloat16 (dtype="bfloat16"), False in float32; None: dtype"""
+    fp16: bool = False
+    """TRL's float16 compute: refused (bf16=True computes in bfloat16)"""
+    use_cpu: bool = False
+    """TRL's: True trains on the CPU (device="cpu")"""
+    use_vllm: bool = False
+    """TRL's: True generates with vLLM (generator="vllm")"""
     generator: str = "native"
     """what generates: "native" (nostall's engine) or "vllm" (a vLLM engine in the generating
     process, the rollout model's weights pushed into it every version; `pip install
@@ -203,6 +261,27 @@ class GRPOConfig(RunConfig):
     per-token path, a whole batch in the fused CPU op (which has no steps between)"""
     save_total_limit: int | None = None
     """with "{step}" in --checkpoint: keep only this many of the newest checkpoints"""
+    save_strategy: str = "steps"
+    """TRL's: "steps" saves output_dir/checkpoint-N (N the optimizer step) every save_steps
+    and at the end, each a model directory transformers loads with nostall's resume state
+    beside it; "epoch" after each epoch; "no" none (nostall's --checkpoint is separate)"""
+    save_steps: int = 500
+    """optimizer steps between checkpoint-N folders (save_strategy="steps")"""
+    eval_strategy: str = "no"
+    """TRL's; only "no" (evaluation during training is not built yet)"""
+    eval_steps: int | None = None
+    """optimizer steps between evaluations (default: logging_steps, as TRL's)"""
+    per_device_eval_batch_size: int = 8
+    """completions an evaluation generates at once"""
+    num_generations_eval: int | None = None
+    """completions per evaluation prompt (default: num_generations)"""
+    report_to: str | list[str] = "none"
+    """where logs go besides the trainer's log_history: "tensorboard" (output_dir/
+    tensorboard/), "none" (TRL's default; the command's: tensorboard)"""
+    run_name: str | None = None
+    """a name for the run in its logs (TRL's)"""
+    data_seed: int | None = None
+    """seeds the prompts' order (default: seed)"""
     log_completions: bool = False
     """append each logged step's prompts, completions and rewards to completions.jsonl in
     output_dir"""
@@ -215,10 +294,54 @@ class GRPOConfig(RunConfig):
     """TRL's name for updates_per_batch"""
     max_completion_length: int | None = None
     """TRL's name for max_new_tokens"""
+    logging_steps: int | None = None
+    """TRL's name for log_interval"""
+    vllm_importance_sampling_correction: bool | None = None
+    """TRL's name for importance_sampling_correction"""
+    micro_batch_size: int | None = None
+    """nostall's earlier name for per_device_train_batch_size"""
 
     def __post_init__(self) -> None:
+        if self.output_dir is None and type(self) is GRPOConfig:
+            self.output_dir = "trainer_output"  # (TRL's, where its checkpoints go)
         self.take_aliases()
+        self.take_trl_switches()
         self.resolve_defaults()
+
+    def take_outside(self, taken: dict) -> None:
+        """TRL's names that are not fields here (trl_names.py): kept, each checked."""
+        for name, value in taken.items():
+            if name in trl_names.DEFAULT_ONLY:
+                trl_names.take(name, value)
+        self.__dict__["_outside"] = dict(taken)
+
+    def __getattr__(self, name: str):
+        # (Only reached for a name that is not a field: TRL's others read as set or default.)
+        if name in trl_names.OUTSIDE_NAMES:
+            return self.__dict__.get("_outside", {}).get(name, trl_names.outside_default(name))
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def take_trl_switches(self) -> None:
+        """TRL's switches for settings nostall names otherwise (bf16, use_cpu, use_vllm, a
+        bool scale_rewards, min_p None) moved into those settings."""
+        switches = (
+            ("bf16", True, "dtype", "bfloat16"),
+            ("bf16", False, "dtype", "float32"),
+            ("use_cpu", True, "device", "cpu"),
+            ("use_vllm", True, "generator", "vllm"),
+        )
+        for switch, on, name, value in switches:
+            if getattr(self, switch) is on and getattr(self, name) != value:
+                if getattr(self, name) != type(self).__dataclass_fields__[name].default:
+                    raise ValueError(
+                        f"--{_flag(switch)} {on} and --{_flag(name)} {getattr(self, name)} "
+                        "disagree: give one"
+                    )
+                setattr(self, name, value)
+        if isinstance(self.scale_rewards, bool):
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        if self.min_p is None:
+            self.min_p = 0.0
 
     def resolve_defaults(self) -> None:
         """The defaults that depend on the model: a built-in's toy tasks, or a real model's
@@ -229,6 +352,36 @@ class GRPOConfig(RunConfig):
             if getattr(self, name) is None or name in defaulted:
                 setattr(self, name, toy if builtin else real)
                 defaulted.add(name)
+        if self.lora_r and "gradient_checkpointing" in defaulted:
+            self.gradient_checkpointing = False  # (not with adapters: see _check)
+        self.resolve_batch(defaulted)
+
+    def resolve_batch(self, defaulted: set) -> None:
+        """The generation batch: num_prompts x num_generations where num_prompts is given (the
+        command's way); else TRL's: generation_batch_size, or per_device_train_batch_size x
+        steps_per_generation completions, num_generations to a prompt."""
+        if self.num_prompts is not None and "num_prompts" not in defaulted:
+            if self.generation_batch_size not in (None, self.batch_size):
+                raise ValueError(
+                    f"--generation-batch-size {self.generation_batch_size} and --num-prompts "
+                    f"{self.num_prompts} x --num-generations {self.num_generations} disagree: "
+                    "give one"
+                )
+            return
+        if "per_device_train_batch_size" in defaulted or self.per_device_train_batch_size is None:
+            self.per_device_train_batch_size = TRL_MICRO_BATCH
+            defaulted.add("per_device_train_batch_size")
+        micro = self.per_device_train_batch_size
+        steps = self.steps_per_generation or self.gradient_accumulation_steps
+        generation = self.generation_batch_size or micro * steps
+        if self.num_generations < 1 or generation % self.num_generations:
+            raise ValueError(
+                f"the generation batch of {generation} completions (--generation-batch-size, "
+                f"or --per-device-train-batch-size {micro} x --steps-per-generation {steps}) "
+                f"must be a multiple of --num-generations {self.num_generations}"
+            )
+        self.num_prompts = generation // self.num_generations
+        defaulted.add("num_prompts")
 
     def take_aliases(self) -> None:
         """Moves each of TRL's names given into the setting it names (ValueError when both are
@@ -237,7 +390,7 @@ class GRPOConfig(RunConfig):
             value = getattr(self, alias)
             if value is None:
                 continue
-            default = GRPOConfig.__dataclass_fields__[name].default
+            default = type(self).__dataclass_fields__[name].default
             current = getattr(self, name)
             if current != default and current != value:
                 raise ValueError(
@@ -251,16 +404,21 @@ class GRPOConfig(RunConfig):
     @property
     def micro_batches(self) -> int:
         """Micro-batches a generation batch is split into."""
-        if self.micro_batch_size:
-            return max(1, self.batch_size // self.micro_batch_size)
+        if self.per_device_train_batch_size:
+            return max(1, self.batch_size // self.per_device_train_batch_size)
         return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimizer steps a generation batch makes (TRL's global steps to one generation)."""
+        return self.updates_per_batch * self.micro_batches // self.gradient_accumulation_steps
 
     @property
     def batch_size(self) -> int:
         return self.num_prompts * self.num_generations
 
     @property
-    def run_name(self) -> str:
+    def folder_name(self) -> str:
         """MODEL-TASK-SEED, for the command's default output folder."""
         source = Path(self.dataset).stem if self.dataset else self.task
         return f"{Path(self.model).name}-{source}-{self.seed}"
@@ -283,8 +441,9 @@ class GRPOConfig(RunConfig):
         self.take_aliases()
         self.resolve_defaults()
         device = self.check_run(_named)  # (every run's settings: RunConfig)
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {self.steps}")
         for name in (
-            "steps",
             "num_prompts",
             "max_new_tokens",
             "updates_per_batch",
@@ -346,12 +505,52 @@ class GRPOConfig(RunConfig):
         if self.master_dtype == "bfloat16" and self.dtype == "float32":
             raise ValueError("--master-dtype bfloat16 computes in bf16: drop --dtype float32")
         check_runtime(self, device)
+        if self.gradient_checkpointing and self.lora_r:
+            # (Checkpointing's training mode turns off the KV cache the adapters' generation,
+            # through the model's own forward, decodes from.)
+            raise ValueError(
+                "--gradient-checkpointing with LoRA adapters (--lora-r) is not supported: give one"
+            )
         if self.scale_rewards not in GROUP_SCALES:
             raise ValueError(
                 f"--scale-rewards must be group, batch or none, got {self.scale_rewards!r}"
             )
         self.weights()
         check_trl_options(self)
+
+    def steps_per_epoch(self, rows: int | None) -> int | None:
+        """Generation batches in an epoch of `rows` prompts (TRL's count: a last batch that
+        does not fill is left out); None for a built-in task, which has no epochs."""
+        if not rows:
+            return None
+        return rows // self.num_prompts
+
+    def with_steps(self, rows: int | None) -> GRPOConfig:
+        """This config with `steps` resolved as TRL counts a run: max_steps optimizer steps,
+        or num_train_epochs passes over `rows` prompts (ValueError where neither can be)."""
+        if self.steps is not None:
+            return self
+        per_batch = self.optimizer_steps_per_batch
+        if self.max_steps > 0:
+            if self.max_steps % per_batch:
+                raise ValueError(
+                    f"--max-steps {self.max_steps} must be a multiple of the {per_batch} "
+                    "optimizer steps each generation batch makes (num_iterations x "
+                    "steps_per_generation / gradient_accumulation_steps)"
+                )
+            return dataclasses.replace(self, steps=self.max_steps // per_batch)
+        per_epoch = self.steps_per_epoch(rows)
+        if per_epoch is None:
+            raise ValueError(
+                "a built-in task has no epochs: give --max-steps (optimizer steps) or --steps"
+            )
+        if per_epoch == 0:
+            raise ValueError(
+                f"the dataset's {rows} prompts do not fill one generation batch of "
+                f"{self.num_prompts}: give fewer prompts a batch, or --max-steps"
+            )
+        optimizer_steps = math.ceil(self.num_train_epochs * per_epoch * per_batch)
+        return dataclasses.replace(self, steps=math.ceil(optimizer_steps / per_batch))
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of generation batch `step` (1-based), as transformers' schedulers
@@ -376,6 +575,25 @@ class GRPOConfig(RunConfig):
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"--reward-weights must be finite numbers, got {weights!r}")
         return values
+
+
+@refuses_unknown_names
+@dataclass
+class GRPOCommandConfig(GRPOConfig):
+    """The settings `nostall train grpo` starts from: GRPOConfig's, but for nostall's own
+    defaults where they differ from TRL's: generation overlapped one version ahead with an
+    entropy bonus, a constant rate, seed 0, 8 prompts a batch for 500 steps, TensorBoard logs
+    and no checkpoint folders unless asked (docs/from_trl.md lists them)."""
+
+    seed: int = 0
+    steps: int | None = 500
+    num_prompts: int | None = 8
+    lr_scheduler_type: str = "constant"
+    staleness: int = 1
+    entropy_coef: float = 0.05
+    gradient_checkpointing: bool | None = False
+    save_strategy: str = "no"
+    report_to: str | list[str] = "tensorboard"
 
 
 def _flag(name: str) -> str:

@@ -8,21 +8,25 @@ from pathlib import Path
 
 from nostall.train.schedule import SCHEDULES
 
+# transformers' optimizers that are Adam with decoupled weight decay: nostall's ClippedAdam.
+ADAMW = ("adamw_torch_fused", "adamw_torch", "adamw_hf", "adamw")
+REPORTERS = ("none", "tensorboard")
+
 
 def check_trl_options(config) -> None:
     """ValueError naming the flag of a bad batch split, schedule, LoRA, sampling or
     checkpoint-pruning setting (TRL's options, read from `config`, a GRPOConfig)."""
-    size = config.micro_batch_size
+    size = config.per_device_train_batch_size
     if size is not None:
         if size < 1 or size % config.num_generations or config.batch_size % size:
             raise ValueError(
-                f"--micro-batch-size {size} must be a multiple of "
+                f"--per-device-train-batch-size {size} must be a multiple of "
                 f"--num-generations {config.num_generations} dividing the batch "
                 f"of {config.batch_size} completions"
             )
         if config.steps_per_generation not in (None, config.batch_size // size):
             raise ValueError(
-                f"--micro-batch-size {size} and --steps-per-generation "
+                f"--per-device-train-batch-size {size} and --steps-per-generation "
                 f"{config.steps_per_generation} disagree: give one"
             )
     micro = config.micro_batches
@@ -65,10 +69,62 @@ def check_trl_options(config) -> None:
             raise ValueError(
                 f"--save-total-limit must be at least 1, got {config.save_total_limit}"
             )
-        if not config.checkpoint or "{step" not in Path(config.checkpoint).name:
+        folders = config.save_strategy != "no" and config.output_dir
+        if config.checkpoint and "{step" not in Path(config.checkpoint).name:
             raise ValueError(
                 "--save-total-limit needs --checkpoint with {step} in its "
                 "file name (one file a save)"
             )
+        if not config.checkpoint and not folders:
+            raise ValueError(
+                "--save-total-limit needs checkpoints: --checkpoint with {step} in its file "
+                "name, or save_strategy with an output_dir"
+            )
+    check_trl_run(config)
     if config.log_completions and not config.output_dir:
         raise ValueError("--log-completions writes into --output-dir: give one")
+
+
+def check_trl_run(config) -> None:
+    """ValueError naming a bad value of TRL's run settings: length, optimizer, precision,
+    checkpoint folders, evaluation and reporting."""
+    if config.steps is not None and config.max_steps > 0:
+        raise ValueError(f"--steps {config.steps} and --max-steps {config.max_steps}: give one")
+    if not 0 < config.num_train_epochs < float("inf"):
+        raise ValueError(
+            f"--num-train-epochs must be a positive finite number, got {config.num_train_epochs}"
+        )
+    if config.optim not in ADAMW:
+        raise ValueError(
+            f"--optim {config.optim!r}: nostall's optimizer is AdamW (fused); give one of "
+            f"{', '.join(ADAMW)}"
+        )
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must lie in [0, 1)")
+    if not 0 < config.adam_epsilon < float("inf"):
+        raise ValueError(
+            f"--adam-epsilon must be a positive finite number, got {config.adam_epsilon}"
+        )
+    if config.fp16:
+        raise ValueError("--fp16: nostall computes in bfloat16 or float32; use bf16=True")
+    if config.save_strategy not in ("steps", "epoch", "no"):
+        raise ValueError(
+            f"--save-strategy must be steps, epoch or no, got {config.save_strategy!r}"
+        )
+    if config.eval_strategy != "no":
+        raise ValueError(
+            f"--eval-strategy {config.eval_strategy!r}: evaluation during training is not "
+            "built yet (TRL's default, 'no', is accepted)"
+        )
+    for name in ("save_steps", "eval_steps", "num_generations_eval", "per_device_eval_batch_size"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    reporters = [config.report_to] if isinstance(config.report_to, str) else config.report_to
+    for reporter in reporters:
+        if reporter not in (*REPORTERS, "all"):
+            raise ValueError(
+                f"--report-to {reporter!r}: nostall reports to {', '.join(REPORTERS)} (TRL's "
+                "'all' is tensorboard here)"
+            )

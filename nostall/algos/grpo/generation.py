@@ -208,6 +208,8 @@ def build_generator(
         num_prompts=args.num_prompts,
         num_generations=args.num_generations,
         seed=seed,
+        # TRL's data_seed orders the prompts (a Ray worker's offset from it as its seed's)
+        data_seed=None if args.data_seed is None else args.data_seed + seed - args.seed,
         options=_options(args),
     )
 

@@ -99,6 +99,7 @@ class Setup:
     # --trainers M > 1: the ranks that update the model (the optimizer then holds their state
     # only at checkpoints)
     ranks: GRPORanks | None = None
+    prompt_rows: int = 0  # the dataset's rows (0: a built-in task's endless prompts)
 
     def device_tensors(self) -> list[torch.Tensor]:
         """The run's standing tensors on its device besides the model's parameters and buffers
@@ -209,6 +210,8 @@ def _optimizer(
         order,
         lr=args.learning_rate_at(1),
         max_grad_norm=args.max_grad_norm,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
         weight_decay=args.weight_decay,
         gradients=compute is model,
     )
@@ -221,6 +224,7 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     args.check()
     inputs = inputs or Inputs()
     source = prompt_source(args, inputs)
+    args = args.with_steps(len(source.rows))  # (TRL's max_steps or epochs, as a copy)
     rewards = prompt_rewards(args, inputs)  # bad specs are named here, before any process starts
     lm = _master_model(args, inputs)
     model, device, dtype = lm.model, torch.device(args.device), run_dtype(args, inputs)
@@ -282,4 +286,5 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
         corrects,
         loop.writing,
         ranks,
+        prompt_rows=len(source.rows),
     )

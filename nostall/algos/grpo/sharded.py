@@ -59,7 +59,12 @@ class ShardedAdam:
         self.params = params
         self.max_grad_norm = args.max_grad_norm
         self.optimizer = torch.optim.AdamW(
-            params, lr=args.learning_rate_at(1), foreach=True, weight_decay=args.weight_decay
+            params,
+            lr=args.learning_rate_at(1),
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            foreach=True,
+            weight_decay=args.weight_decay,
         )
 
     @property

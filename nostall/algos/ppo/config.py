@@ -92,7 +92,7 @@ class PPOConfig(RunConfig):
         return max(1, self.total_timesteps // self.batch_size)
 
     @property
-    def run_name(self) -> str:
+    def folder_name(self) -> str:
         """ENV-SEED, for the command's default output folder (ALE/Pong-v5 -> ALE-Pong-v5)."""
         return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', self.env_id)}-{self.seed}"
 

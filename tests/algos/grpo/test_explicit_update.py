@@ -55,7 +55,7 @@ def _batch(Bp: int, G: int, P: int = 6, C: int = 4, seed: int = 0) -> LMBatch:
     return batch
 
 
-def _run(model, args: grpo.GRPOConfig, banned: list[int], autograd: bool, steps: int = 3):
+def _run(model, args: grpo.GRPOCommandConfig, banned: list[int], autograd: bool, steps: int = 3):
     decoder = Decoder(model)
     order = training_order(decoder)
     optimizer = ClippedAdam(order, lr=args.learning_rate, max_grad_norm=args.max_grad_norm)
@@ -93,7 +93,7 @@ def test_explicit_update_matches_autograd(
     which, loss_type, temperature, updates, banned, entropy_coef
 ):
     model = builtin_model("tiny", seed=3).model if which == "qwen2_tiny" else _llama()
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=3,
         num_generations=4,
         max_new_tokens=4,
@@ -128,7 +128,7 @@ def test_micro_batches_and_masked_truncation_match_autograd(
 ):
     """TRL's micro-batches (steps_per_generation), gradient accumulation and
     mask_truncated_completions: the explicit update against autograd, two passes a batch."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=4,
         num_generations=3,
         max_new_tokens=4,
@@ -184,7 +184,7 @@ def test_it_does_not_apply_where_its_layout_or_path_is_missing():
 def test_a_checkpoint_in_the_older_parameter_order_restores_each_moment_to_its_parameter(k):
     """Checkpoints before the explicit update kept the optimizer in the model's parameter order;
     a resume maps each parameter's moments to it by name (from the k-th of several saves)."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=4, num_prompts=2, num_generations=4, staleness=0, watch_syncs=False
     )
     setup = grpo_setup.build(args)

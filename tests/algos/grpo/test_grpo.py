@@ -48,7 +48,7 @@ def trl_loss(log_prob, old, advantage, mask, loss_type, eps_low, eps_high, beta,
 @pytest.mark.parametrize("clip_high", [None, 0.28])
 def test_each_loss_type_matches_trls_formula(loss_type, beta, clip_high):
     log_prob, old, _, ref, advantage, mask = _batch()
-    args = grpo.GRPOConfig(loss_type=loss_type, beta=beta, clip_high=clip_high)
+    args = grpo.GRPOCommandConfig(loss_type=loss_type, beta=beta, clip_high=clip_high)
     loss = grpo.grpo_loss(log_prob, old, advantage, mask, args, ref_log_prob=ref if beta else None)[
         0
     ]
@@ -74,7 +74,7 @@ def test_decoupled_loss_matches_its_formula():
     """AReaL's decoupled PPO objective: the clip against the proximal policy, each token weighted
     by min(pi_prox / pi_behaviour, cap) (a constant)."""
     log_prob, proximal, behaviour, _, advantage, mask = _batch(seed=3)
-    args = grpo.GRPOConfig(loss_type="grpo", is_cap=1.5)
+    args = grpo.GRPOCommandConfig(loss_type="grpo", is_cap=1.5)
     loss = grpo.grpo_loss(log_prob, proximal, advantage, mask, args, behavior_log_prob=behaviour)[0]
     ratio = torch.exp(log_prob - proximal)
     clipped = torch.clamp(ratio, 0.8, 1.2)
@@ -100,7 +100,7 @@ def _parameters(setup) -> dict[str, torch.Tensor]:
 
 
 def test_staleness_zero_is_a_plain_generate_then_train_loop():
-    args = grpo.GRPOConfig(**FAST)
+    args = grpo.GRPOCommandConfig(**FAST)
     run = grpo.build(args)
     result = grpo.train(args, setup=run)
 
@@ -125,7 +125,9 @@ def test_staleness_zero_is_a_plain_generate_then_train_loop():
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
-    args = grpo.GRPOConfig(**FAST, checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2)
+    args = grpo.GRPOCommandConfig(
+        **FAST, checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2
+    )
     full = grpo.build(args)
     result = grpo.train(args, setup=full)
     resumed_args = dataclasses.replace(
@@ -142,7 +144,7 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **dict(FAST, staleness=1), checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=3
     )
     first = grpo.train(args)
@@ -156,7 +158,7 @@ def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
 
 
 def test_resume_refuses_conflicting_arguments(tmp_path):
-    args = grpo.GRPOConfig(**FAST, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=6)
+    args = grpo.GRPOCommandConfig(**FAST, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=6)
     grpo.train(args)
     bad = dataclasses.replace(
         args, resume=str(tmp_path / "c.pt"), learning_rate=1e-4, num_generations=8
@@ -170,7 +172,7 @@ def test_a_checkpoint_from_before_the_entropy_bonus_resumes_without_one(tmp_path
     """Checkpoints written before `entropy_coef` existed trained with no bonus: they resume
     exactly with --entropy-coef 0 (from the k-th save), and the default bonus is refused by
     name rather than silently mixed into a run that had none."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **FAST, entropy_coef=0.0, checkpoint=str(tmp_path / "c-{step}.pt"), checkpoint_every=2
     )
     first = grpo.train(args)
@@ -190,7 +192,7 @@ def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type)
     sampling distribution over the completion tokens, a plain token mean whatever the loss
     type (TRL's entropy_coef), the entropy computed here from the full logits; checked for two
     consecutive batches."""
-    args = grpo.GRPOConfig(**FAST, entropy_coef=0.2, loss_type=loss_type)
+    args = grpo.GRPOCommandConfig(**FAST, entropy_coef=0.2, loss_type=loss_type)
     setup = grpo.build(args)
     batch = setup.loop.slots[0]
     for _ in range(2):
@@ -248,7 +250,7 @@ def test_tiny_model_learns_copy():
     first, last = [], []
     for seed in (2, 3, 4, 5, 6):
         rewards = grpo.train(
-            grpo.GRPOConfig(steps=200, watch_syncs=False, log_interval=50, seed=seed)
+            grpo.GRPOCommandConfig(steps=200, watch_syncs=False, log_interval=50, seed=seed)
         ).rewards
         first.append(sum(rewards[:10]) / 10)
         last.append(sum(rewards[-10:]) / 10)
@@ -258,7 +260,7 @@ def test_tiny_model_learns_copy():
 
 
 def test_no_unintended_sync_in_an_update_or_a_decode_step():
-    args = grpo.GRPOConfig(**dict(FAST, watch_syncs=True))
+    args = grpo.GRPOCommandConfig(**dict(FAST, watch_syncs=True))
     result = grpo.train(args)
     assert result.syncs_per_update == 0, result.sync_sites
     assert result.syncs_per_decode_step == 0, result.sync_sites
@@ -304,7 +306,7 @@ def _reward_text(prompts, completions, **kw):
 )
 def test_bad_input_is_named(change, message):
     with pytest.raises(ValueError, match=message):
-        grpo.build(grpo.GRPOConfig(**dict(FAST, **change)))
+        grpo.build(grpo.GRPOCommandConfig(**dict(FAST, **change)))
 
 
 @pytest.mark.parametrize(
@@ -317,7 +319,7 @@ def test_bad_input_is_named(change, message):
     ],
 )
 def test_a_failing_reward_stops_the_run_with_its_cause(reward, message):
-    args = grpo.GRPOConfig(**dict(FAST, reward=f"tests.algos.grpo.test_grpo:{reward}"))
+    args = grpo.GRPOCommandConfig(**dict(FAST, reward=f"tests.algos.grpo.test_grpo:{reward}"))
     with pytest.raises(nostall.runtime.RuntimeStopped, match=message) as info:
         grpo.train(args)
     assert info.value.__cause__ is not None  # the reward's own traceback is chained
@@ -340,7 +342,7 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
 @pytest.mark.parametrize("staleness,inflight", [(0, False), (1, False), (1, True)])
 def test_trains_on_a_gpu(staleness, inflight):
     result = grpo.train(
-        grpo.GRPOConfig(
+        grpo.GRPOCommandConfig(
             **dict(FAST, watch_syncs=True),
             device="cuda",
             staleness=staleness,

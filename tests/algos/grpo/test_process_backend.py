@@ -28,7 +28,7 @@ def _same(a, b) -> bool:
 
 
 def test_staleness_zero_matches_the_thread_backend_bit_for_bit():
-    args = grpo.GRPOConfig(**FAST)
+    args = grpo.GRPOCommandConfig(**FAST)
     thread = grpo.build(args)
     expected = grpo.train(args, setup=thread)
     process_args = dataclasses.replace(args, backend="process")
@@ -42,7 +42,7 @@ def test_staleness_zero_matches_the_thread_backend_bit_for_bit():
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
     """Written by the thread backend, resumed on the process backend: the same run."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2
     )
     full = grpo.build(args)
@@ -65,7 +65,7 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, k):
 
 
 def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **dict(FAST, staleness=1),
         backend="process",
         checkpoint=str(tmp_path / "c-{step}.pt"),
@@ -81,7 +81,7 @@ def test_resume_with_staleness_restores_the_queued_batches(tmp_path):
 
 
 def test_the_generation_sides_figures_cross_the_process_boundary():
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **dict(FAST, watch_syncs=True, staleness=1), backend="process", inflight_weights=True
     )
     result = grpo.train(args)
@@ -97,7 +97,7 @@ def _reward_raises(prompts, completions, **kw):
 
 def test_a_reward_that_raises_in_the_child_stops_the_run_with_its_traceback():
     reward = "tests.algos.grpo.test_process_backend:_reward_raises"
-    args = grpo.GRPOConfig(**dict(FAST, reward=reward), backend="process")
+    args = grpo.GRPOCommandConfig(**dict(FAST, reward=reward), backend="process")
     with pytest.raises(nostall.runtime.RuntimeStopped, match="the reward server is down") as info:
         grpo.train(args)
     assert "Traceback" in str(info.value) and "_reward_raises" in str(info.value)
@@ -113,4 +113,4 @@ def test_a_reward_that_raises_in_the_child_stops_the_run_with_its_traceback():
 )
 def test_bad_backend_arguments_are_named(change, message):
     with pytest.raises(ValueError, match=message):
-        grpo.GRPOConfig(**FAST, **change).check()
+        grpo.GRPOCommandConfig(**FAST, **change).check()

@@ -34,10 +34,10 @@ def _batch(Bp: int, G: int, P: int = 5, C: int = 6, seed: int = 0) -> LMBatch:
     return batch
 
 
-def fsdp_args(device: str = "cpu") -> grpo.GRPOConfig:
+def fsdp_args(device: str = "cpu") -> grpo.GRPOCommandConfig:
     """The FSDP2 test's run: token-mean loss over two micro-batches, one step each, decay and
     a gradient-norm clip that acts."""
-    return grpo.GRPOConfig(
+    return grpo.GRPOCommandConfig(
         num_prompts=4,
         num_generations=3,
         loss_type="dapo",
@@ -90,7 +90,7 @@ def _gradients(model, args, batch, vocab, rank):
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
 def test_the_ranks_mean_gradient_is_the_whole_batchs(loss_type, micro, accumulate, entropy_coef):
     M, Bp, G = 2, 4, 3
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=Bp,
         num_generations=G,
         loss_type=loss_type,

@@ -23,10 +23,10 @@ pytestmark = [
 
 def test_two_ranks_on_gpus_train_the_one_rank_run(tmp_path):
     assert not ray.is_initialized(), "a cluster left by another module would hold every GPU"
-    args = grpo.GRPOConfig(**dict(FAST, steps=2), device="cuda", dtype="float32")
+    args = grpo.GRPOCommandConfig(**dict(FAST, steps=2), device="cuda", dtype="float32")
     one, one_weights, _ = _run(args)
     two, two_weights, trainer = _run(
-        grpo.GRPOConfig(
+        grpo.GRPOCommandConfig(
             **dict(FAST, steps=2),
             device="cuda",
             dtype="float32",

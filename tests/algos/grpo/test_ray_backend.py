@@ -27,7 +27,7 @@ def _same(a, b) -> bool:
 
 
 def test_staleness_zero_one_worker_matches_the_thread_backend_bit_for_bit(local_cluster):
-    args = grpo.GRPOConfig(**FAST)
+    args = grpo.GRPOCommandConfig(**FAST)
     thread = grpo.build(args)
     expected = grpo.train(args, setup=thread)
     ray_args = dataclasses.replace(args, backend="ray")
@@ -39,7 +39,7 @@ def test_staleness_zero_one_worker_matches_the_thread_backend_bit_for_bit(local_
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_resume_from_the_kth_checkpoint_moves_between_thread_and_ray(local_cluster, tmp_path, k):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **dict(FAST, steps=8), checkpoint=str(tmp_path / "ckpt-{step}.pt"), checkpoint_every=2
     )
     full = grpo.build(args)
@@ -60,7 +60,7 @@ def test_resume_from_the_kth_checkpoint_moves_between_thread_and_ray(local_clust
 
 
 def test_two_generation_workers_every_batch_once_within_the_bound(local_cluster, tmp_path):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **dict(FAST, staleness=1),
         backend="ray",
         num_workers=2,
@@ -85,9 +85,9 @@ def test_two_generation_workers_every_batch_once_within_the_bound(local_cluster,
 
 def test_bad_ray_arguments_are_named():
     with pytest.raises(ValueError, match="--num-workers > 1 needs --backend ray"):
-        grpo.GRPOConfig(num_workers=2).check()
+        grpo.GRPOCommandConfig(num_workers=2).check()
     with pytest.raises(ValueError, match="--inflight-weights is not available with --backend ray"):
-        grpo.GRPOConfig(backend="ray", staleness=1, inflight_weights=True).check()
+        grpo.GRPOCommandConfig(backend="ray", staleness=1, inflight_weights=True).check()
 
 
 @pytest.mark.gpu
@@ -95,7 +95,7 @@ def test_bad_ray_arguments_are_named():
 def test_a_worker_on_the_gpu_trains_the_thread_backends_run(local_cluster):
     """--device cuda: the worker generates on the GPU it reserves (here the trainer's too), its
     batches on that GPU until they travel through the store; the thread backend's run."""
-    args = grpo.GRPOConfig(**dict(FAST, steps=4), device="cuda", dtype="float32")
+    args = grpo.GRPOCommandConfig(**dict(FAST, steps=4), device="cuda", dtype="float32")
     expected = grpo.train(args)
     result = grpo.train(dataclasses.replace(args, backend="ray"))
     assert result.rewards == expected.rewards

@@ -20,7 +20,7 @@ def test_word_problems_have_their_answers():
 
 
 def test_the_reward_rises_on_the_tiny_model():
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         task="arithmetic", steps=100, seed=3, max_new_tokens=3, watch_syncs=False
     )
     trainer = grpo.GRPOTrainer(args=args)

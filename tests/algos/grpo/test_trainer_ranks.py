@@ -50,8 +50,10 @@ def _run(args):
 
 
 def test_two_trainer_ranks_train_the_one_rank_run(local_cluster, tmp_path):
-    one, one_weights, _ = _run(grpo.GRPOConfig(**FAST))
-    two, two_weights, trainer = _run(grpo.GRPOConfig(**FAST, trainers=2, output_dir=str(tmp_path)))
+    one, one_weights, _ = _run(grpo.GRPOCommandConfig(**FAST))
+    two, two_weights, trainer = _run(
+        grpo.GRPOCommandConfig(**FAST, trainers=2, output_dir=str(tmp_path))
+    )
     assert two.rewards == one.rewards
     _close(two_weights, one_weights)
     assert "on 2 FSDP2 ranks" in trainer.report
@@ -60,7 +62,7 @@ def test_two_trainer_ranks_train_the_one_rank_run(local_cluster, tmp_path):
 def test_a_kl_penalty_to_the_reference_trains_the_one_rank_run(local_cluster):
     """--beta: each rank's share of the reference log-probs from the reference model, sharded
     as the policy is; every figure reported (the k3 KL among them) is the one rank's."""
-    args = grpo.GRPOConfig(**FAST, beta=0.5)
+    args = grpo.GRPOCommandConfig(**FAST, beta=0.5)
     one, one_weights, _ = _run(args)
     two, two_weights, _ = _run(dataclasses.replace(args, trainers=2))
     assert two.rewards == one.rewards
@@ -77,7 +79,7 @@ def test_a_kl_penalty_to_the_reference_trains_the_one_rank_run(local_cluster):
 
 def test_lora_adapters_train_the_one_rank_run(local_cluster):
     """--lora-r: the frozen base weights sharded beside the adapters, only these stepped."""
-    args = grpo.GRPOConfig(**FAST, lora_r=4)
+    args = grpo.GRPOCommandConfig(**FAST, lora_r=4)
     one, one_weights, _ = _run(args)
     two, two_weights, _ = _run(dataclasses.replace(args, trainers=2))
     assert two.rewards == one.rewards
@@ -86,7 +88,7 @@ def test_lora_adapters_train_the_one_rank_run(local_cluster):
 
 def test_gradient_checkpointing_trains_the_one_rank_run(local_cluster, monkeypatch):
     """--gradient-checkpointing: each layer recomputed inside its FSDP unit in the backward."""
-    args = grpo.GRPOConfig(**FAST, gradient_checkpointing=True)
+    args = grpo.GRPOCommandConfig(**FAST, gradient_checkpointing=True)
     one, one_weights, _ = _run(args)
     enabled = []
     enable = sharded.enable_checkpointing
@@ -101,7 +103,7 @@ def test_gradient_checkpointing_trains_the_one_rank_run(local_cluster, monkeypat
 @pytest.mark.parametrize("saved, resumed, k", [(2, 1, 2), (1, 2, 4)])
 def test_a_checkpoint_resumes_at_another_rank_count(local_cluster, tmp_path, saved, resumed, k):
     # (--beta: the reference model the ranks shard is the checkpoint's, not the resumed model)
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         **FAST,
         trainers=saved,
         checkpoint=str(tmp_path / "ckpt-{step}.pt"),
@@ -118,13 +120,13 @@ def test_a_checkpoint_resumes_at_another_rank_count(local_cluster, tmp_path, sav
 
 
 def test_staleness_one_trains_on_two_ranks(local_cluster):
-    result, _, _ = _run(grpo.GRPOConfig(**dict(FAST, staleness=1), trainers=2))
+    result, _, _ = _run(grpo.GRPOCommandConfig(**dict(FAST, staleness=1), trainers=2))
     assert len(result.rewards) == FAST["steps"]
     assert result.mean_lag is not None and result.mean_lag <= 1
 
 
 def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
-    args = grpo.GRPOConfig(**dict(FAST, steps=20, log_interval=1), trainers=2)
+    args = grpo.GRPOCommandConfig(**dict(FAST, steps=20, log_interval=1), trainers=2)
     setup = grpo.build(args)
     killed = {}
 
@@ -157,16 +159,16 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank(local_cluster):
 )
 def test_settings_the_ranks_cannot_train_are_named(settings, message):
     with pytest.raises(ValueError, match=message):
-        grpo.GRPOConfig(**dict(num_prompts=4, num_generations=4), **settings).check()
+        grpo.GRPOCommandConfig(**dict(num_prompts=4, num_generations=4), **settings).check()
 
 
 def test_ranks_the_cluster_cannot_hold_are_named_before_they_start(local_cluster):
     """Three ranks of one CPU each beside the worker's on three CPUs: named at once, not
     after the join's timeout."""
     with pytest.raises(ValueError, match=r"ranks 1\.\.3 x 1 CPUs need 3 CPUs; .* has 2 free"):
-        _run(grpo.GRPOConfig(**FAST, trainers=4))
+        _run(grpo.GRPOCommandConfig(**FAST, trainers=4))
 
 
 def test_workers_on_gpus_the_cluster_lacks_are_named_before_they_start(local_cluster):
     with pytest.raises(ValueError, match="1 workers x 1 GPUs need 1 GPUs; the Ray cluster has 0"):
-        _run(grpo.GRPOConfig(**FAST, gpus_per_worker=1))
+        _run(grpo.GRPOCommandConfig(**FAST, gpus_per_worker=1))

@@ -53,7 +53,7 @@ def test_with_identical_weights_the_behaviour_weight_is_one_under_top_k_and_top_
     """The generator's behaviour log-probs and the trainer's, from the same weights, agree
     token for token: the decoupled weight exp(trainer - behaviour) is 1 (before, under top-k
     or top-p it was the kept probability mass, about 0.78 at these settings)."""
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         num_prompts=4, num_generations=4, watch_syncs=False, max_new_tokens=6, **truncation
     )
     behaviour, trainer = generated_and_trainer(grpo.build(args), args)
@@ -74,7 +74,7 @@ def test_trls_figures_reach_tensorboard_and_the_report(tmp_path):
     def length_bonus(prompts, completions, **kwargs):
         return [None if i % 2 else float(len(c)) for i, c in enumerate(completions)]
 
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=4,
         num_prompts=4,
         num_generations=4,
@@ -85,7 +85,7 @@ def test_trls_figures_reach_tensorboard_and_the_report(tmp_path):
     )
     trainer = grpo.GRPOTrainer(model="tiny", reward_funcs=[answer_reward, length_bonus], args=args)
     progress = Progress(args.steps, tmp_path, bar=False)
-    result = trainer.train(progress)
+    result = trainer.train(log=progress)
     progress.close()
     logged = result.metrics
     for name in (
@@ -138,7 +138,7 @@ def test_batch_stats_are_trls():
 
 
 def test_trls_names_set_the_settings_they_name():
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         epsilon=0.3, epsilon_high=0.28, num_iterations=2, max_completion_length=7
     )
     assert (args.clip_low, args.clip_high, args.updates_per_batch, args.max_new_tokens) == (
@@ -148,7 +148,7 @@ def test_trls_names_set_the_settings_they_name():
         7,
     )
     with pytest.raises(ValueError, match=r"--epsilon 0\.3 and --clip-low 0\.1 name the same"):
-        grpo.GRPOConfig(epsilon=0.3, clip_low=0.1)
+        grpo.GRPOCommandConfig(epsilon=0.3, clip_low=0.1)
     from nostall.cli import _parser
 
     parsed = _parser().parse_args(
@@ -156,7 +156,7 @@ def test_trls_names_set_the_settings_they_name():
     )
     from nostall.config_flags import config_from
 
-    args = config_from(parsed, grpo.GRPOConfig)
+    args = config_from(parsed, grpo.GRPOCommandConfig)
     assert (args.clip_low, args.max_new_tokens) == (0.25, 6)
 
 
@@ -193,23 +193,23 @@ def test_accumulated_micro_batches_give_the_full_batch_step():
         entropy_coef=0.0,
         max_grad_norm=1e9,
     )
-    full, _ = _updated(grpo.GRPOConfig(**base))
+    full, _ = _updated(grpo.GRPOCommandConfig(**base))
     split, _ = _updated(
-        grpo.GRPOConfig(**base, steps_per_generation=2, gradient_accumulation_steps=2)
+        grpo.GRPOCommandConfig(**base, steps_per_generation=2, gradient_accumulation_steps=2)
     )
     want = full.optimizer.flat_gradient
     assert want.abs().max() > 0
     torch.testing.assert_close(split.optimizer.flat_gradient, want, rtol=1e-4, atol=1e-6)
     assert int(split.optimizer.state_dict()["state"][0]["step"]) == 1  # one step
-    twice, _ = _updated(grpo.GRPOConfig(**base, steps_per_generation=2))  # two steps
+    twice, _ = _updated(grpo.GRPOCommandConfig(**base, steps_per_generation=2))  # two steps
     assert int(twice.optimizer.state_dict()["state"][0]["step"]) == 2
 
 
 def test_bad_micro_batch_settings_are_refused():
     with pytest.raises(ValueError, match="must split into 3 micro-batches"):
-        grpo.GRPOConfig(num_prompts=4, steps_per_generation=3).check()
+        grpo.GRPOCommandConfig(num_prompts=4, steps_per_generation=3).check()
     with pytest.raises(ValueError, match="must be a multiple of --gradient-accumulation-steps"):
-        grpo.GRPOConfig(steps_per_generation=2, gradient_accumulation_steps=4).check()
+        grpo.GRPOCommandConfig(steps_per_generation=2, gradient_accumulation_steps=4).check()
 
 
 def test_truncated_completions_can_be_left_out_of_the_loss():
@@ -217,7 +217,7 @@ def test_truncated_completions_can_be_left_out_of_the_loss():
     nothing to learn from: the update moves no parameter (it does without the option)."""
     base = dict(num_prompts=2, num_generations=4, watch_syncs=False, learning_rate=1e-2)
     for masked in (True, False):
-        args = grpo.GRPOConfig(**base, mask_truncated_completions=masked)
+        args = grpo.GRPOCommandConfig(**base, mask_truncated_completions=masked)
         setup = grpo.build(args)
         batch = setup.loop.slots[0]
         setup.generator(batch)
@@ -250,15 +250,17 @@ def test_truncated_completions_can_be_left_out_of_the_loss():
     ],
 )
 def test_the_learning_rate_schedule_is_transformers(kind, want):
-    args = grpo.GRPOConfig(steps=5, learning_rate=1.0, lr_scheduler_type=kind, warmup_steps=2)
+    args = grpo.GRPOCommandConfig(
+        steps=5, learning_rate=1.0, lr_scheduler_type=kind, warmup_steps=2
+    )
     assert [args.learning_rate_at(s) for s in range(1, 6)] == pytest.approx(want)
-    ratio = grpo.GRPOConfig(steps=10, warmup_ratio=0.25)  # ceil(2.5) = 3 steps of warm-up
+    ratio = grpo.GRPOCommandConfig(steps=10, warmup_ratio=0.25)  # ceil(2.5) = 3 steps of warm-up
     assert ratio.learning_rate_at(3) < ratio.learning_rate == ratio.learning_rate_at(4)
 
 
 def test_a_scheduled_run_logs_its_learning_rate():
     seen = []
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=4,
         num_prompts=2,
         num_generations=2,
@@ -267,7 +269,7 @@ def test_a_scheduled_run_logs_its_learning_rate():
         lr_scheduler_type="linear",
         staleness=0,
     )
-    grpo.GRPOTrainer(args=args).train(lambda step, values: seen.append(values["learning_rate"]))
+    grpo.GRPOTrainer(args=args).train(log=lambda step, values: seen.append(values["learning_rate"]))
     assert seen == pytest.approx([args.learning_rate_at(s) for s in range(1, 5)])
 
 
@@ -294,7 +296,7 @@ def test_repetition_penalty_and_min_p_are_transformers():
         RepetitionPenaltyLogitsProcessor,
     )
 
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         repetition_penalty=1.3, min_p=0.2, temperature=0.7, num_prompts=2, num_generations=2
     )
     engine = grpo.build(args).generator.engine
@@ -312,7 +314,7 @@ def test_repetition_penalty_and_min_p_are_transformers():
 
 
 def test_a_run_with_min_p_and_repetition_penalty_records_the_policys_log_probs():
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         repetition_penalty=1.5,
         min_p=0.1,
         num_prompts=4,
@@ -325,7 +327,7 @@ def test_a_run_with_min_p_and_repetition_penalty_records_the_policys_log_probs()
 
 
 def test_completions_are_logged_and_old_checkpoints_pruned(tmp_path):
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=5,
         num_prompts=2,
         num_generations=2,
@@ -347,7 +349,7 @@ def test_completions_are_logged_and_old_checkpoints_pruned(tmp_path):
     grpo.GRPOTrainer(args=resumed).train()
     assert sorted(p.name for p in tmp_path.glob("c-*.pt")) == ["c-006.pt", "c-007.pt"]
     with pytest.raises(ValueError, match="--save-total-limit needs --checkpoint with"):
-        grpo.GRPOConfig(save_total_limit=2, checkpoint="c.pt").check()
+        grpo.GRPOCommandConfig(save_total_limit=2, checkpoint="c.pt").check()
 
 
 CHAT_TEMPLATE = (
@@ -374,7 +376,7 @@ def test_conversational_prompts_go_through_the_chat_template(tmp_path):
         seen.update(prompt=prompts[0], completion=completions[0])
         return [float(c[0]["content"] == a) for c, a in zip(completions, answer, strict=True)]
 
-    args = grpo.GRPOConfig(
+    args = grpo.GRPOCommandConfig(
         steps=3,
         num_prompts=2,
         num_generations=2,
@@ -406,17 +408,19 @@ def test_conversational_prompts_without_a_chat_template_are_refused():
             model="tiny",
             reward_funcs=lambda prompts, completions, **k: [0.0],
             train_dataset=rows,
-            args=grpo.GRPOConfig(watch_syncs=False),
+            args=grpo.GRPOCommandConfig(watch_syncs=False),
         )
     with pytest.raises(ValueError, match="mixes text and conversational prompts"):
         grpo.GRPOTrainer(
             model="tiny",
             train_dataset=[*rows, {"prompt": "abcde="}],
-            args=grpo.GRPOConfig(watch_syncs=False),
+            args=grpo.GRPOCommandConfig(watch_syncs=False),
         )
     with pytest.raises(ValueError, match="must be a string or a conversation"):
         grpo.GRPOTrainer(
-            model="tiny", train_dataset=[{"prompt": 5}], args=grpo.GRPOConfig(watch_syncs=False)
+            model="tiny",
+            train_dataset=[{"prompt": 5}],
+            args=grpo.GRPOCommandConfig(watch_syncs=False),
         )
 
 
@@ -425,13 +429,17 @@ def test_a_setting_the_config_lacks_is_refused_with_the_closest_names():
     never Python's bare "unexpected keyword argument"; SB3's names on PPO likewise."""
     from nostall.algos import appo, ppo
 
-    with pytest.raises(ValueError, match=r"GRPOConfig has no setting 'max_steps' \(closest: steps"):
-        grpo.GRPOConfig(max_steps=3)
+    with pytest.raises(
+        ValueError, match=r"GRPOConfig has no setting 'max_step' \(closest: max_steps"
+    ):
+        grpo.GRPOConfig(max_step=3)
     with pytest.raises(ValueError, match=r"'learning_rte' \(closest: learning_rate\)"):
-        grpo.GRPOConfig(learning_rte=1e-3)
+        grpo.GRPOCommandConfig(learning_rte=1e-3)
     with pytest.raises(ValueError, match=r"PPOConfig has no setting 'n_steps' \(closest: num_st"):
         ppo.PPOConfig(n_steps=8)
     with pytest.raises(ValueError, match=r"APPOConfig has no setting 'num_env' \(closest: num_"):
         appo.APPOConfig(num_env=4)
-    assert grpo.GRPOConfig(steps=3).steps == 3  # known names and dataclasses.replace untouched
-    assert dataclasses.replace(grpo.GRPOConfig(), steps=5).steps == 5
+    assert (
+        grpo.GRPOCommandConfig(steps=3).steps == 3
+    )  # known names and dataclasses.replace untouched
+    assert dataclasses.replace(grpo.GRPOCommandConfig(), steps=5).steps == 5

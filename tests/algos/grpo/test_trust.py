@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nostall.algos import grpo, ppo
-from nostall.algos.grpo import GRPOConfig, GRPOTrainer
+from nostall.algos.grpo import GRPOCommandConfig, GRPOTrainer
 from nostall.lm.rewards import Rewards
 from nostall.lm.tasks import partial_credit
 
@@ -43,7 +43,7 @@ def test_a_row_without_an_optional_column_gets_none():
         return _answer_or_none(prompts, completions, answer)
 
     GRPOTrainer(
-        model="tiny", reward_funcs=reward, train_dataset=ROWS, args=GRPOConfig(**FAST)
+        model="tiny", reward_funcs=reward, train_dataset=ROWS, args=GRPOCommandConfig(**FAST)
     ).train()
     assert None in seen and "abcde" in seen
 
@@ -92,7 +92,7 @@ def test_a_reward_that_is_not_a_number_is_refused_naming_the_reward(value):
 )
 def test_bad_settings_are_refused_before_anything_runs(change, message):
     with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("}", r"\}")):
-        grpo.build(GRPOConfig(**{**FAST, **change}))
+        grpo.build(GRPOCommandConfig(**{**FAST, **change}))
 
 
 def test_a_ppo_checkpoint_placeholder_is_checked_too():
@@ -109,14 +109,14 @@ def test_resume_reports_what_the_uninterrupted_run_reports(tmp_path):
         checkpoint=str(tmp_path / "ck-{step}.pt"),
         checkpoint_every=10,
     )
-    full = grpo.train(GRPOConfig(**common))
+    full = grpo.train(GRPOCommandConfig(**common))
     assert full.steps_to_target == 10  # the first full window of 10 steps
     with pytest.raises(ValueError, match="--steps 20 is not past the checkpoint's step 20"):
         GRPOTrainer(
-            args=GRPOConfig(**{**common, "steps": 20, "resume": str(tmp_path / "ck-20.pt")})
+            args=GRPOCommandConfig(**{**common, "steps": 20, "resume": str(tmp_path / "ck-20.pt")})
         )
     resumed = grpo.train(
-        GRPOConfig(
+        GRPOCommandConfig(
             **{
                 **common,
                 "resume": str(tmp_path / "ck-20.pt"),
@@ -178,13 +178,13 @@ def test_dataset_files_and_folders_as_users_save_them(tmp_path):
     datasets.DatasetDict({"train": data, "test": data}).save_to_disk(str(tmp_path / "dict"))
     datasets.DatasetDict({"test": data}).save_to_disk(str(tmp_path / "test_only"))
     for path in (tmp_path / "data.parquet", tmp_path / "dict"):
-        result = grpo.train(GRPOConfig(**FAST, dataset=str(path)))
+        result = grpo.train(GRPOCommandConfig(**FAST, dataset=str(path)))
         assert len(result.rewards) == FAST["steps"]
     with pytest.raises(ValueError, match=r"holds the splits \['test'\]; its `train` split"):
-        grpo.build(GRPOConfig(**FAST, dataset=str(tmp_path / "test_only")))
+        grpo.build(GRPOCommandConfig(**FAST, dataset=str(tmp_path / "test_only")))
     (tmp_path / "binary.jsonl").write_bytes(b"\x92\x00\x01")
     with pytest.raises(ValueError, match="is not UTF-8 text"):
-        grpo.build(GRPOConfig(**FAST, dataset=str(tmp_path / "binary.jsonl")))
+        grpo.build(GRPOCommandConfig(**FAST, dataset=str(tmp_path / "binary.jsonl")))
 
 
 @pytest.mark.parametrize("column", ["completions", "prompts"])
@@ -193,7 +193,10 @@ def test_a_column_named_as_a_reward_argument_is_refused_at_load(tmp_path, column
     rows = [{**row, column: "x"} if i == 2 else row for i, row in enumerate(ROWS)]
     with pytest.raises(ValueError, match=f"row 3: a column named '{column}' would collide"):
         GRPOTrainer(
-            model="tiny", reward_funcs=_answer_or_none, train_dataset=rows, args=GRPOConfig(**FAST)
+            model="tiny",
+            reward_funcs=_answer_or_none,
+            train_dataset=rows,
+            args=GRPOCommandConfig(**FAST),
         )
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -227,15 +230,17 @@ def test_a_prompt_the_tokenizer_cannot_read_is_refused():
             model="tiny",
             reward_funcs=_answer_or_none,
             train_dataset=[{"prompt": "xyz="}],
-            args=GRPOConfig(**FAST),
+            args=GRPOCommandConfig(**FAST),
         )
 
 
 def test_a_run_trains_on_from_the_model_it_saved(tmp_path):
     """The saved tokenizer reloads with an unknown token the model has no row for (Qwen2's
     tokenizer class adds one): it is not banned past the vocabulary, and the run goes on."""
-    GRPOTrainer(args=GRPOConfig(**FAST, output_dir=str(tmp_path / "first"))).train()
-    again = GRPOTrainer(model=str(tmp_path / "first" / "model"), args=GRPOConfig(**FAST)).train()
+    GRPOTrainer(args=GRPOCommandConfig(**FAST, output_dir=str(tmp_path / "first"))).train()
+    again = GRPOTrainer(
+        model=str(tmp_path / "first" / "model"), args=GRPOCommandConfig(**FAST)
+    ).train()
     assert len(again.rewards) == FAST["steps"]
 
 
@@ -244,7 +249,7 @@ def test_a_failed_model_save_leaves_no_half_model(tmp_path, monkeypatch):
     and a model saved before stays whole."""
     import errno
 
-    trainer = GRPOTrainer(args=GRPOConfig(**FAST))
+    trainer = GRPOTrainer(args=GRPOCommandConfig(**FAST))
     trainer.train()
     out = tmp_path / "model"
     trainer.save_model(out)
