@@ -48,7 +48,9 @@ class Clock:
 class Hooks(Protocol):
     """What an algorithm gives the loop. `config` has watch_syncs, log_interval, checkpoint,
     checkpoint_every and stop_when_solved; `transport` carries the chunks
-    (nostall.runtime.Transport)."""
+    (nostall.runtime.Transport). Optional: `saves(step) -> bool` (a schedule of checkpoints
+    of its own), `saved(step, path)` (after one is written: the rest of it, its pruning) and
+    `stops() -> bool` (asked after every step)."""
 
     algorithm: str
     config: Any
@@ -146,7 +148,7 @@ def _steps(
             logging = step % config.log_interval == 0 or step == last
             hooks.record(chunk, lag, logging)  # before the release: the slot is refilled
             transport.release(slot)
-            saving = config.checkpoint and (step % config.checkpoint_every == 0 or step == last)
+            saving = _saves(hooks, step)
             with transport.boundary() if saving else contextlib.nullcontext():
                 transport.publish(hooks.published_model, weights=hooks.publishes(step))
                 watch_scope.close()
@@ -169,10 +171,23 @@ def _steps(
                 break
             if time_limit_s is not None and time.perf_counter() - clock.ready > time_limit_s:
                 break
+        if getattr(hooks, "stops", None) and hooks.stops():  # (a callback asked)
+            break
     # The run ends with its last update: closing the rollout side (joining a thread, a
     # process, shutting down a local Ray cluster) is not training time.
     end = time.perf_counter()
     return end
+
+
+def _saves(hooks: Hooks, step: int) -> bool:
+    """Whether this step ends with a checkpoint: the hooks' `saves` where they have one (GRPO's
+    TRL schedule), else every checkpoint_every steps and at the last."""
+    if getattr(hooks, "saves", None):
+        return hooks.saves(step)
+    config = hooks.config
+    return bool(config.checkpoint) and (
+        step % config.checkpoint_every == 0 or step == hooks.last_step
+    )
 
 
 def _save_checkpoint(hooks: Hooks, step: int) -> None:
@@ -194,6 +209,9 @@ def _save_checkpoint(hooks: Hooks, step: int) -> None:
     state["checkpoints"] = lineage
     checkpoint.save(path, hooks.algorithm, asdict(config), state)
     result.checkpoints = lineage
+    if getattr(hooks, "saved", None):  # (GRPO's checkpoint folders: the rest of each)
+        hooks.saved(step, path)
+        return
     limit = getattr(config, "save_total_limit", None)
     if limit:
         result.checkpoints, _ = checkpoint.prune(lineage, limit)

@@ -32,6 +32,14 @@ from nostall.algos.grpo.config import RESUMABLE, GRPOConfig
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Inputs, Setup, build
 from nostall.algos.grpo.state import restore, save_model, snapshot
+from nostall.algos.grpo.trl_surface import (
+    STATE_FILE,
+    TRLRun,
+    last_checkpoint,
+    lora_settings,
+    resume_path,
+)
+from nostall.algos.grpo.trl_surface import folder as trl_folder
 from nostall.algos.grpo.update import UpdateContext, grpo_update
 from nostall.lm.models import LanguageModel, load_tokenizer_beside
 from nostall.lm.rewards import load_reward
@@ -39,7 +47,7 @@ from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint, loop
 from nostall.train.hooks import WritesOutputs
 from nostall.train.loop import Clock, LogFn
-from nostall.train.outputs import write_outputs
+from nostall.train.outputs import Progress, write_outputs
 
 
 class GRPOTrainer(WritesOutputs):
@@ -51,13 +59,24 @@ class GRPOTrainer(WritesOutputs):
         reward_funcs=None,
         args: GRPOConfig | None = None,
         train_dataset=None,
+        eval_dataset=None,
         processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config=None,
         *,
         setup: Setup | None = None,
     ):
-        """TRL's arguments (see the module's docstring); `setup` when the caller built the run
-        already (nostall.algos.grpo.setup.build)."""
+        """TRL's arguments, in TRL's order (see the module's docstring); `setup` when the
+        caller built the run already (nostall.algos.grpo.setup.build)."""
         args = GRPOConfig() if args is None else args
+        self.args = args  # (as TRL's trainer.args: the config given)
+        _refuse_unsupported(reward_processing_classes, optimizers)
+        if peft_config is not None:
+            lora = lora_settings(peft_config)
+            args.lora_r, args.lora_alpha = lora["lora_r"], lora["lora_alpha"]
+            args.lora_target_modules = lora["target"]
         inputs = _inputs(args, model, reward_funcs, train_dataset, processing_class)
         args.check()
         torch.set_num_threads(args.torch_threads)
@@ -67,6 +86,8 @@ class GRPOTrainer(WritesOutputs):
         self.config = args = self.setup.args
         self.transport = self.setup.loop
         self.model = self.setup.lm.model
+        self.processing_class = self.setup.lm.tokenizer
+        self.eval_dataset = eval_dataset
         self.published_model = self.setup.compute  # (bf16 compute: the copy generation reads)
         self._update_context = UpdateContext(
             self.setup.decoder,
@@ -81,25 +102,6 @@ class GRPOTrainer(WritesOutputs):
         self.result = GRPOResult(self.algorithm, asdict(args))
         self.first_step, self.last_step = 1, args.steps
         self._offset = 0.0  # seconds of the run before a resume
-        if args.resume:
-            saved_args, state = checkpoint.load(args.resume, self.algorithm)
-            saved_args.setdefault("entropy_coef", 0.0)  # saved before the bonus existed: none
-            for name, default in asdict(GRPOConfig()).items():  # saved before a setting existed:
-                saved_args.setdefault(name, default)  # it trained as the default
-            checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
-            checkpoint.check_finite(state["model"], args.resume)
-            saved_step = restore(self.setup, state, self.result)
-            self.result.checkpoints = checkpoint.lineage(state, args.resume)
-            if args.steps <= saved_step:
-                raise ValueError(
-                    f"--steps {args.steps} is not past the checkpoint's step "
-                    f"{saved_step}: nothing would be trained (give --steps above "
-                    f"{saved_step})"
-                )
-            self.first_step = saved_step + 1
-            self.result.find_target(args.target_reward)
-            steps = self.result.step_times
-            self._offset = steps[-1] if steps else 0.0
         # Running sums (count, version lags, per-token version lags): a run keeps nothing per
         # step for its mean lags.
         self._lag_sums = [0, 0.0, 0.0]
@@ -110,6 +112,37 @@ class GRPOTrainer(WritesOutputs):
         self.result.compute_dtype = _dtype_name(self.setup.decoder.output_weight)
         self.result.master_dtype = _dtype_name(self.setup.optimizer.flat_parameters)
         self.report: str | None = None  # the report's text, once written
+        self.trl = TRLRun(self, callbacks)
+        self._logged_step = 0  # the step of the last log line
+        if args.resume:
+            self._resume(args.resume)
+        self.trl.event("on_init_end")
+
+    def _resume(self, path: str) -> None:
+        """The run's state from the checkpoint at `path`: it goes on from the step after."""
+        args = self.config
+        saved_args, state = checkpoint.load(path, self.algorithm)
+        saved_args.setdefault("entropy_coef", 0.0)  # saved before the bonus existed: none
+        if saved_args.get("micro_batch_size") is not None:  # (its earlier name)
+            saved_args["per_device_train_batch_size"] = saved_args.pop("micro_batch_size")
+        for name, default in asdict(type(args)()).items():  # saved before a setting existed:
+            saved_args.setdefault(name, default)  # it trained as the default
+        checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
+        checkpoint.check_finite(state["model"], path)
+        saved_step = restore(self.setup, state, self.result)
+        self.result.checkpoints = checkpoint.lineage(state, path)
+        if args.steps <= saved_step:
+            raise ValueError(
+                f"--steps {args.steps} is not past the checkpoint's step "
+                f"{saved_step}: nothing would be trained (give --steps above "
+                f"{saved_step})"
+            )
+        self.first_step = saved_step + 1
+        self._logged_step = saved_step
+        self.result.find_target(args.target_reward)
+        steps = self.result.step_times
+        self._offset = steps[-1] if steps else 0.0
+        self.trl.resumed(state, saved_step)
 
     # What a run leaves in its output_dir.
     outputs = (
@@ -120,11 +153,42 @@ class GRPOTrainer(WritesOutputs):
         "model/ for from_pretrained",
     )
 
-    def train(self, log: LogFn | None = None, time_limit_s: float | None = None) -> GRPOResult:
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        *,
+        log: LogFn | None = None,
+        time_limit_s: float | None = None,
+    ) -> GRPOResult:
         """Runs the loop, calling log(step, metrics) every log_interval steps (stopping at the
         first log past `time_limit_s` seconds, when given); with an output_dir, writes the
-        model and the report there (`self.report`: its text)."""
-        return loop.run(self, log, time_limit_s)
+        model and the report there (`self.report`: its text). `resume_from_checkpoint`, as
+        TRL's: True resumes from output_dir's last checkpoint-N folder, a folder or file
+        from that one."""
+        if resume_from_checkpoint:
+            if resume_from_checkpoint is True:
+                path = last_checkpoint(self.config.output_dir)
+            else:
+                path = resume_path(resume_from_checkpoint)
+            self._resume(path)
+        self.trl.begin(self.first_step)
+        reporters = self.config.report_to
+        reporters = [reporters] if isinstance(reporters, str) else list(reporters)
+        progress = None
+        if log is None and self.config.output_dir and {"tensorboard", "all"} & set(reporters):
+            progress = Progress(self.last_step, Path(self.config.output_dir), bar=False)
+        try:
+            result = loop.run(self, log or progress, time_limit_s)
+        finally:
+            if progress is not None:
+                progress.close()
+        self.trl.event("on_train_end")
+        return result
+
+    @property
+    def state(self):
+        """transformers' TrainerState of the run (global_step, epoch, log_history), as TRL's."""
+        return self.trl.state
 
     def save_model(self, out_dir) -> None:
         """The trained model and its tokenizer, loadable with transformers' from_pretrained."""
@@ -155,6 +219,25 @@ class GRPOTrainer(WritesOutputs):
     def begin_step(self, step: int) -> None:
         # The schedule's rate for this batch (host arithmetic: nothing waits).
         self.setup.optimizer.param_groups[0]["lr"] = self.config.learning_rate_at(step)
+        self.trl.event("on_step_begin")
+
+    def saves(self, step: int) -> bool:
+        folder_due = self.trl.step_end(step)  # (TRL's on_step_end, its save schedule)
+        args = self.config
+        if args.checkpoint:
+            return step % args.checkpoint_every == 0 or step == self.last_step
+        return folder_due
+
+    def saved(self, step: int, path: str) -> None:
+        if self.trl.folders:
+            self.result.checkpoints = self.trl.saved(path)
+        elif self.config.save_total_limit:
+            self.result.checkpoints, _ = checkpoint.prune(
+                self.result.checkpoints, self.config.save_total_limit
+            )
+
+    def stops(self) -> bool:
+        return self.trl.stops()
 
     def device_tensors(self, batch):
         return [*batch.tensors().values(), *self.setup.device_tensors()]
@@ -195,9 +278,12 @@ class GRPOTrainer(WritesOutputs):
     def snapshot(self, step: int) -> dict:
         if self.setup.ranks is not None:  # the optimizer's state, whole, from the ranks
             self.setup.ranks.sync_optimizer()
-        return snapshot(self.setup, step, self.result)
+        return {**snapshot(self.setup, step, self.result), "trl": self.trl.snapshot()}
 
     def checkpoint_path(self, step: int) -> str:
+        if self.trl.folders:
+            global_step = step * self.trl.per_batch
+            return str(trl_folder(self.config.output_dir, global_step) / STATE_FILE)
         return self.config.checkpoint.format(step=step)
 
     def log_values(self, step: int, values: dict[str, float], lag: int, clock: Clock):
@@ -211,6 +297,11 @@ class GRPOTrainer(WritesOutputs):
         # TRL's figures, each the mean over the batches since the last log.
         values.update({name: _nanmean(v) for name, v in self._stats.items()})
         self._stats.clear()
+        # TRL's "reward": the mean over the batches since the last log (the bar's is the last
+        # ten's)
+        since = self.result.rewards[-(step - self._logged_step) :]
+        self._logged_step = step
+        self.trl.log({**values, "reward": sum(since) / len(since)})
         return step, values
 
     def solved(self) -> bool:
@@ -270,6 +361,19 @@ def _inputs(args: GRPOConfig, model, reward_funcs, train_dataset, processing_cla
     return inputs
 
 
+def _refuse_unsupported(reward_processing_classes, optimizers) -> None:
+    if reward_processing_classes is not None:
+        raise ValueError(
+            "reward_processing_classes: reward models are not supported yet; give a reward "
+            "function that scores with your model"
+        )
+    if tuple(optimizers or (None, None)) != (None, None):
+        raise ValueError(
+            "optimizers: nostall steps its own fused AdamW; set learning_rate, adam_beta1, "
+            "adam_beta2, adam_epsilon, weight_decay and lr_scheduler_type instead"
+        )
+
+
 def _reward(fn) -> Callable:
     if isinstance(fn, str):
         return load_reward(fn)
@@ -285,4 +389,4 @@ def train(
     time_limit_s: float | None = None,
 ) -> GRPOResult:
     """`GRPOTrainer(args=args, setup=setup).train(log, time_limit_s)`."""
-    return GRPOTrainer(args=args, setup=setup).train(log, time_limit_s)
+    return GRPOTrainer(args=args, setup=setup).train(log=log, time_limit_s=time_limit_s)

@@ -1,0 +1,225 @@
+"""What GRPOTrainer shows a script written for TRL besides the run itself: transformers'
+callbacks called at TRL's events with a `TrainerState` (global step, epoch, log_history), the
+`checkpoint-N` folders TRL's `save_strategy` writes (each a model directory transformers loads,
+with nostall's exact-resume state beside it) and how `resume_from_checkpoint=True` finds the
+last of them, and a `peft.LoraConfig` read into the run's LoRA settings."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+
+from nostall import files
+
+# Inside a checkpoint-N folder: nostall's resume state (beside transformers' model files).
+STATE_FILE = "nostall_state.pt"
+_FOLDER = re.compile(r"^checkpoint-(\d+)$")
+
+
+class Callbacks:
+    """transformers' TrainerCallbacks (objects or classes), called at TRL's events with the
+    run's TrainerState and TrainerControl; a callback's returned control replaces the run's,
+    as transformers' CallbackHandler does."""
+
+    def __init__(self, callbacks, args, objects: dict):
+        from transformers import TrainerControl, TrainerState
+
+        self.callbacks = [c() if isinstance(c, type) else c for c in callbacks or []]
+        self.args, self.objects = args, objects
+        self.state, self.control = TrainerState(), TrainerControl()
+
+    def __call__(self, event: str, **kwargs) -> None:
+        for callback in self.callbacks:
+            returned = getattr(callback, event)(
+                self.args, self.state, self.control, **self.objects, **kwargs
+            )
+            if returned is not None:
+                self.control = returned
+
+
+def folder(output_dir: str, global_step: int) -> Path:
+    return Path(output_dir) / f"checkpoint-{global_step}"
+
+
+def last_checkpoint(output_dir: str) -> str:
+    """The resume state of output_dir's checkpoint-N with the highest N (TRL's
+    get_last_checkpoint); ValueError naming the folder where there is none."""
+    found = []
+    if Path(output_dir).is_dir():
+        for entry in Path(output_dir).iterdir():
+            match = _FOLDER.match(entry.name)
+            if match and (entry / STATE_FILE).is_file():
+                found.append((int(match.group(1)), entry))
+    if not found:
+        raise ValueError(
+            f"resume_from_checkpoint=True: {output_dir} holds no checkpoint-N folder with "
+            f"{STATE_FILE} (give the folder or file to resume from)"
+        )
+    return str(max(found)[1] / STATE_FILE)
+
+
+def resume_path(given) -> str:
+    """A checkpoint-N folder given to resume_from_checkpoint: its state file; a file: itself."""
+    path = Path(given)
+    return str(path / STATE_FILE) if path.is_dir() else str(path)
+
+
+def write_trainer_state(state, out: Path) -> None:
+    """trainer_state.json, as transformers writes it (its keys; read by TRL's tools)."""
+    text = json.dumps(_state_dict(state), indent=2, sort_keys=True) + "\n"
+    with files.replaced(out / "trainer_state.json") as f:
+        f.write(text.encode())
+
+
+def _state_dict(state) -> dict:
+    import dataclasses
+
+    return {
+        k: v
+        for k, v in dataclasses.asdict(state).items()
+        if k not in ("stateful_callbacks",) and _json_safe(v)
+    }
+
+
+def _json_safe(value) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def prune_folders(written: list[str], keep: int) -> list[str]:
+    """Deletes all but the `keep` newest checkpoint-N folders this run wrote (`written`, their
+    state files, oldest first); a folder is removed only if it is a checkpoint folder holding
+    a state file, never another path."""
+    kept, old = written[-keep:], written[:-keep]
+    for state in old:
+        where = Path(state).parent
+        if state not in kept and _FOLDER.match(where.name) and Path(state).is_file():
+            shutil.rmtree(where)
+    return kept
+
+
+def lora_settings(peft_config) -> dict:
+    """A peft.LoraConfig as the run's LoRA settings (lora_r, lora_alpha, the modules);
+    ValueError naming what nostall's adapters cannot take."""
+    if not hasattr(peft_config, "r") or not hasattr(peft_config, "lora_alpha"):
+        raise ValueError(
+            f"peft_config: {type(peft_config).__name__} is not a peft.LoraConfig (nostall "
+            "trains LoRA adapters only)"
+        )
+    bias = getattr(peft_config, "bias", "none")
+    if bias != "none":
+        raise ValueError(f"peft_config: bias={bias!r}; nostall's adapters train no biases")
+    for name in ("use_dora", "use_rslora"):
+        if getattr(peft_config, name, False):
+            raise ValueError(f"peft_config: {name}=True is not supported; plain LoRA is")
+    modules = peft_config.target_modules
+    if modules is None or modules == "all-linear":
+        target = "all-linear"
+    elif isinstance(modules, str):
+        raise ValueError(
+            f"peft_config: target_modules={modules!r} as a pattern is not supported; give "
+            "module names or 'all-linear'"
+        )
+    else:
+        target = ",".join(sorted(modules))
+    return {"lora_r": peft_config.r, "lora_alpha": float(peft_config.lora_alpha), "target": target}
+
+
+class TRLRun:
+    """A GRPO run as TRL's trainer shows it: global steps (optimizer steps), epochs, the
+    TrainerState's log_history, callbacks at TRL's events, and the checkpoint-N folders of
+    save_strategy. The trainer calls it from its loop hooks."""
+
+    def __init__(self, trainer, callbacks):
+        args, setup = trainer.config, trainer.setup
+        self.trainer, self.args = trainer, args
+        self.per_batch = args.optimizer_steps_per_batch
+        rows = setup.prompt_rows or None
+        self.per_epoch = args.steps_per_epoch(rows)
+        # checkpoint-N folders, unless nostall's own --checkpoint files were asked for
+        self.folders = args.save_strategy != "no" and not args.checkpoint and args.output_dir
+        self.written: list[str] = []  # this run's checkpoint folders' state files, oldest first
+        objects = {"model": trainer.model, "processing_class": trainer.processing_class}
+        self.callbacks = Callbacks(callbacks, trainer.args, objects)
+        state = self.callbacks.state
+        state.max_steps = args.steps * self.per_batch
+        state.num_train_epochs = math.ceil(args.steps / self.per_epoch) if self.per_epoch else 0
+        state.logging_steps = args.log_interval * self.per_batch
+        state.eval_steps = (args.eval_steps or state.logging_steps) if args.eval_steps else 0
+        state.save_steps = args.save_steps
+        state.train_batch_size = args.per_device_train_batch_size or args.batch_size
+
+    @property
+    def state(self):
+        return self.callbacks.state
+
+    def event(self, name: str, **kwargs) -> None:
+        self.callbacks(name, **kwargs)
+
+    def epoch(self, step: int) -> float:
+        return step / self.per_epoch if self.per_epoch else 0.0
+
+    def begin(self, first_step: int) -> None:
+        self.state.global_step = (first_step - 1) * self.per_batch
+        self.state.epoch = self.epoch(first_step - 1)
+        self.event("on_train_begin")
+
+    def step_end(self, step: int) -> bool:
+        """on_step_end at this generation batch's last optimizer step; whether TRL would save
+        a checkpoint folder now (its schedule, or a callback's should_save)."""
+        state = self.state
+        state.global_step, state.epoch = step * self.per_batch, self.epoch(step)
+        self.event("on_step_end")
+        if not self.folders:
+            return False
+        args = self.args
+        if args.save_strategy == "steps":
+            scheduled = state.global_step % args.save_steps < self.per_batch
+        else:  # "epoch"
+            scheduled = bool(self.per_epoch) and step % self.per_epoch == 0
+        last = step == self.trainer.last_step  # (TRL saves at the end too)
+        return scheduled or last or self.callbacks.control.should_save
+
+    def saved(self, path: str) -> list[str]:
+        """After a checkpoint's state file is written into its folder: the model and
+        trainer_state.json beside it, older folders past save_total_limit removed,
+        on_save called. Returns the folders' state files kept."""
+        out = Path(path).parent
+        # The model is written beside the folder and renamed into place: the state file
+        # already in it is moved aside, and back once the model is whole.
+        aside = out.with_name(f".{out.name}.{STATE_FILE}")
+        os.replace(path, aside)
+        self.trainer.save_model(out)
+        os.replace(aside, path)
+        write_trainer_state(self.state, out)
+        self.written = [p for p in self.written if p != path] + [path]
+        if self.args.save_total_limit:
+            self.written = prune_folders(self.written, self.args.save_total_limit)
+        self.callbacks.control.should_save = False
+        self.event("on_save")
+        return self.written
+
+    def log(self, values: dict) -> None:
+        """A log line into log_history with TRL's keys, epoch and step; on_log."""
+        entry = {**values, "epoch": round(self.state.epoch, 4), "step": self.state.global_step}
+        self.state.log_history.append(entry)
+        self.event("on_log", logs=dict(values))
+
+    def stops(self) -> bool:
+        return bool(self.callbacks.control.should_training_stop)
+
+    def snapshot(self) -> dict:
+        return {"log_history": list(self.state.log_history), "folders": list(self.written)}
+
+    def resumed(self, state: dict, step: int) -> None:
+        saved = state.get("trl", {})
+        self.state.log_history = list(saved.get("log_history", []))
+        self.written = [p for p in saved.get("folders", []) if isinstance(p, str)]
+        self.state.global_step, self.state.epoch = step * self.per_batch, self.epoch(step)

@@ -1,0 +1,201 @@
+"""Scripts written for TRL's GRPOTrainer, in the shapes of TRL's documentation, run under nostall
+with only the import line changed: the quickstart, conversational prompts with two weighted
+rewards, a loaded model and tokenizer with a peft_config and a callback, and epochs with
+checkpoint folders and resume_from_checkpoint=True. Where TRL is installed each script also runs
+under TRL, and the two runs must agree on what TRL's semantics fix: the optimizer steps, the
+epochs, the checkpoint folders and the figures logged under TRL's names."""
+
+import importlib.util
+import textwrap
+
+import pytest
+
+from tests.lm import architectures
+
+HAS_TRL = importlib.util.find_spec("trl") is not None
+LIBRARIES = ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
+
+# The figures both log every logging_steps (TRL logs others too: grad_norm, num_tokens, entropy,
+# clip_ratio/*, step_time; docs/from_trl.md lists what nostall logs instead).
+SHARED_KEYS = {
+    "loss",
+    "learning_rate",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "epoch",
+    "step",
+}
+
+COMMON = """
+from datasets import Dataset
+from {lib} import GRPOConfig, GRPOTrainer
+
+rows = [{{"prompt": "ab" * (i % 3 + 1)}} for i in range(12)]
+
+def reward_len(completions, **kwargs):
+    return [-abs(4 - len(c)) for c in completions]
+"""
+
+SCRIPTS = {
+    "quickstart": """
+args = GRPOConfig(output_dir=OUT, max_steps=4, logging_steps=1, max_completion_length=6,
+                  per_device_train_batch_size=4, num_generations=4, use_cpu=True)
+trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=args,
+                      train_dataset=Dataset.from_list(rows))
+trainer.train()
+""",
+    "conversational": """
+chats = [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows]
+
+def reward_a(completions, **kwargs):
+    return [float(c[0]["content"].count("a")) for c in completions]
+
+args = GRPOConfig(output_dir=OUT, max_steps=3, logging_steps=1, max_completion_length=6,
+                  num_generations=4, per_device_train_batch_size=8, reward_weights=[1.0, 0.5],
+                  use_cpu=True)
+trainer = GRPOTrainer(model=MODEL, reward_funcs=[reward_len, reward_a], args=args,
+                      train_dataset=Dataset.from_list(chats))
+trainer.train()
+""",
+    "peft_and_callback": """
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+events = []
+
+class Recorder(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        events.append(("step", state.global_step))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        events.append(("log", state.global_step))
+
+model = AutoModelForCausalLM.from_pretrained(MODEL)
+tokenizer = AutoTokenizer.from_pretrained(MODEL)
+args = GRPOConfig(output_dir=OUT, max_steps=4, logging_steps=2, max_completion_length=6,
+                  num_generations=4, per_device_train_batch_size=4, learning_rate=1e-3,
+                  use_cpu=True)
+lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_len,
+                      args=args, train_dataset=Dataset.from_list(rows), callbacks=[Recorder()],
+                      peft_config=lora)
+trainer.train()
+""",
+    "epochs_and_resume": """
+def run(epochs, resume):
+    args = GRPOConfig(output_dir=OUT, num_train_epochs=epochs, save_steps=2, logging_steps=1,
+                      max_completion_length=6, num_generations=4,
+                      per_device_train_batch_size=8, use_cpu=True)
+    trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=args,
+                          train_dataset=Dataset.from_list(rows))
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+first = run(1, None)
+trainer = run(2, True)
+""",
+}
+
+# (global steps, epoch, checkpoint folders) each script ends with, as TRL counts them.
+EXPECTED = {
+    "quickstart": (4, 4 / 12, ["checkpoint-4"]),
+    "conversational": (3, 3 / 6, ["checkpoint-3"]),  # (2 prompts a batch)
+    "peft_and_callback": (4, 4 / 12, ["checkpoint-4"]),
+    # 12 prompts, 2 a batch: 6 steps an epoch; folders every 2 steps and at each run's end
+    "epochs_and_resume": (12, 2.0, [f"checkpoint-{n}" for n in (2, 4, 6, 8, 10, 12)]),
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2")
+    architectures.save("qwen2", folder)
+    # A chat template, for the conversational script (the test tokenizer has none).
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '' }}{% endif %}"
+    )
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_script(name: str, lib: str, model_dir, out) -> dict:
+    namespace = {"OUT": str(out), "MODEL": str(model_dir)}
+    text = textwrap.dedent(COMMON).format(lib=lib) + textwrap.dedent(SCRIPTS[name])
+    exec(compile(text, f"<{name} under {lib}>", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_a_trl_script_runs_with_trls_semantics(name, lib, model_dir, tmp_path):
+    out = tmp_path / "out"
+    trainer = run_script(name, lib, model_dir, out)["trainer"]
+    steps, epoch, folders = EXPECTED[name]
+    state = trainer.state
+    assert state.global_step == steps
+    assert state.epoch == pytest.approx(epoch)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted(folders)
+    logs = [entry for entry in state.log_history if "loss" in entry]
+    assert logs and all(SHARED_KEYS <= set(entry) for entry in logs), logs[-1]
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / folders[-1])  # (a model directory)
+
+
+def test_a_callback_sees_every_step_and_log_and_the_adapters_train(model_dir, tmp_path):
+    namespace = run_script("peft_and_callback", "nostall", model_dir, tmp_path / "out")
+    steps = [n for kind, n in namespace["events"] if kind == "step"]
+    logs = [n for kind, n in namespace["events"] if kind == "log"]
+    assert steps == [1, 2, 3, 4] and logs == [2, 4]
+    assert namespace["trainer"].config.lora_r == 4
+    assert namespace["trainer"].config.lora_target_modules == "q_proj,v_proj"
+
+
+def test_a_callback_stops_the_run(model_dir, tmp_path):
+    from transformers import TrainerCallback
+
+    from nostall import GRPOConfig, GRPOTrainer
+
+    class StopAtTwo(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step >= 2
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=6,
+        max_completion_length=4,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        use_cpu=True,
+    )
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
+        args=args,
+        train_dataset=[{"prompt": "ab"}] * 8,
+        callbacks=[StopAtTwo],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_resume_from_checkpoint_true_continues_the_first_run_exactly(model_dir, tmp_path):
+    """Two epochs in one run, and one epoch then a resumed second: the same rewards."""
+    whole = run_script("epochs_and_resume", "nostall", model_dir, tmp_path / "a")
+    namespace = {"OUT": str(tmp_path / "b"), "MODEL": str(model_dir)}
+    text = textwrap.dedent(COMMON).format(lib="nostall") + textwrap.dedent(
+        SCRIPTS["epochs_and_resume"]
+    ).replace("first = run(1, None)\ntrainer = run(2, True)", "trainer = run(2, None)")
+    exec(compile(text, "<two epochs at once>", "exec"), namespace)
+    assert whole["trainer"].result.rewards == namespace["trainer"].result.rewards
