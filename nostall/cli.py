@@ -25,7 +25,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nostall import files
 from nostall.config_flags import add_flags, config_from
 from nostall.user_code import working_directory_last
 
@@ -106,7 +105,9 @@ def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
     commands.add_parser("bench", help="run every benchmark (installs the peers they measure)")
 
     evaluate = commands.add_parser(
-        "eval", help="the return of a trained policy over N episodes; record one as a GIF"
+        "eval",
+        help="the return of a trained policy over N episodes (record one as a GIF); with "
+        "--dataset, a language model's mean reward and pass@k",
     )
     evaluate.add_argument("run", help="a training run's directory (or its policy.pt)")
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes (default: 10)")
@@ -122,6 +123,20 @@ def _parser(train_flags: bool = True) -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--record", default=None, help="write one episode to this .gif/.mp4")
     evaluate.add_argument("--json", action="store_true", help="print the summary as JSON")
+    lm = evaluate.add_argument_group(
+        "a language model (a GRPO run's folder or a model directory, with --dataset)"
+    )
+    lm.add_argument("--dataset", default=None, help="prompts: a JSONL file or a datasets folder")
+    lm.add_argument(
+        "--reward", default=None, help="reward functions, module:function, comma-separated"
+    )
+    lm.add_argument("--num-generations", type=int, default=8, help="completions a prompt (8)")
+    lm.add_argument("--k", default="1", help="the k of pass@k, comma-separated (default: 1)")
+    lm.add_argument(
+        "--pass-threshold", type=float, default=1.0, help="a reward that counts as a solve (1)"
+    )
+    lm.add_argument("--max-new-tokens", type=int, default=None, help="completion length limit")
+    lm.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1)")
 
     profile = commands.add_parser(
         "profile", help="run a script under SyncWatch and report its host-device syncs"
@@ -265,6 +280,7 @@ def _trace(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from nostall.train.checkpoint import CheckpointError
     from nostall.train.outputs import Progress, previous_run
+    from nostall.train.reporters import requested
 
     # "module:function" (a reward, an environment class) is found in the working directory
     # too, after every installed module (nostall.user_code).
@@ -297,7 +313,16 @@ def _train(args: argparse.Namespace) -> int:
         print(f"nostall train {args.algorithm}: {config.rounding_note}", file=sys.stderr)
     out_dir = Path(config.output_dir)
     total, unit, first = trainer.progress_span()
-    progress = Progress(total, out_dir, unit, first, bar=not args.no_progress)
+    # (GRPO's --report-to none: no TensorBoard logs; the other reporters are the trainer's)
+    tensorboard = requested(getattr(config, "report_to", "tensorboard"))
+    progress = Progress(
+        total,
+        out_dir,
+        unit,
+        first,
+        bar=not args.no_progress,
+        tensorboard="tensorboard" in tensorboard,
+    )
     try:
         trainer.train(log=progress)
     except CheckpointError as e:
@@ -326,33 +351,6 @@ def _free_folder(folder: str, previous_run) -> str:
             file=sys.stderr,
         )
     return candidate
-
-
-def _eval(args: argparse.Namespace) -> int:
-    from nostall.algos.ppo.evaluate import evaluate, format_eval, record
-    from nostall.algos.ppo.policy import load_policy
-
-    try:
-        policy = load_policy(
-            args.run, deterministic=not args.sample, seed=args.seed, env_id=args.env
-        )
-        summary = evaluate(policy, args.episodes, seed=args.seed)
-        if args.record:
-            frames = record(policy, args.record, seed=args.seed)
-            summary["recording"] = {"path": args.record, "frames": frames}
-    except (FileNotFoundError, ValueError) as e:
-        print(f"nostall eval: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    run = Path(args.run)
-    if run.is_dir():
-        files.write_text(run / "eval.json", json.dumps(summary, indent=2))
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(format_eval(summary))
-        if args.record:
-            print(f"  recorded {summary['recording']['frames']} frames to {args.record}")
-    return 0
 
 
 def _bench() -> int:
@@ -400,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return _bench()
     if args.command == "eval":
-        return _eval(args)
+        from nostall.eval_command import run_eval
+
+        return run_eval(args)
     if args.command == "profile":
         return _profile(args, script_args)
     return _trace(args)

@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nostall"
 
 # Top to bottom; a module may import its own layer and those below it.
 LAYERS = [
-    {"cli", "config_flags", "__main__"},
+    {"cli", "eval_command", "config_flags", "__main__"},
     {"algos"},
     {"train"},
     {"lm"},

@@ -21,15 +21,13 @@ DIFFERS = {
     "bf16": 'None: `dtype` decides ("auto": bf16 where the hardware has it, for a real model)',
     "output_dir": "TRL's `trainer_output` when not given; nostall also writes its report, "
     "plots and `model/` there",
-    "report_to": '"none" or "tensorboard" ("all": tensorboard); wandb and trackio are refused',
+    "report_to": "none, tensorboard, and wandb or trackio where installed (a named error "
+    "otherwise); the command's default is tensorboard",
     "optim": "every AdamW name is nostall's fused AdamW; others refused",
     "fp16": "True refused: bf16=True",
     "loss_type": "grpo, bnpo, dapo, dr_grpo; cispo, sapo, luspo, vespo refused",
     "save_strategy": "steps, epoch, no (best refused); folders hold nostall's resume state too",
-    "eval_strategy": 'TRL\'s default ("no") only: evaluation during training is not built yet',
-    "eval_steps": "accepted; evaluation during training is not built yet",
-    "num_generations_eval": "accepted; evaluation is not built yet",
-    "per_device_eval_batch_size": "accepted; evaluation is not built yet",
+    "eval_strategy": "steps, epoch, no; the evaluation runs between two steps (training waits)",
     "scale_rewards": "group, batch, none (True, False: group, none)",
     "entropy_coef": "the same bonus; the command's default is 0.05",
     "num_train_epochs": "TRL's count; a batch may hold the last prompts of one epoch and the "

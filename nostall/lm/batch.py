@@ -26,6 +26,7 @@ class LMBatch:
     version: int = -1  # the policy version that generated it
     reward_mean: float = 0.0  # the batch's mean reward, computed on the host with the rewards
     tokens: int = 0  # completion tokens generated (host count, from the decoded lengths)
+    prompt_tokens: int = 0  # the prompts' tokens over the batch's rows (padding not counted)
     # With in-flight weight swaps, the policy version that sampled each completion position
     # (every row swaps at the same token); empty when the whole batch is `version`'s.
     token_versions: list[int] = field(default_factory=list)
@@ -74,6 +75,7 @@ class LMBatch:
         return {
             "reward_mean": self.reward_mean,
             "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
             "token_versions": list(self.token_versions),
             "stats": dict(self.stats),
             "samples": list(self.samples),
@@ -83,6 +85,7 @@ class LMBatch:
     def load_host_state(self, state: dict) -> None:
         self.reward_mean = float(state["reward_mean"])
         self.tokens = int(state["tokens"])
+        self.prompt_tokens = int(state.get("prompt_tokens", 0))
         self.token_versions = [int(v) for v in state["token_versions"]]
         self.stats = {str(k): float(v) for k, v in state.get("stats", {}).items()}
         self.samples = [{str(k): v for k, v in row.items()} for row in state.get("samples", [])]

@@ -99,9 +99,10 @@ class PromptEncoder:
                 f"exceed the model's context of {max_positions} positions"
             )
 
-    def encode_into(self, prompts: list, ids: Tensor, mask: Tensor, repeat: int) -> None:
+    def encode_into(self, prompts: list, ids: Tensor, mask: Tensor, repeat: int) -> int:
         """Left-padded ids and mask of each prompt, `repeat` rows each, built on the host and
-        copied to the batch's device in one copy each."""
+        copied to the batch's device in one copy each; returns the prompt tokens, padding not
+        counted (host lengths)."""
         prompts = [render(self.tokenizer, p) for p in prompts]
         if self.backend is not None:
             rows = [self.backend.encode(p, add_special_tokens=not self.chat).ids for p in prompts]
@@ -120,3 +121,4 @@ class PromptEncoder:
         host_mask = torch.tensor([[False] * n + [True] * (self.length - n) for n in pads])
         ids.copy_(host_ids.repeat_interleave(repeat, 0))
         mask.copy_(host_mask.repeat_interleave(repeat, 0))
+        return repeat * sum(len(row) for row in rows)

@@ -19,7 +19,18 @@ RewardFn = Callable[..., list[float]]
 
 
 def load_reward(spec: str) -> RewardFn:
-    """`module:function`, imported."""
+    """`module:function`, imported; or a reward model's directory or cached Hub id, loaded
+    (nostall.lm.reward_models)."""
+    from nostall.lm.reward_models import RewardModel, names_a_model
+
+    if names_a_model(spec):
+        try:
+            return RewardModel.load(spec)
+        except ValueError as e:
+            raise ValueError(
+                f"reward {spec!r} must be given as module:function, or be a reward model's "
+                f"directory or cached Hub id ({e})"
+            ) from None
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"reward {spec!r} must be given as module:function")

@@ -131,7 +131,9 @@ class GroupGenerator:
     def __call__(self, batch: LMBatch) -> None:
         rows = self.source.batch(self.num_prompts)
         prompts = [row["prompt"] for row in rows]
-        self.encoder.encode_into(prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations)
+        batch.prompt_tokens = self.encoder.encode_into(
+            prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations
+        )
         self._filled += 1
         between_tokens = None
         batch.token_versions = []

@@ -44,6 +44,8 @@ def batch_stats(
             "completions/mean_terminated_length": sum(terminated) / len(terminated)
             if terminated
             else 0.0,
+            "completions/min_terminated_length": float(min(terminated, default=0)),
+            "completions/max_terminated_length": float(max(terminated, default=0)),
         }
     )
     return stats

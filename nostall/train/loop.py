@@ -50,7 +50,8 @@ class Hooks(Protocol):
     checkpoint_every and stop_when_solved; `transport` carries the chunks
     (nostall.runtime.Transport). Optional: `saves(step) -> bool` (a schedule of checkpoints
     of its own), `saved(step, path)` (after one is written: the rest of it, its pruning) and
-    `stops() -> bool` (asked after every step)."""
+    `end_step(step) -> bool` (after every step, its log and checkpoint: whatever the algorithm
+    does between steps; True stops the run)."""
 
     algorithm: str
     config: Any
@@ -171,7 +172,7 @@ def _steps(
                 break
             if time_limit_s is not None and time.perf_counter() - clock.ready > time_limit_s:
                 break
-        if getattr(hooks, "stops", None) and hooks.stops():  # (a callback asked)
+        if getattr(hooks, "end_step", None) and hooks.end_step(step):  # (asked to stop)
             break
     # The run ends with its last update: closing the rollout side (joining a thread, a
     # process, shutting down a local Ray cluster) is not training time.

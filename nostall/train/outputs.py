@@ -30,7 +30,13 @@ class Progress:
     two runs into one output folder stay two runs in TensorBoard."""
 
     def __init__(
-        self, total: int, out_dir: Path, unit: str = "step", first: int = 0, bar: bool = True
+        self,
+        total: int,
+        out_dir: Path,
+        unit: str = "step",
+        first: int = 0,
+        bar: bool = True,
+        tensorboard: bool = True,
     ):
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
@@ -38,7 +44,7 @@ class Progress:
         self.bar = tqdm(total=total, initial=first, unit=unit, dynamic_ncols=True) if bar else None
         run = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.log_dir = Path(out_dir) / "tensorboard" / run
-        self.writer = SummaryWriter(str(self.log_dir))
+        self.writer = SummaryWriter(str(self.log_dir)) if tensorboard else None
         self._last = first
 
     def __call__(self, progress: int, metrics: dict[str, float]) -> None:
@@ -49,13 +55,15 @@ class Progress:
                 {name: form.format(metrics[key]) for key, (name, form) in shown.items()}
             )
         self._last = progress
-        for name, value in metrics.items():
-            self.writer.add_scalar(f"train/{name}", value, progress)
+        if self.writer is not None:
+            for name, value in metrics.items():
+                self.writer.add_scalar(f"train/{name}", value, progress)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def figure(size: tuple[float, float]):

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from nostall.algos.grpo import trl_names
-from nostall.algos.grpo.config_checks import check_trl_options
+from nostall.algos.grpo.config_checks import check_settings, check_trl_options
 from nostall.algos.grpo.runtime_options import check_runtime
+from nostall.algos.grpo.training_args import TrainingArgs
 from nostall.lm.models import BUILTIN_SIZES
-from nostall.lm.precision import DTYPES, MASTER_DTYPES
-from nostall.ops.losses import GROUP_SCALES
 from nostall.train.checkpoint import RUN_RESUMABLE
 from nostall.train.names import refuses_unknown_names
-from nostall.train.run_config import RunConfig
 from nostall.train.schedule import learning_rate_at
 
 # Settings whose default depends on the model: (a built-in model's, a model directory's).
@@ -79,19 +75,13 @@ TRL_MICRO_BATCH = 8
 
 @refuses_unknown_names
 @dataclass
-class GRPOConfig(RunConfig):
+class GRPOConfig(TrainingArgs):
     """A GRPO run's settings: TRL's GRPOConfig, its names with TRL's meanings and defaults
     (a script written for TRL runs with its import changed), and nostall's own settings, off
     or at TRL's behaviour unless asked for (overlap: staleness; transports: backend). Every
     field is also a flag of `nostall train grpo` (`--num-generations 8`), its docstring the
     flag's help; the command starts from GRPOCommandConfig's defaults. TRL's names that are
     not fields here are taken as trl_names.py says (accepted, or refused by name)."""
-
-    outside_names = trl_names.OUTSIDE_NAMES
-
-    seed: int = 42
-    """seeds the run: the model's initialisation, the prompts' order and every sampling
-    generator (TRL's default, 42; the command's, 0)"""
 
     model: str = "tiny"
     """a built-in model ("tiny", "small"), a local causal LM directory, or a Hub id already in
@@ -109,11 +99,6 @@ class GRPOConfig(RunConfig):
     steps: int | None = None
     """generation batches to train on (one or more optimizer steps each; default: from
     max_steps, else num_train_epochs passes over the dataset, as TRL counts them)"""
-    max_steps: int = -1
-    """optimizer steps to train for (TRL's; -1: num_train_epochs passes over the dataset)"""
-    num_train_epochs: float = 3.0
-    """passes over the dataset when neither steps nor max_steps is given (TRL's: the last
-    generation batch that does not fill is left out of each epoch's count)"""
     num_prompts: int | None = None
     """prompts per generation batch (default: generation_batch_size / num_generations, as
     TRL's; the command's, 8)"""
@@ -154,15 +139,6 @@ class GRPOConfig(RunConfig):
     """decoupled weight decay (AdamW's), applied with every optimizer step"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
-    optim: str = "adamw_torch_fused"
-    """the optimizer: transformers' AdamW names ("adamw_torch_fused", "adamw_torch") are
-    nostall's fused Adam with decoupled weight decay; others are refused"""
-    adam_beta1: float = 0.9
-    """Adam's first-moment decay"""
-    adam_beta2: float = 0.999
-    """Adam's second-moment decay"""
-    adam_epsilon: float = 1e-8
-    """Adam's epsilon"""
     loss_type: str = "dapo"
     """grpo, bnpo, dr_grpo or dapo (TRL's names)"""
     scale_rewards: str = "group"
@@ -236,12 +212,6 @@ class GRPOConfig(RunConfig):
     gpus_per_worker: float | None = None
     """--backend ray: GPUs each generation worker reserves (default 1 with --device cuda, 0 on
     the CPU; NCCL weights need each worker on a GPU of its own, not the trainer's)"""
-    bf16: bool | None = None
-    """TRL's: True computes in bfloat16 (dtype="bfloat16"), False in float32; None: dtype"""
-    fp16: bool = False
-    """TRL's float16 compute: refused (bf16=True computes in bfloat16)"""
-    use_cpu: bool = False
-    """TRL's: True trains on the CPU (device="cpu")"""
     use_vllm: bool = False
     """TRL's: True generates with vLLM (generator="vllm")"""
     generator: str = "native"
@@ -261,27 +231,8 @@ class GRPOConfig(RunConfig):
     per-token path, a whole batch in the fused CPU op (which has no steps between)"""
     save_total_limit: int | None = None
     """with "{step}" in --checkpoint: keep only this many of the newest checkpoints"""
-    save_strategy: str = "steps"
-    """TRL's: "steps" saves output_dir/checkpoint-N (N the optimizer step) every save_steps
-    and at the end, each a model directory transformers loads with nostall's resume state
-    beside it; "epoch" after each epoch; "no" none (nostall's --checkpoint is separate)"""
-    save_steps: int = 500
-    """optimizer steps between checkpoint-N folders (save_strategy="steps")"""
-    eval_strategy: str = "no"
-    """TRL's; only "no" (evaluation during training is not built yet)"""
-    eval_steps: int | None = None
-    """optimizer steps between evaluations (default: logging_steps, as TRL's)"""
-    per_device_eval_batch_size: int = 8
-    """completions an evaluation generates at once"""
     num_generations_eval: int | None = None
     """completions per evaluation prompt (default: num_generations)"""
-    report_to: str | list[str] = "none"
-    """where logs go besides the trainer's log_history: "tensorboard" (output_dir/
-    tensorboard/), "none" (TRL's default; the command's: tensorboard)"""
-    run_name: str | None = None
-    """a name for the run in its logs (TRL's)"""
-    data_seed: int | None = None
-    """seeds the prompts' order (default: seed)"""
     log_completions: bool = False
     """append each logged step's prompts, completions and rewards to completions.jsonl in
     output_dir"""
@@ -307,19 +258,6 @@ class GRPOConfig(RunConfig):
         self.take_aliases()
         self.take_trl_switches()
         self.resolve_defaults()
-
-    def take_outside(self, taken: dict) -> None:
-        """TRL's names that are not fields here (trl_names.py): kept, each checked."""
-        for name, value in taken.items():
-            if name in trl_names.DEFAULT_ONLY:
-                trl_names.take(name, value)
-        self.__dict__["_outside"] = dict(taken)
-
-    def __getattr__(self, name: str):
-        # (Only reached for a name that is not a field: TRL's others read as set or default.)
-        if name in trl_names.OUTSIDE_NAMES:
-            return self.__dict__.get("_outside", {}).get(name, trl_names.outside_default(name))
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def take_trl_switches(self) -> None:
         """TRL's switches for settings nostall names otherwise (bf16, use_cpu, use_vllm, a
@@ -441,116 +379,14 @@ class GRPOConfig(RunConfig):
         self.take_aliases()
         self.resolve_defaults()
         device = self.check_run(_named)  # (every run's settings: RunConfig)
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"--steps must be at least 1, got {self.steps}")
-        for name in (
-            "num_prompts",
-            "max_new_tokens",
-            "updates_per_batch",
-            "gradient_accumulation_steps",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        if self.num_generations < 2:
-            raise ValueError(
-                f"--num-generations must be at least 2 (a group of one has no relative "
-                f"advantage), got {self.num_generations}"
-            )
-        caps = (
-            ("num_prompts", 1 << 16),
-            ("num_generations", 1 << 12),
-            ("max_new_tokens", 1 << 20),
-            ("updates_per_batch", 1 << 10),
-            ("staleness", 64),
-        )
-        for name, cap in caps:
-            if getattr(self, name) > cap:
-                raise ValueError(
-                    f"--{_flag(name)} must be at most {cap}, got {getattr(self, name)}"
-                )
-        if self.batch_size > 1 << 20:
-            raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
-        for name in ("staleness", "top_k", "stop_check_every", "lora_r"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        for name in (
-            "learning_rate",
-            "max_grad_norm",
-            "temperature",
-            "is_cap",
-            "reward_timeout",
-            "generation_timeout",
-        ):
-            value = getattr(self, name)
-            if not (value > 0 and value < float("inf")):
-                raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"--top-p must lie in (0, 1], got {self.top_p}")
-        for name in ("clip_low", "clip_high", "beta", "entropy_coef"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < float("inf"):
-                raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value}")
-        if not -float("inf") < self.target_reward < float("inf"):
-            raise ValueError(f"--target-reward must be finite, got {self.target_reward}")
+        check_settings(self)
         if self.loss_type not in AGGREGATIONS:
             raise ValueError(
                 f"--loss-type must be one of {', '.join(AGGREGATIONS)}, got {self.loss_type!r}"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.master_dtype not in MASTER_DTYPES:
-            raise ValueError(
-                f"--master-dtype must be {' or '.join(MASTER_DTYPES)}, got {self.master_dtype!r}"
-            )
-        if self.master_dtype == "bfloat16" and self.dtype == "float32":
-            raise ValueError("--master-dtype bfloat16 computes in bf16: drop --dtype float32")
         check_runtime(self, device)
-        if self.gradient_checkpointing and self.lora_r:
-            # (Checkpointing's training mode turns off the KV cache the adapters' generation,
-            # through the model's own forward, decodes from.)
-            raise ValueError(
-                "--gradient-checkpointing with LoRA adapters (--lora-r) is not supported: give one"
-            )
-        if self.scale_rewards not in GROUP_SCALES:
-            raise ValueError(
-                f"--scale-rewards must be group, batch or none, got {self.scale_rewards!r}"
-            )
         self.weights()
         check_trl_options(self)
-
-    def steps_per_epoch(self, rows: int | None) -> int | None:
-        """Generation batches in an epoch of `rows` prompts (TRL's count: a last batch that
-        does not fill is left out); None for a built-in task, which has no epochs."""
-        if not rows:
-            return None
-        return rows // self.num_prompts
-
-    def with_steps(self, rows: int | None) -> GRPOConfig:
-        """This config with `steps` resolved as TRL counts a run: max_steps optimizer steps,
-        or num_train_epochs passes over `rows` prompts (ValueError where neither can be)."""
-        if self.steps is not None:
-            return self
-        per_batch = self.optimizer_steps_per_batch
-        if self.max_steps > 0:
-            if self.max_steps % per_batch:
-                raise ValueError(
-                    f"--max-steps {self.max_steps} must be a multiple of the {per_batch} "
-                    "optimizer steps each generation batch makes (num_iterations x "
-                    "steps_per_generation / gradient_accumulation_steps)"
-                )
-            return dataclasses.replace(self, steps=self.max_steps // per_batch)
-        per_epoch = self.steps_per_epoch(rows)
-        if per_epoch is None:
-            raise ValueError(
-                "a built-in task has no epochs: give --max-steps (optimizer steps) or --steps"
-            )
-        if per_epoch == 0:
-            raise ValueError(
-                f"the dataset's {rows} prompts do not fill one generation batch of "
-                f"{self.num_prompts}: give fewer prompts a batch, or --max-steps"
-            )
-        optimizer_steps = math.ceil(self.num_train_epochs * per_epoch * per_batch)
-        return dataclasses.replace(self, steps=math.ceil(optimizer_steps / per_batch))
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of generation batch `step` (1-based), as transformers' schedulers

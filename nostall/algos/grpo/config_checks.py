@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nostall.lm.precision import DTYPES, MASTER_DTYPES
+from nostall.ops.losses import GROUP_SCALES
+from nostall.train.reporters import requested
 from nostall.train.schedule import SCHEDULES
 
 # transformers' optimizers that are Adam with decoupled weight decay: nostall's ClippedAdam.
 ADAMW = ("adamw_torch_fused", "adamw_torch", "adamw_hf", "adamw")
-REPORTERS = ("none", "tensorboard")
 
 
 def check_trl_options(config) -> None:
@@ -112,19 +114,91 @@ def check_trl_run(config) -> None:
         raise ValueError(
             f"--save-strategy must be steps, epoch or no, got {config.save_strategy!r}"
         )
-    if config.eval_strategy != "no":
+    if config.eval_strategy not in ("steps", "epoch", "no"):
         raise ValueError(
-            f"--eval-strategy {config.eval_strategy!r}: evaluation during training is not "
-            "built yet (TRL's default, 'no', is accepted)"
+            f"--eval-strategy must be steps, epoch or no, got {config.eval_strategy!r}"
         )
     for name in ("save_steps", "eval_steps", "num_generations_eval", "per_device_eval_batch_size"):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    reporters = [config.report_to] if isinstance(config.report_to, str) else config.report_to
-    for reporter in reporters:
-        if reporter not in (*REPORTERS, "all"):
-            raise ValueError(
-                f"--report-to {reporter!r}: nostall reports to {', '.join(REPORTERS)} (TRL's "
-                "'all' is tensorboard here)"
-            )
+    try:
+        requested(config.report_to)
+    except ValueError as e:
+        raise ValueError(f"--{e}".replace("report_to", "report-to", 1)) from None
+
+
+def check_settings(config) -> None:
+    """ValueError naming the flag of a GRPO setting out of its range: counts, caps, sampling,
+    the loss's coefficients, precision, rewards' scaling (read from `config`, a GRPOConfig)."""
+    if config.steps is not None and config.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {config.steps}")
+    for name in (
+        "num_prompts",
+        "max_new_tokens",
+        "updates_per_batch",
+        "gradient_accumulation_steps",
+    ):
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{_flag(name)} must be at least 1, got {getattr(config, name)}")
+    if config.num_generations < 2:
+        raise ValueError(
+            f"--num-generations must be at least 2 (a group of one has no relative "
+            f"advantage), got {config.num_generations}"
+        )
+    caps = (
+        ("num_prompts", 1 << 16),
+        ("num_generations", 1 << 12),
+        ("max_new_tokens", 1 << 20),
+        ("updates_per_batch", 1 << 10),
+        ("staleness", 64),
+    )
+    for name, cap in caps:
+        if getattr(config, name) > cap:
+            raise ValueError(f"--{_flag(name)} must be at most {cap}, got {getattr(config, name)}")
+    if config.batch_size > 1 << 20:
+        raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
+    for name in ("staleness", "top_k", "stop_check_every", "lora_r"):
+        if not getattr(config, name) >= 0:
+            raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(config, name)}")
+    for name in (
+        "learning_rate",
+        "max_grad_norm",
+        "temperature",
+        "is_cap",
+        "reward_timeout",
+        "generation_timeout",
+    ):
+        value = getattr(config, name)
+        if not (value > 0 and value < float("inf")):
+            raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")
+    if not 0 < config.top_p <= 1:
+        raise ValueError(f"--top-p must lie in (0, 1], got {config.top_p}")
+    for name in ("clip_low", "clip_high", "beta", "entropy_coef"):
+        value = getattr(config, name)
+        if value is not None and not 0 <= value < float("inf"):
+            raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value}")
+    if not -float("inf") < config.target_reward < float("inf"):
+        raise ValueError(f"--target-reward must be finite, got {config.target_reward}")
+    if config.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    if config.master_dtype not in MASTER_DTYPES:
+        raise ValueError(
+            f"--master-dtype must be {' or '.join(MASTER_DTYPES)}, got {config.master_dtype!r}"
+        )
+    if config.master_dtype == "bfloat16" and config.dtype == "float32":
+        raise ValueError("--master-dtype bfloat16 computes in bf16: drop --dtype float32")
+    if config.gradient_checkpointing and config.lora_r:
+        # (Checkpointing's training mode turns off the KV cache the adapters' generation,
+        # through the model's own forward, decodes from.)
+        raise ValueError(
+            "--gradient-checkpointing with LoRA adapters (--lora-r) is not supported: give one"
+        )
+    if config.scale_rewards not in GROUP_SCALES:
+        raise ValueError(
+            f"--scale-rewards must be group, batch or none, got {config.scale_rewards!r}"
+        )
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")

@@ -127,7 +127,7 @@ def _options(args: GRPOConfig) -> GeneratorOptions:
     )
 
 
-def _engine(
+def make_engine(
     args: GRPOConfig,
     lm: LanguageModel,
     rollout_model: torch.nn.Module,
@@ -199,7 +199,7 @@ def build_generator(
         # Shared: the trainer's optimizer packs its parameters as pack_parameters would. Else a
         # copy in the run's compute dtype (bf16: half a float32 copy's memory).
         rollout_model = lm.model if share else compute_copy(lm.model, generation.dtype)
-    engine = _engine(args, lm, rollout_model, generation, seed, share)
+    engine = make_engine(args, lm, rollout_model, generation, seed, share)
     return GroupGenerator(
         engine,
         generation.encoder,

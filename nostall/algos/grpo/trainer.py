@@ -21,17 +21,20 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from nostall.algos.grpo.config import RESUMABLE, GRPOConfig
+from nostall.algos.grpo.evaluation import EvalSettings, evaluate_model
+from nostall.algos.grpo.generation import prompt_rewards
 from nostall.algos.grpo.result import GRPOResult
-from nostall.algos.grpo.setup import Inputs, Setup, build
+from nostall.algos.grpo.setup import Setup, build
 from nostall.algos.grpo.state import restore, save_model, snapshot
+from nostall.algos.grpo.trl_inputs import refuse_unsupported, reward_models, trainer_inputs
 from nostall.algos.grpo.trl_surface import (
     STATE_FILE,
     TRLRun,
@@ -41,13 +44,13 @@ from nostall.algos.grpo.trl_surface import (
 )
 from nostall.algos.grpo.trl_surface import folder as trl_folder
 from nostall.algos.grpo.update import UpdateContext, grpo_update
-from nostall.lm.models import LanguageModel, load_tokenizer_beside
-from nostall.lm.rewards import load_reward
+from nostall.lm.models import LanguageModel
 from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint, loop
 from nostall.train.hooks import WritesOutputs
 from nostall.train.loop import Clock, LogFn
-from nostall.train.outputs import Progress, write_outputs
+from nostall.train.outputs import write_outputs
+from nostall.train.reporters import Reporters, requested
 
 
 class GRPOTrainer(WritesOutputs):
@@ -72,12 +75,17 @@ class GRPOTrainer(WritesOutputs):
         caller built the run already (nostall.algos.grpo.setup.build)."""
         args = GRPOConfig() if args is None else args
         self.args = args  # (as TRL's trainer.args: the config given)
-        _refuse_unsupported(reward_processing_classes, optimizers)
+        refuse_unsupported(optimizers)
+        if args.eval_strategy != "no" and eval_dataset is None:
+            raise ValueError(f"eval_strategy={args.eval_strategy!r} needs an eval_dataset")
         if peft_config is not None:
             lora = lora_settings(peft_config)
             args.lora_r, args.lora_alpha = lora["lora_r"], lora["lora_alpha"]
             args.lora_target_modules = lora["target"]
-        inputs = _inputs(args, model, reward_funcs, train_dataset, processing_class)
+        reward_funcs = reward_models(reward_funcs, reward_processing_classes)
+        inputs = self._inputs = trainer_inputs(
+            args, model, reward_funcs, train_dataset, processing_class
+        )
         args.check()
         torch.set_num_threads(args.torch_threads)
         self.setup = setup or build(args, inputs)
@@ -172,16 +180,17 @@ class GRPOTrainer(WritesOutputs):
                 path = resume_path(resume_from_checkpoint)
             self._resume(path)
         self.trl.begin(self.first_step)
-        reporters = self.config.report_to
-        reporters = [reporters] if isinstance(reporters, str) else list(reporters)
-        progress = None
-        if log is None and self.config.output_dir and {"tensorboard", "all"} & set(reporters):
-            progress = Progress(self.last_step, Path(self.config.output_dir), bar=False)
+        args = self.config
+        names = requested(args.report_to)
+        if log is not None:  # (the caller's own: the command's writes TensorBoard itself)
+            names = [n for n in names if n != "tensorboard"]
+        run_name = args.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        reporters = Reporters(names, args.output_dir, run_name, asdict(args))
         try:
-            result = loop.run(self, log or progress, time_limit_s)
+            result = loop.run(self, reporters.joined(log), time_limit_s)
         finally:
-            if progress is not None:
-                progress.close()
+            reporters.close()
+        self.trl.summary(result.seconds, self.first_step)
         self.trl.event("on_train_end")
         return result
 
@@ -236,8 +245,30 @@ class GRPOTrainer(WritesOutputs):
                 self.result.checkpoints, self.config.save_total_limit
             )
 
-    def stops(self) -> bool:
+    def end_step(self, step: int) -> bool:
+        if self.trl.evaluates(step):  # eval_strategy: on the eval_dataset, between steps
+            self.evaluate()
         return self.trl.stops()
+
+    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """TRL's evaluate: every prompt of `eval_dataset` (default: the trainer's) once, with
+        num_generations_eval completions each from the model as it is; TRL's figures under
+        `metric_key_prefix`_ names, and pass@1, logged into log_history and given to the
+        callbacks' on_evaluate."""
+        rows = self.eval_dataset if eval_dataset is None else eval_dataset
+        if rows is None:
+            raise ValueError("evaluate: no eval_dataset (give one here or to the trainer)")
+        args = self.config
+        settings = EvalSettings(
+            num_generations=args.num_generations_eval or args.num_generations,
+            batch_size=args.per_device_eval_batch_size,
+        )
+        lm = LanguageModel(self.setup.compute, self.setup.lm.tokenizer, self.setup.lm.name)
+        rewards = prompt_rewards(args, self._inputs)  # (its own: the rollout side's is busy)
+        figures = evaluate_model(lm, rows, rewards, args, settings)
+        metrics = {f"{metric_key_prefix}_{name}": value for name, value in figures.items()}
+        self.trl.log_eval(metrics)
+        return metrics
 
     def device_tensors(self, batch):
         return [*batch.tensors().values(), *self.setup.device_tensors()]
@@ -255,6 +286,7 @@ class GRPOTrainer(WritesOutputs):
         sums[2] += batch.mean_token_lag(self.transport.version)
         self.result.rewards.append(batch.reward_mean)  # (host values: no sync)
         self.result.tokens += batch.tokens
+        self.trl.num_tokens += batch.prompt_tokens + batch.tokens
         self._new_tokens += batch.tokens
         for name, value in batch.stats.items():
             self._stats.setdefault(name, []).append(value)
@@ -301,7 +333,8 @@ class GRPOTrainer(WritesOutputs):
         # ten's)
         since = self.result.rewards[-(step - self._logged_step) :]
         self._logged_step = step
-        self.trl.log({**values, "reward": sum(since) / len(since)})
+        seconds = self.result.step_times[-1]  # (into the run, its time before a resume too)
+        self.trl.log({**values, "reward": sum(since) / len(since)}, step, seconds)
         return step, values
 
     def solved(self) -> bool:
@@ -336,50 +369,6 @@ def _dtype_name(tensor: torch.Tensor) -> str:
 def _nanmean(values: list[float]) -> float:
     kept = [v for v in values if not math.isnan(v)]
     return sum(kept) / len(kept) if kept else math.nan
-
-
-def _inputs(args: GRPOConfig, model, reward_funcs, train_dataset, processing_class) -> Inputs:
-    """The Python API's objects, recorded in the config by name where they have one."""
-    inputs = Inputs()
-    if isinstance(model, str | Path):
-        args.model = str(model)
-    elif model is not None:
-        tokenizer = processing_class or load_tokenizer_beside(model)
-        inputs.lm = LanguageModel(model, tokenizer, getattr(model, "name_or_path", "") or "model")
-        args.model = inputs.lm.name
-        args.resolve_defaults()  # (a real model's defaults where the user set none)
-    if reward_funcs is not None:
-        funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
-        if all(isinstance(f, str) for f in funcs):
-            args.reward = ",".join(funcs)
-        else:
-            inputs.reward_funcs = [_reward(f) for f in funcs]
-    if isinstance(train_dataset, str | Path):
-        args.dataset = str(train_dataset)
-    elif train_dataset is not None:
-        inputs.rows = train_dataset
-    return inputs
-
-
-def _refuse_unsupported(reward_processing_classes, optimizers) -> None:
-    if reward_processing_classes is not None:
-        raise ValueError(
-            "reward_processing_classes: reward models are not supported yet; give a reward "
-            "function that scores with your model"
-        )
-    if tuple(optimizers or (None, None)) != (None, None):
-        raise ValueError(
-            "optimizers: nostall steps its own fused AdamW; set learning_rate, adam_beta1, "
-            "adam_beta2, adam_epsilon, weight_decay and lr_scheduler_type instead"
-        )
-
-
-def _reward(fn) -> Callable:
-    if isinstance(fn, str):
-        return load_reward(fn)
-    if not callable(fn):
-        raise ValueError(f"reward_funcs: {fn!r} is neither a callable nor 'module:function'")
-    return fn
 
 
 def train(

@@ -146,13 +146,16 @@ class TRLRun:
         # checkpoint-N folders, unless nostall's own --checkpoint files were asked for
         self.folders = args.save_strategy != "no" and not args.checkpoint and args.output_dir
         self.written: list[str] = []  # this run's checkpoint folders' state files, oldest first
+        self.num_tokens = 0  # prompt and completion tokens trained on (TRL's num_tokens)
+        self.losses = [0.0, 0]  # the logged losses' sum and count (for train_loss)
+        self.last_log = (0, 0.0)  # (step, seconds into the run) of the last log line
         objects = {"model": trainer.model, "processing_class": trainer.processing_class}
         self.callbacks = Callbacks(callbacks, trainer.args, objects)
         state = self.callbacks.state
         state.max_steps = args.steps * self.per_batch
         state.num_train_epochs = math.ceil(args.steps / self.per_epoch) if self.per_epoch else 0
         state.logging_steps = args.log_interval * self.per_batch
-        state.eval_steps = (args.eval_steps or state.logging_steps) if args.eval_steps else 0
+        state.eval_steps = args.eval_steps or state.logging_steps
         state.save_steps = args.save_steps
         state.train_batch_size = args.per_device_train_batch_size or args.batch_size
 
@@ -206,20 +209,70 @@ class TRLRun:
         self.event("on_save")
         return self.written
 
-    def log(self, values: dict) -> None:
-        """A log line into log_history with TRL's keys, epoch and step; on_log."""
+    def log(self, values: dict, step: int, seconds: float) -> None:
+        """A log line into log_history with TRL's keys, epoch and step; on_log. `seconds`: the
+        run's time at this step's end."""
+        last_step, last_seconds = self.last_log
+        self.last_log = (step, seconds)
+        values = {
+            **values,
+            "num_tokens": float(self.num_tokens),
+            "step_time": (seconds - last_seconds) / max(1, step - last_step),
+        }
+        self.losses = [self.losses[0] + values.get("loss", 0.0), self.losses[1] + 1]
         entry = {**values, "epoch": round(self.state.epoch, 4), "step": self.state.global_step}
         self.state.log_history.append(entry)
         self.event("on_log", logs=dict(values))
+
+    def evaluates(self, step: int) -> bool:
+        """Whether eval_strategy evaluates after this step (TRL's: every eval_steps optimizer
+        steps, default logging_steps; or at each epoch's end)."""
+        args = self.args
+        if args.eval_strategy == "steps":
+            every = args.eval_steps or args.log_interval * self.per_batch
+            return self.state.global_step % every < self.per_batch
+        if args.eval_strategy == "epoch":
+            return bool(self.per_epoch) and step % self.per_epoch == 0
+        return False
+
+    def log_eval(self, metrics: dict) -> None:
+        """An evaluation's figures into log_history (with epoch and step), and on_evaluate."""
+        entry = {**metrics, "epoch": round(self.state.epoch, 4), "step": self.state.global_step}
+        self.state.log_history.append(entry)
+        self.event("on_evaluate", metrics=dict(metrics))
+
+    def summary(self, seconds: float, first_step: int) -> None:
+        """TRL's last log line: the run's time, samples and steps a second, the mean loss."""
+        steps = self.state.global_step - (first_step - 1) * self.per_batch
+        args = self.args
+        micro = args.per_device_train_batch_size or args.batch_size // args.micro_batches
+        samples = steps * micro * args.gradient_accumulation_steps  # (as transformers counts)
+        total, count = self.losses
+        entry = {
+            "train_runtime": seconds,
+            "train_samples_per_second": samples / seconds if seconds else 0.0,
+            "train_steps_per_second": steps / seconds if seconds else 0.0,
+            "train_loss": total / count if count else 0.0,
+            "epoch": round(self.state.epoch, 4),
+            "step": self.state.global_step,
+        }
+        self.state.log_history.append(entry)
 
     def stops(self) -> bool:
         return bool(self.callbacks.control.should_training_stop)
 
     def snapshot(self) -> dict:
-        return {"log_history": list(self.state.log_history), "folders": list(self.written)}
+        return {
+            "log_history": list(self.state.log_history),
+            "folders": list(self.written),
+            "num_tokens": self.num_tokens,
+            "losses": list(self.losses),
+        }
 
     def resumed(self, state: dict, step: int) -> None:
         saved = state.get("trl", {})
         self.state.log_history = list(saved.get("log_history", []))
         self.written = [p for p in saved.get("folders", []) if isinstance(p, str)]
+        self.num_tokens = int(saved.get("num_tokens", 0))
+        self.losses = [float(v) for v in saved.get("losses", [0.0, 0])]
         self.state.global_step, self.state.epoch = step * self.per_batch, self.epoch(step)

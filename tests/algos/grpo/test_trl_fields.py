@@ -87,9 +87,9 @@ def test_a_trl_field_nostall_cannot_honour_is_refused_by_name(name, value, inste
     [
         ({"fp16": True}, "--fp16: nostall computes in bfloat16 or float32"),
         ({"optim": "sgd"}, "--optim 'sgd'"),
-        ({"report_to": "wandb"}, "--report-to 'wandb'"),
+        ({"report_to": "neptune"}, "--report-to 'neptune': nostall reports to"),
         ({"save_strategy": "best"}, "--save-strategy must be steps, epoch or no"),
-        ({"eval_strategy": "steps"}, "evaluation during training is not built yet"),
+        ({"eval_strategy": "best"}, "--eval-strategy must be steps, epoch or no"),
         ({"max_steps": 3, "steps": 2}, "give one"),
         ({"num_train_epochs": math.nan}, "--num-train-epochs must be a positive finite"),
     ],

@@ -1,7 +1,8 @@
 """Scripts written for TRL's GRPOTrainer, in the shapes of TRL's documentation, run under nostall
 with only the import line changed: the quickstart, conversational prompts with two weighted
-rewards, a loaded model and tokenizer with a peft_config and a callback, and epochs with
-checkpoint folders and resume_from_checkpoint=True. Where TRL is installed each script also runs
+rewards, a loaded model and tokenizer with a peft_config and a callback, an eval_dataset
+evaluated during training and by evaluate(), and epochs with checkpoint folders and
+resume_from_checkpoint=True. Where TRL is installed each script also runs
 under TRL, and the two runs must agree on what TRL's semantics fix: the optimizer steps, the
 epochs, the checkpoint folders and the figures logged under TRL's names."""
 
@@ -15,9 +16,13 @@ from tests.lm import architectures
 HAS_TRL = importlib.util.find_spec("trl") is not None
 LIBRARIES = ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
 
-# The figures both log every logging_steps (TRL logs others too: grad_norm, num_tokens, entropy,
-# clip_ratio/*, step_time; docs/from_trl.md lists what nostall logs instead).
+# The figures both log every logging_steps (TRL logs others too: grad_norm, entropy and
+# clip_ratio/*; docs/from_trl.md lists what nostall logs instead).
 SHARED_KEYS = {
+    "num_tokens",
+    "step_time",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
     "loss",
     "learning_rate",
     "reward",
@@ -30,6 +35,22 @@ SHARED_KEYS = {
     "completions/mean_terminated_length",
     "epoch",
     "step",
+}
+
+SUMMARY_KEYS = {
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_loss",
+    "epoch",
+    "step",
+}
+
+EVAL_KEYS = {
+    "eval_reward",
+    "eval_reward_std",
+    "eval_rewards/reward_len/mean",
+    "eval_completions/mean_length",
 }
 
 COMMON = """
@@ -87,6 +108,16 @@ trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=rewa
                       peft_config=lora)
 trainer.train()
 """,
+    "eval_dataset": """
+args = GRPOConfig(output_dir=OUT, max_steps=2, logging_steps=1, max_completion_length=6,
+                  num_generations=4, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                  eval_strategy="steps", eval_steps=1, use_cpu=True)
+trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=args,
+                      train_dataset=Dataset.from_list(rows),
+                      eval_dataset=Dataset.from_list(rows[:4]))
+trainer.train()
+metrics = trainer.evaluate()
+""",
     "epochs_and_resume": """
 def run(epochs, resume):
     args = GRPOConfig(output_dir=OUT, num_train_epochs=epochs, save_steps=2, logging_steps=1,
@@ -107,6 +138,7 @@ EXPECTED = {
     "quickstart": (4, 4 / 12, ["checkpoint-4"]),
     "conversational": (3, 3 / 6, ["checkpoint-3"]),  # (2 prompts a batch)
     "peft_and_callback": (4, 4 / 12, ["checkpoint-4"]),
+    "eval_dataset": (2, 2 / 12, ["checkpoint-2"]),
     # 12 prompts, 2 a batch: 6 steps an epoch; folders every 2 steps and at each run's end
     "epochs_and_resume": (12, 2.0, [f"checkpoint-{n}" for n in (2, 4, 6, 8, 10, 12)]),
 }
@@ -139,7 +171,8 @@ def run_script(name: str, lib: str, model_dir, out) -> dict:
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_a_trl_script_runs_with_trls_semantics(name, lib, model_dir, tmp_path):
     out = tmp_path / "out"
-    trainer = run_script(name, lib, model_dir, out)["trainer"]
+    namespace = run_script(name, lib, model_dir, out)
+    trainer = namespace["trainer"]
     steps, epoch, folders = EXPECTED[name]
     state = trainer.state
     assert state.global_step == steps
@@ -147,9 +180,16 @@ def test_a_trl_script_runs_with_trls_semantics(name, lib, model_dir, tmp_path):
     assert sorted(p.name for p in out.glob("checkpoint-*")) == sorted(folders)
     logs = [entry for entry in state.log_history if "loss" in entry]
     assert logs and all(SHARED_KEYS <= set(entry) for entry in logs), logs[-1]
+    assert any(SUMMARY_KEYS <= set(entry) for entry in state.log_history)  # the run's end
+    tokens = [entry["num_tokens"] for entry in logs]
+    assert tokens == sorted(tokens) and tokens[0] > 0  # cumulative
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / folders[-1])  # (a model directory)
+    if "metrics" in namespace:  # evaluate(), and eval_strategy's evaluations in the log
+        assert EVAL_KEYS <= set(namespace["metrics"]), namespace["metrics"]
+        evaluated = [e["step"] for e in state.log_history if "eval_reward" in e]
+        assert evaluated == [1, 2, 2]
 
 
 def test_a_callback_sees_every_step_and_log_and_the_adapters_train(model_dir, tmp_path):

@@ -1,0 +1,80 @@
+"""TRL's GRPOTrainer arguments as a run's inputs: the model (a name, a directory, a cached Hub
+id, or an object with its tokenizer), reward functions (callables, "module:function", reward
+models), the dataset; each recorded in the config by name where it has one, so a rollout process
+or Ray worker can build the same from the config alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from nostall.algos.grpo.config import GRPOConfig
+from nostall.algos.grpo.generation import Inputs
+from nostall.lm.models import LanguageModel, load_tokenizer_beside
+from nostall.lm.reward_models import RewardModel
+from nostall.lm.rewards import load_reward
+
+
+def trainer_inputs(
+    args: GRPOConfig, model, reward_funcs, train_dataset, processing_class
+) -> Inputs:
+    """The Python API's objects, recorded in the config by name where they have one."""
+    inputs = Inputs()
+    if isinstance(model, str | Path):
+        args.model = str(model)
+    elif model is not None:
+        tokenizer = processing_class or load_tokenizer_beside(model)
+        inputs.lm = LanguageModel(model, tokenizer, getattr(model, "name_or_path", "") or "model")
+        args.model = inputs.lm.name
+        args.resolve_defaults()  # (a real model's defaults where the user set none)
+    if reward_funcs is not None:
+        funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+        if all(isinstance(f, str) for f in funcs):
+            args.reward = ",".join(funcs)
+        else:
+            inputs.reward_funcs = [_reward(f) for f in funcs]
+    if isinstance(train_dataset, str | Path):
+        args.dataset = str(train_dataset)
+    elif train_dataset is not None:
+        inputs.rows = train_dataset
+    return inputs
+
+
+def reward_models(reward_funcs, processing_classes):
+    """reward_funcs with each model object among them a RewardModel (its tokenizer the
+    matching entry of reward_processing_classes, or the one saved beside it), as TRL's."""
+    if reward_funcs is None:
+        return None
+    funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+    if processing_classes is not None and not isinstance(processing_classes, list | tuple):
+        processing_classes = [processing_classes]
+    if processing_classes is not None and len(processing_classes) != len(funcs):
+        raise ValueError(
+            f"reward_processing_classes: {len(processing_classes)} given for {len(funcs)} "
+            "reward_funcs (one each, None where not a model)"
+        )
+    out = []
+    for i, fn in enumerate(funcs):
+        if isinstance(fn, torch.nn.Module):
+            tokenizer = processing_classes[i] if processing_classes else None
+            fn = RewardModel(fn, tokenizer or load_tokenizer_beside(fn))
+        out.append(fn)
+    return out if isinstance(reward_funcs, list | tuple) or reward_funcs is None else out[0]
+
+
+def refuse_unsupported(optimizers) -> None:
+    if tuple(optimizers or (None, None)) != (None, None):
+        raise ValueError(
+            "optimizers: nostall steps its own fused AdamW; set learning_rate, adam_beta1, "
+            "adam_beta2, adam_epsilon, weight_decay and lr_scheduler_type instead"
+        )
+
+
+def _reward(fn) -> Callable:
+    if isinstance(fn, str):
+        return load_reward(fn)
+    if not callable(fn):
+        raise ValueError(f"reward_funcs: {fn!r} is neither a callable nor 'module:function'")
+    return fn

@@ -1,0 +1,140 @@
+"""GRPO's evaluation, as TRL's evaluate: every eval prompt once with num_generations_eval
+completions, TRL's figures under eval_ names into log_history and on_evaluate, evaluation during
+training on eval_strategy, and pass@k by the unbiased estimator, checked against counting every
+k-subset."""
+
+import itertools
+import math
+
+import pytest
+
+from nostall.algos.grpo import GRPOConfig, GRPOTrainer
+from nostall.algos.grpo.evaluation import pass_at_k
+from tests.algos.test_python_api import copy_reward, copy_rows
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(8, 0, 1), (8, 3, 1), (8, 3, 4), (5, 2, 5), (6, 5, 2)])
+def test_pass_at_k_is_the_share_of_k_subsets_holding_a_solve(n, c, k):
+    solves = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(solves, k))
+    assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+
+
+def _trainer(tmp_path, **given):
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        save_strategy="no",
+        watch_syncs=False,
+        **given,
+    )
+    return GRPOTrainer(
+        model="tiny",
+        reward_funcs=copy_reward,
+        train_dataset=copy_rows(16),
+        eval_dataset=copy_rows(5, seed=1),
+        args=args,
+    )
+
+
+def test_evaluate_scores_every_prompt_and_logs_trls_eval_names(tmp_path):
+    from transformers import TrainerCallback
+
+    seen = []
+
+    class Recorder(TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            seen.append(metrics)
+
+    trainer = _trainer(tmp_path, num_generations_eval=3, per_device_eval_batch_size=6)
+    trainer.trl.callbacks.callbacks.append(Recorder())
+    metrics = trainer.evaluate()
+    # 5 prompts, 3 completions each, 2 prompts a batch: 3 batches, the last of one prompt
+    for name in ("eval_reward", "eval_reward_std", "eval_rewards/copy_reward/mean", "eval_pass@1"):
+        assert math.isfinite(metrics[name]), name
+    assert 0 <= metrics["eval_pass@1"] <= 1
+    assert metrics["eval_completions/max_length"] <= 5
+    assert (
+        seen == [metrics] and trainer.state.log_history[-1]["eval_reward"] == metrics["eval_reward"]
+    )
+    again = trainer.evaluate()  # the same model, the same seed: the same figures
+    assert again["eval_reward"] == metrics["eval_reward"]
+
+
+def test_eval_strategy_steps_evaluates_during_training(tmp_path):
+    trainer = _trainer(tmp_path, eval_strategy="steps", eval_steps=2)
+    trainer.train()
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
+    assert evaluated == [2, 4]
+
+
+def test_evaluation_without_an_eval_dataset_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="eval_strategy='steps' needs an eval_dataset"):
+        GRPOTrainer(
+            model="tiny",
+            reward_funcs=copy_reward,
+            train_dataset=copy_rows(8),
+            args=GRPOConfig(output_dir=str(tmp_path), eval_strategy="steps", max_steps=2),
+        )
+
+
+def test_the_eval_command_reports_mean_reward_and_pass_at_k_of_a_run(tmp_path, capsys):
+    import json
+
+    from nostall import cli
+    from nostall.algos.grpo import GRPOCommandConfig
+
+    run = tmp_path / "run"
+    args = GRPOCommandConfig(steps=2, num_prompts=2, num_generations=2, output_dir=str(run))
+    GRPOTrainer(args=args, train_dataset=copy_rows(8)).train()
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in copy_rows(3, seed=2)))
+    argv = ["eval", str(run), "--dataset", str(data), "--num-generations", "4", "--k", "1,4"]
+    assert cli.main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["prompts"] == 3 and summary["num_generations"] == 4
+    assert 0 <= summary["pass@1"] <= summary["pass@4"] <= 1
+    assert json.loads((run / "eval.json").read_text())["reward"] == summary["reward"]
+    assert cli.main([*argv, "--k", "5"]) == 2  # k above the completions a prompt
+    assert "k must lie in [1, num_generations=4], got 5" in capsys.readouterr().err
+
+
+class FakeTracker:
+    """The three calls transformers' W&B and Trackio integrations make (init, log, finish),
+    recorded: a stand-in for a package this machine does not install."""
+
+    def __init__(self):
+        self.calls = []
+
+    def init(self, **kwargs):
+        self.calls.append(("init", kwargs["name"]))
+
+    def log(self, values, step):
+        self.calls.append(("log", step, sorted(values)))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+@pytest.mark.parametrize("name", ["wandb", "trackio"])
+def test_report_to_a_tracker_sends_every_log_line_where_installed(name, tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec(name) is None:  # a missing package is named, never skipped
+        with pytest.raises(ValueError, match=f"report-to '{name}' needs the {name} package"):
+            _trainer(tmp_path, report_to=name)
+    tracker = FakeTracker()
+    module = types.ModuleType(name)
+    module.init, module.log, module.finish = tracker.init, tracker.log, tracker.finish
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    monkeypatch.setitem(sys.modules, name, module)
+    trainer = _trainer(tmp_path, report_to=[name], logging_steps=2, run_name="mine")
+    trainer.train()
+    assert tracker.calls[0] == ("init", "mine") and tracker.calls[-1] == ("finish",)
+    logged = [call for call in tracker.calls if call[0] == "log"]
+    assert [call[1] for call in logged] == [2, 4]
+    assert "train/reward" in logged[0][2] and "train/loss" in logged[0][2]
