@@ -61,12 +61,14 @@ def _version() -> str:
     import torch
 
     import nostall
-    from nostall.build_info import REBUILD, built_for
+    from nostall.build_info import REBUILD, built_for, cuda_skipped
 
     if nostall.NATIVE_ERROR is not None:
         native = f"native library NOT loaded ({nostall.NATIVE_ERROR}); rebuild: {REBUILD}"
     else:
         cuda = "with CUDA kernels" if nostall.HAS_CUDA_KERNELS else "CPU kernels only"
+        if not nostall.HAS_CUDA_KERNELS and torch.version.cuda and cuda_skipped():
+            cuda += f" ({cuda_skipped()})"  # (a CUDA torch: why not, and how to get them)
         native = f"native library built for torch {built_for() or 'unknown'}, {cuda}"
     return f"nostall {nostall.__version__} (torch {torch.__version__}; {native})"
 

@@ -15,13 +15,17 @@
 #      trainers' suites, Python over the same kernels, ran under the pinned torch in `make test`);
 # 1-4 run a smoke subset from outside the source tree (every op forward and backward against
 # its reference, environment steps against Gymnasium, a short PPO run).
-# STEPS picks the parts ("wheel cuda" by default: 1-3 and 4; "cuda" reuses the venv of part 3).
+#   5. that CUDA torch with no CUDA toolkit visible (a stock Linux machine): the in-place build
+#      `make run` does makes the CPU kernels and says why, `nostall --version` says so, and
+#      make run's job (a short PPO run) and the smoke suites pass;
+# STEPS picks the parts ("wheel nocuda cuda" by default: 1-3, 5 and 4; "nocuda" and "cuda"
+# reuse the venv of part 3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 built=${TORCH_BUILT:-2.13.0}
 other=${TORCH_OTHER:-2.14.1}
-steps=${STEPS:-wheel cuda}
+steps=${STEPS:-wheel nocuda cuda}
 work=$root/build/install-check
 if [[ " $steps " == *" wheel "* ]]; then rm -rf "$work"; fi
 mkdir -p "$work/dist" "$work/smoke"
@@ -93,6 +97,27 @@ if [[ " $steps " == *" wheel "* ]]; then
   "$work/other/bin/pip" install -q "torch==$other" pytest hypothesis
   "$work/other/bin/pip" install -q "$wheel"
   check "$work/other" python wheel
+fi
+
+if [[ " $steps " == *" nocuda "* ]]; then
+  # A stock Linux machine: the CUDA torch pip installs, no CUDA toolkit. The build `make run`
+  # and `make test` do (build_ext in place) makes the CPU kernels and says why not the CUDA
+  # ones, `nostall --version` says so with what to do, and make run's job and the smoke
+  # suites pass under that torch. The toolkit is hidden: CUDA_HOME an empty folder, no nvcc on
+  # the PATH.
+  echo "== torch $other (CUDA), no CUDA toolkit visible: the in-place build, make run's job" >&2
+  copy_tree "$work/src-nocuda"
+  mkdir -p "$work/no-toolkit"
+  hidden=$(tr ':' '\n' <<<"$PATH" | while read -r d; do [ -x "$d/nvcc" ] || printf '%s:' "$d"; done)
+  nocuda() { (cd "$work/src-nocuda" && env PATH="${hidden%:}" CUDA_HOME="$work/no-toolkit" "$@"); }
+  nocuda "$work/other/bin/python" setup.py -q build_ext --inplace >"$work/nocuda-build.log" 2>&1
+  grep "nostall: building the CPU kernels only: torch $other" "$work/nocuda-build.log"
+  version=$(nocuda "$work/other/bin/python" -m nostall.cli --version)
+  echo "$version"
+  grep -q "CPU kernels only (torch $other is built for CUDA" <<<"$version"
+  nocuda "$work/other/bin/python" -m nostall.cli train ppo --env CartPole-v1 \
+    --total-timesteps 4096 --no-progress --out "$work/run-nocuda" | tail -3
+  nocuda "$work/other/bin/python" -m pytest -q -p no:cacheprovider "${smoke[@]}" | tail -3
 fi
 
 if [[ " $steps " == *" cuda "* ]] && command -v nvcc >/dev/null; then

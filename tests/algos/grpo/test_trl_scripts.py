@@ -1,10 +1,10 @@
 """Scripts written for TRL's GRPOTrainer, in the shapes of TRL's documentation, run under nostall
 with only the import line changed: the quickstart, conversational prompts with two weighted
 rewards, a loaded model and tokenizer with a peft_config and a callback, an eval_dataset
-evaluated during training and by evaluate(), and epochs with checkpoint folders and
-resume_from_checkpoint=True. Where TRL is installed each script also runs
-under TRL, and the two runs must agree on what TRL's semantics fix: the optimizer steps, the
-epochs, the checkpoint folders and the figures logged under TRL's names."""
+evaluated during training and by evaluate(), a reward model beside a function, and epochs with
+checkpoint folders and resume_from_checkpoint=True. Where TRL is installed each script also
+runs under TRL, and the two runs must agree on what TRL's semantics fix: the optimizer steps,
+the epochs, the checkpoint folders and the figures logged under TRL's names."""
 
 import importlib.util
 import textwrap
@@ -118,6 +118,13 @@ trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=args,
 trainer.train()
 metrics = trainer.evaluate()
 """,
+    "reward_model": """
+args = GRPOConfig(output_dir=OUT, max_steps=2, logging_steps=1, max_completion_length=6,
+                  num_generations=4, per_device_train_batch_size=4, use_cpu=True)
+trainer = GRPOTrainer(model=MODEL, reward_funcs=[REWARD_MODEL, reward_len], args=args,
+                      train_dataset=Dataset.from_list(rows))
+trainer.train()
+""",
     "epochs_and_resume": """
 def run(epochs, resume):
     args = GRPOConfig(output_dir=OUT, num_train_epochs=epochs, save_steps=2, logging_steps=1,
@@ -139,6 +146,7 @@ EXPECTED = {
     "conversational": (3, 3 / 6, ["checkpoint-3"]),  # (2 prompts a batch)
     "peft_and_callback": (4, 4 / 12, ["checkpoint-4"]),
     "eval_dataset": (2, 2 / 12, ["checkpoint-2"]),
+    "reward_model": (2, 2 / 12, ["checkpoint-2"]),
     # 12 prompts, 2 a batch: 6 steps an epoch; folders every 2 steps and at each run's end
     "epochs_and_resume": (12, 2.0, [f"checkpoint-{n}" for n in (2, 4, 6, 8, 10, 12)]),
 }
@@ -160,8 +168,20 @@ def model_dir(tmp_path_factory):
     return folder
 
 
-def run_script(name: str, lib: str, model_dir, out) -> dict:
-    namespace = {"OUT": str(out), "MODEL": str(model_dir)}
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory):
+    """A sequence-classification model of one label over the same tokenizer, saved."""
+    from tests.lm.test_reward_models import reward_model
+
+    folder = tmp_path_factory.mktemp("reward_model")
+    model, tokenizer = reward_model(seed=1)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_script(name: str, lib: str, model_dir, out, reward_model_dir=None) -> dict:
+    namespace = {"OUT": str(out), "MODEL": str(model_dir), "REWARD_MODEL": str(reward_model_dir)}
     text = textwrap.dedent(COMMON).format(lib=lib) + textwrap.dedent(SCRIPTS[name])
     exec(compile(text, f"<{name} under {lib}>", "exec"), namespace)
     return namespace
@@ -169,9 +189,9 @@ def run_script(name: str, lib: str, model_dir, out) -> dict:
 
 @pytest.mark.parametrize("lib", LIBRARIES)
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_a_trl_script_runs_with_trls_semantics(name, lib, model_dir, tmp_path):
+def test_a_trl_script_runs_with_trls_semantics(name, lib, model_dir, reward_model_dir, tmp_path):
     out = tmp_path / "out"
-    namespace = run_script(name, lib, model_dir, out)
+    namespace = run_script(name, lib, model_dir, out, reward_model_dir)
     trainer = namespace["trainer"]
     steps, epoch, folders = EXPECTED[name]
     state = trainer.state
