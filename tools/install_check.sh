@@ -112,9 +112,9 @@ if [[ " $steps " == *" nocuda "* ]]; then
   nocuda() { (cd "$work/src-nocuda" && env PATH="${hidden%:}" CUDA_HOME="$work/no-toolkit" "$@"); }
   nocuda "$work/other/bin/python" setup.py -q build_ext --inplace >"$work/nocuda-build.log" 2>&1
   grep "nostall: building the CPU kernels only: torch $other" "$work/nocuda-build.log"
-  version=$(nocuda "$work/other/bin/python" -m nostall.cli --version)
+  version=$(nocuda "$work/other/bin/python" -m nostall.cli --version | tr -s ' \n' ' ')
   echo "$version"
-  grep -q "CPU kernels only (torch $other is built for CUDA" <<<"$version"
+  grep -q "CPU kernels only (torch $other[^ ]* is built for CUDA .* rebuild" <<<"$version"
   nocuda "$work/other/bin/python" -m nostall.cli train ppo --env CartPole-v1 \
     --total-timesteps 4096 --no-progress --out "$work/run-nocuda" | tail -3
   nocuda "$work/other/bin/python" -m pytest -q -p no:cacheprovider "${smoke[@]}" | tail -3

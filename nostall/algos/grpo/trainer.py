@@ -150,7 +150,7 @@ class GRPOTrainer(WritesOutputs):
         self.result.find_target(args.target_reward)
         steps = self.result.step_times
         self._offset = steps[-1] if steps else 0.0
-        self.trl.resumed(state, saved_step)
+        self.trl.resumed(state, saved_step, path)
 
     # What a run leaves in its output_dir.
     outputs = (

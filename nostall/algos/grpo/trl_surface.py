@@ -170,6 +170,23 @@ class TRLRun:
         return step / self.per_epoch if self.per_epoch else 0.0
 
     def begin(self, first_step: int) -> None:
+        """on_train_begin; ValueError, before anything is written, where this run's
+        checkpoint folders would go over another run's (output_dir holding checkpoint-N
+        folders this run's lineage did not write)."""
+        if self.folders:
+            ours = {str(Path(p).parent) for p in self.written}
+            theirs = [
+                entry.name
+                for entry in sorted(Path(self.args.output_dir).glob("checkpoint-*"))
+                if _FOLDER.match(entry.name) and str(entry) not in ours
+            ]
+            if theirs:
+                raise ValueError(
+                    f"output_dir {self.args.output_dir} holds another run's checkpoint folders "
+                    f"({', '.join(theirs[:3])}{', ...' if len(theirs) > 3 else ''}); give "
+                    "another output_dir, resume with train(resume_from_checkpoint=True), or "
+                    "remove them"
+                )
         self.state.global_step = (first_step - 1) * self.per_batch
         self.state.epoch = self.epoch(first_step - 1)
         self.event("on_train_begin")
@@ -269,10 +286,14 @@ class TRLRun:
             "losses": list(self.losses),
         }
 
-    def resumed(self, state: dict, step: int) -> None:
+    def resumed(self, state: dict, step: int, path: str) -> None:
+        """The run's TRL state from the checkpoint at `path` (its folders: those it lists, and
+        its own, written after its state was taken)."""
         saved = state.get("trl", {})
         self.state.log_history = list(saved.get("log_history", []))
         self.written = [p for p in saved.get("folders", []) if isinstance(p, str)]
+        if Path(path).name == STATE_FILE and path not in self.written:
+            self.written.append(path)
         self.num_tokens = int(saved.get("num_tokens", 0))
         self.losses = [float(v) for v in saved.get("losses", [0.0, 0])]
         self.state.global_step, self.state.epoch = step * self.per_batch, self.epoch(step)

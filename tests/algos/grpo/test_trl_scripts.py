@@ -259,3 +259,13 @@ def test_resume_from_checkpoint_true_continues_the_first_run_exactly(model_dir, 
     ).replace("first = run(1, None)\ntrainer = run(2, True)", "trainer = run(2, None)")
     exec(compile(text, "<two epochs at once>", "exec"), namespace)
     assert whole["trainer"].result.rewards == namespace["trainer"].result.rewards
+
+
+def test_a_second_run_never_writes_over_the_first_runs_checkpoint_folders(model_dir, tmp_path):
+    """TRL would overwrite checkpoint-N; nostall refuses before writing anything, and a resume
+    (the same lineage) goes on."""
+    run_script("quickstart", "nostall", model_dir, tmp_path / "out")
+    before = (tmp_path / "out" / "checkpoint-4" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="holds another run's checkpoint folders"):
+        run_script("quickstart", "nostall", model_dir, tmp_path / "out")
+    assert (tmp_path / "out" / "checkpoint-4" / "model.safetensors").read_bytes() == before
