@@ -2,10 +2,10 @@
 # `make install-check`: nostall installed from this tree as a user installs it, outside the dev
 # venv, in fresh venvs (build/install-check/), each build from a copy of the tracked files (what
 # a clean checkout holds; the working tree is never built in):
-#   1. `pip install .` with pip's default build isolation in a venv holding torch $TORCH_BUILT
-#      (the build backend pins the isolated build's torch to it): it loads the native autograd;
-#   2. `python -m build`: an sdist, and a wheel built from that sdist (so the sdist carries all
-#      a build needs: that wheel's build is the sdist's install, which is not repeated);
+#   1, 2. `python -m build`: an sdist, and a wheel built from that sdist with build isolation
+#      (so the sdist carries all a build needs; the build backend pins the isolated build's
+#      torch to $TORCH_BUILT, as it does for `pip install .`), installed in a venv holding torch
+#      $TORCH_BUILT: it loads the native autograd;
 #   3. that wheel installed into a venv holding torch $TORCH_OTHER, a torch it was not built
 #      for: the stable-ABI kernels load, the autograd formulas come from Python with a one-line
 #      notice;
@@ -74,14 +74,10 @@ PY
 }
 
 if [[ " $steps " == *" wheel "* ]]; then
-  echo "== a venv with torch $built: pip install . (build isolation), smoke" >&2
   "$python" -m venv "$work/built"
   "$work/built/bin/pip" install -q "torch==$built" pytest hypothesis build
-  copy_tree "$work/src-install"
-  (cd "$work/src-install" && "$work/built/bin/pip" install -q .)
-  check "$work/built" native install
 
-  echo "== python -m build: an sdist, and a wheel built from it" >&2
+  echo "== python -m build: an sdist, and a wheel built from it (build isolation)" >&2
   copy_tree "$work/src-build"
   (cd "$work/src-build" && "$work/built/bin/python" -m build -o "$work/dist" . >/dev/null)
   sdist=$(ls "$work"/dist/nostall-*.tar.gz)
@@ -91,6 +87,12 @@ if [[ " $steps " == *" wheel "* ]]; then
   tar -tzf "$sdist" >"$work/sdist-files"
   grep -q "tools/build_backend/nostall_build.py" "$work/sdist-files"
   grep -q "csrc/registration.cpp" "$work/sdist-files"
+
+  # (pip's own `pip install .` builds the same wheel the same way: PEP 517, isolated, the
+  # backend pinning the isolated torch; its build is not repeated here.)
+  echo "== a venv with torch $built: the wheel, smoke" >&2
+  "$work/built/bin/pip" install -q "$wheel"
+  check "$work/built" native install
 
   echo "== a venv with torch $other: the wheel, smoke" >&2
   "$python" -m venv "$work/other"

@@ -39,6 +39,7 @@ class GeneratorOptions:
     keep_texts: bool = False  # log_completions: each batch keeps its texts (batch.samples)
     generation_timeout_s: float | None = None  # a batch's generation (None: no limit)
     reward_timeout_s: float | None = None  # each reward call (None: no limit)
+    data_seed: int | None = None  # the prompts' order (TRL's data_seed; None: the seed's)
 
 
 class GroupGenerator:
@@ -58,13 +59,13 @@ class GroupGenerator:
         num_prompts: int,
         num_generations: int,
         seed: int,
-        data_seed: int | None = None,
         options: GeneratorOptions = GeneratorOptions(),
     ):
         self.engine, self.encoder, self.source, self.rewards = engine, encoder, source, rewards
         self.num_prompts, self.num_generations = num_prompts, num_generations
         # On the model's device: the sampler draws its noise there.
         self.generator = torch.Generator(engine.allowed.device).manual_seed(seed)
+        data_seed = options.data_seed
         source.seed(seed if data_seed is None else data_seed)  # (the prompts' order)
         self.eos_token_id = engine.eos_token_id
         self.watch_syncs = options.watch_syncs

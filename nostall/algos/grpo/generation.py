@@ -117,13 +117,15 @@ class Generation:
         return cls(source, prompt_rewards(args, inputs), encoder, run_dtype(args, inputs))
 
 
-def _options(args: GRPOConfig) -> GeneratorOptions:
+def _options(args: GRPOConfig, seed: int) -> GeneratorOptions:
     # (vLLM's engine reads its inputs on the host by design: its syncs are not watched.)
     return GeneratorOptions(
         watch_syncs=args.watch_syncs and args.generator == "native",
         keep_texts=args.log_completions,
         generation_timeout_s=args.generation_timeout,
         reward_timeout_s=args.reward_timeout,
+        # TRL's data_seed orders the prompts (a Ray worker's offset from it as its seed's)
+        data_seed=None if args.data_seed is None else args.data_seed + seed - args.seed,
     )
 
 
@@ -208,9 +210,7 @@ def build_generator(
         num_prompts=args.num_prompts,
         num_generations=args.num_generations,
         seed=seed,
-        # TRL's data_seed orders the prompts (a Ray worker's offset from it as its seed's)
-        data_seed=None if args.data_seed is None else args.data_seed + seed - args.seed,
-        options=_options(args),
+        options=_options(args, seed),
     )
 
 

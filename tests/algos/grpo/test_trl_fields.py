@@ -160,3 +160,20 @@ def test_the_guide_for_trl_users_lists_every_field():
     text = (ROOT / "docs/from_trl.md").read_text()
     missing = [name for name in trl_fields() if f"`{name}`" not in text]
     assert not missing
+
+
+def test_data_seed_orders_the_prompts_and_seed_the_rest():
+    from nostall.algos.grpo import Inputs, build
+
+    rows = [{"prompt": f"{i}="} for i in range(16)]
+
+    def first_prompts(**given):
+        args = GRPOConfig(model="tiny", max_steps=2, save_strategy="no", watch_syncs=False, **given)
+        setup = build(args, Inputs(rows=rows))
+        source = setup.generator.source
+        return [row["prompt"] for row in source.batch(8)], setup.generator.generator.initial_seed()
+
+    by_seed, sampling = first_prompts(seed=3)
+    assert first_prompts(seed=3, data_seed=3) == (by_seed, sampling)
+    other, same_sampling = first_prompts(seed=3, data_seed=4)
+    assert other != by_seed and same_sampling == sampling
