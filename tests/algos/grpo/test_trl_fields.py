@@ -156,9 +156,15 @@ def test_the_command_keeps_its_documented_defaults():
 
 
 @needs_trl
-def test_the_guide_for_trl_users_lists_every_field():
+def test_the_guide_for_trl_users_lists_every_field_as_the_code_takes_it(capsys):
+    """docs/from_trl.md's table is tools/trl_table.py's output for the installed TRL."""
+    import runpy
+
+    runpy.run_path(str(ROOT / "tools/trl_table.py"), run_name="__main__")
+    table = capsys.readouterr().out
     text = (ROOT / "docs/from_trl.md").read_text()
-    missing = [name for name in trl_fields() if f"`{name}`" not in text]
+    assert table in text, "regenerate the table: python tools/trl_table.py"
+    missing = [name for name in trl_fields() if f"`{name}`" not in table]
     assert not missing
 
 
