@@ -182,7 +182,9 @@ class GRPOTrainer(WritesOutputs):
         self.trl.begin(self.first_step)
         args = self.config
         names = requested(args.report_to)
-        if log is not None:  # (the caller's own: the command's writes TensorBoard itself)
+        if log is not None or not args.output_dir:
+            # (the caller's own logger: the command's writes TensorBoard itself; and a run with
+            # no output_dir writes no files, TensorBoard's included)
             names = [n for n in names if n != "tensorboard"]
         run_name = args.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         reporters = Reporters(names, args.output_dir, run_name, asdict(args))
