@@ -295,6 +295,11 @@ def _train(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if config.output_dir is None:  # the first of runs/NAME, runs/NAME-2, ... free of a run
         config.output_dir = f"runs/{args.algorithm}-{config.folder_name}"
+        try:
+            config.check()  # (the name is made of settings: a bad one is named, not a path)
+        except ValueError as e:
+            print(f"nostall train {args.algorithm}: {e}", file=sys.stderr)
+            return EXIT_USAGE
         if not (config.resume or args.overwrite):
             config.output_dir = _free_folder(config.output_dir, previous_run)
     earlier = previous_run(config.output_dir)

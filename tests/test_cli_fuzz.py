@@ -102,3 +102,15 @@ def test_every_flag_is_checked(algo, data, monkeypatch, capsys):
         value,
         err,
     )
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_a_setting_that_names_the_output_folder_is_checked_before_the_folder(
+    algo, tmp_path, monkeypatch, capsys
+):
+    """The default folder is made of settings (the seed): a huge one is named as the bad
+    setting, never met as a path too long for the file system. (Found by the fuzz above.)"""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # (a folder of earlier runs: the name would be looked up there)
+    assert cli.main(["train", algo, "--no-progress", "--seed", "1e+240"]) == 2
+    assert "seed" in capsys.readouterr().err and not any((tmp_path / "runs").iterdir())

@@ -26,8 +26,10 @@ runs it, with TRL's names, and the waits taken out:
   (nostall/lm/precision.py); the gap between generation's and the trainer's log-probs is
   reported every update and, where they can differ, corrected by the capped weight above.
 Read top to bottom:
-- config.py: every setting, TRL's names (after every run's: nostall/train/run_config.py);
-  config_checks.py: the checks of TRL's options;
+- config.py: every setting, TRL's names and defaults, and the command's (GRPOCommandConfig);
+  training_args.py: transformers' training arguments under it (after every run's:
+  nostall/train/run_config.py); trl_names.py: TRL's other names, accepted or refused;
+  config_checks.py: the settings' checks;
   runtime_options.py: the checks of where it generates;
 - loss.py: log-probs and the clipped surrogate; update.py: an update on one batch;
   explicit_update.py: the same update by explicit adjoints, no autograd graph;
@@ -38,7 +40,9 @@ Read top to bottom:
 - state.py: a checkpoint's state, its restore, the model saved for transformers;
 - sharded.py, ranks.py: `--trainers M`, the update sharded over ranks;
 - result.py: what a run returns; trainer.py: the run as the shared loop's hooks, and TRL's
-  constructor.
+  constructor; trl_inputs.py: that constructor's arguments as the run's inputs;
+  trl_surface.py: what TRL's trainer shows (callbacks, TrainerState, checkpoint-N folders);
+  evaluation.py: evaluate() and pass@k.
 """
 
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOCommandConfig, GRPOConfig

@@ -93,14 +93,17 @@ def _json_safe(value) -> bool:
     return True
 
 
-def prune_folders(written: list[str], keep: int) -> list[str]:
+def prune_folders(written: list[str], keep: int, output_dir: str) -> list[str]:
     """Deletes all but the `keep` newest checkpoint-N folders this run wrote (`written`, their
-    state files, oldest first); a folder is removed only if it is a checkpoint folder holding
-    a state file, never another path."""
+    state files, oldest first); a folder is removed only if it is a checkpoint-N folder of
+    `output_dir` holding a state file (a lineage read from a checkpoint cannot have another
+    folder removed)."""
+    home = Path(output_dir).resolve()
     kept, old = written[-keep:], written[:-keep]
     for state in old:
         where = Path(state).parent
-        if state not in kept and _FOLDER.match(where.name) and Path(state).is_file():
+        ours = _FOLDER.match(where.name) and where.resolve().parent == home
+        if state not in kept and ours and Path(state).is_file():
             shutil.rmtree(where)
     return kept
 
@@ -221,7 +224,8 @@ class TRLRun:
         write_trainer_state(self.state, out)
         self.written = [p for p in self.written if p != path] + [path]
         if self.args.save_total_limit:
-            self.written = prune_folders(self.written, self.args.save_total_limit)
+            limit = self.args.save_total_limit
+            self.written = prune_folders(self.written, limit, self.args.output_dir)
         self.callbacks.control.should_save = False
         self.event("on_save")
         return self.written

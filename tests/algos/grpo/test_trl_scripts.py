@@ -269,3 +269,18 @@ def test_a_second_run_never_writes_over_the_first_runs_checkpoint_folders(model_
     with pytest.raises(ValueError, match="holds another run's checkpoint folders"):
         run_script("quickstart", "nostall", model_dir, tmp_path / "out")
     assert (tmp_path / "out" / "checkpoint-4" / "model.safetensors").read_bytes() == before
+
+
+def test_save_total_limit_keeps_this_runs_newest_folders_and_touches_nothing_else(tmp_path):
+    from nostall.algos.grpo.trl_surface import STATE_FILE, prune_folders
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere" / "checkpoint-1"
+    for folder in (out / "checkpoint-1", out / "checkpoint-2", out / "checkpoint-3", elsewhere):
+        folder.mkdir(parents=True)
+        (folder / STATE_FILE).write_bytes(b"")
+    written = [str(elsewhere / STATE_FILE)]  # (a lineage naming a folder of another place)
+    written += [str(out / f"checkpoint-{n}" / STATE_FILE) for n in (1, 2, 3)]
+    kept = prune_folders(written, 2, str(out))
+    assert kept == written[-2:]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    assert elsewhere.is_dir()  # not this run's output_dir: never removed
