@@ -15,8 +15,9 @@ DIFFERS = {
     "built-in toy models",
     "max_completion_length": "TRL's 512 for a real model (cut to its context); 5 for the "
     "built-in toy models",
-    "gradient_checkpointing": "TRL's default (on) for a real model; off with LoRA adapters "
-    "(refused together) and for built-in models",
+    "gradient_checkpointing": "TRL's default (on) for a real model, through the model's own "
+    "forward; off: nostall's native decoder (the command's default); off with LoRA "
+    "adapters (refused together) and for built-in models",
     "min_p": "None and 0.0 both mean no filter",
     "bf16": 'None: `dtype` decides ("auto": bf16 where the hardware has it, for a real model)',
     "output_dir": "TRL's `trainer_output` when not given; nostall also writes its report, "
