@@ -179,9 +179,12 @@ class ClippedAdam(torch.optim.Adam):
             and not group["maximize"]
         )
 
-    def apply_gradients(self) -> None:
+    def apply_gradients(self, measure: bool = False) -> torch.Tensor | None:
         """`step` without the wrapper torch.optim puts around it (step hooks and a profiler
-        range: about 65 us a call, a tenth of the step), for a trainer that registers none."""
+        range: about 65 us a call, a tenth of the step), for a trainer that registers none.
+        With `measure`, returns the gradients' global 2-norm before clipping (a device tensor,
+        not read: transformers' grad_norm); the native step takes it inside and returns
+        nothing, so there measuring is one more pass over the gradient."""
         if self._flat_grad is None:
             raise RuntimeError(
                 "this ClippedAdam has no gradients of its own (gradients=False): "
@@ -198,6 +201,7 @@ class ClippedAdam(torch.optim.Adam):
             self.reduce_grad(self._flat_grad)
         group = self._decayed_group()
         if self._native_step_applies(group):
+            norm = torch.linalg.vector_norm(self._flat_grad, 2.0) if measure else None
             beta1, beta2 = group["betas"]
             torch.ops.nostall.clipped_adam_step(
                 self._flat_param,
@@ -211,11 +215,12 @@ class ClippedAdam(torch.optim.Adam):
                 group["eps"],
                 self.max_grad_norm,
             )
-            return
-        clip = self._clip(torch.linalg.vector_norm(self._flat_grad, 2.0))
-        self._flat_grad.mul_(clip)
+            return norm
+        norm = torch.linalg.vector_norm(self._flat_grad, 2.0)
+        self._flat_grad.mul_(self._clip(norm))
         self._step.add_(1)
         self._adam(group, slice(None), self._flat_grad)
+        return norm if measure else None
 
     @torch.no_grad()
     def step_rounding(self, grad: torch.Tensor, rounded: torch.Tensor) -> bool:
@@ -284,10 +289,11 @@ class ClippedAdam(torch.optim.Adam):
         )
 
     @torch.no_grad()
-    def apply_flat_gradient(self, grad: torch.Tensor, chunk: int = 1 << 22) -> None:
+    def apply_flat_gradient(self, grad: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
         """The step on an outside flat gradient in the parameters' order, of any floating dtype
         (a bf16 copy's): clipped to max_grad_norm by its norm taken in float32, and widened a
-        chunk at a time, so no float32 copy of the whole gradient is ever held."""
+        chunk at a time, so no float32 copy of the whole gradient is ever held. Returns that
+        norm (a device tensor, not read)."""
         if grad.shape != self._flat_param.shape:
             shape = tuple(self._flat_param.shape)
             raise ValueError(
@@ -306,7 +312,9 @@ class ClippedAdam(torch.optim.Adam):
             return out.copy_(grad[part])
 
         norms = torch.stack([torch.linalg.vector_norm(widened(part), 2.0) for part in parts])
-        clip = self._clip(torch.linalg.vector_norm(norms, 2.0))
+        norm = torch.linalg.vector_norm(norms, 2.0)
+        clip = self._clip(norm)
         self._step.add_(1)
         for part in parts:
             self._adam(group, part, widened(part).mul_(clip))
+        return norm

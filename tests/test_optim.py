@@ -140,3 +140,41 @@ def test_a_step_on_an_outside_flat_gradient_is_the_same_step(dtype, max_norm):
         mine.apply_gradients()
     with pytest.raises(ValueError, match="grad must be the flat gradient"):
         mine.apply_flat_gradient(grad[:-1])
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])  # the native step, then torch's ops
+@pytest.mark.parametrize("scale", [1e-3, 30.0])  # clipping off and on
+def test_a_measured_step_returns_the_gradient_norm_before_clipping(tensor_lr, scale):
+    """apply_gradients(measure=True) returns the global 2-norm of the gradients as given
+    (transformers' grad_norm: before clipping), and steps as an unmeasured step does; an
+    unmeasured step returns None. The norm is compared with one taken here over the per-tensor
+    gradients (float32 summation order: a few ulps)."""
+    net, other = _net(0), _net(0)
+    mine = ClippedAdam(net.parameters(), lr=_lr(tensor_lr), max_grad_norm=1.0)
+    theirs = ClippedAdam(other.parameters(), lr=_lr(tensor_lr), max_grad_norm=1.0)
+    group = mine.param_groups[0]
+    assert mine._native_step_applies(group) is not tensor_lr  # both paths covered
+    for step in range(3):
+        _set_grads(net, step, scale)
+        _set_grads(other, step, scale)
+        want = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in net.parameters()]))
+        norm = mine.apply_gradients(measure=True)
+        assert theirs.apply_gradients() is None
+        torch.testing.assert_close(norm, want, rtol=1e-6, atol=0)
+        _assert_same_parameters(net, other)
+
+
+def _lr(tensor: bool):
+    return torch.tensor(1e-2) if tensor else 1e-2
+
+
+def test_a_step_on_an_outside_flat_gradient_returns_its_norm():
+    """apply_flat_gradient's norm, taken a chunk at a time in float32, is the whole bf16
+    gradient's norm taken in float32."""
+    net = _net(0)
+    opt = ClippedAdam(net.parameters(), lr=1e-2, max_grad_norm=0.5, gradients=False)
+    grad = torch.randn(opt.flat_parameters.shape, generator=torch.Generator().manual_seed(1))
+    grad = grad.bfloat16()
+    norm = opt.apply_flat_gradient(grad, chunk=7)
+    want = torch.linalg.vector_norm(grad.double()).float()
+    torch.testing.assert_close(norm, want, rtol=1e-6, atol=0)

@@ -93,6 +93,7 @@ def main() -> None:
             ),
             batch,
             False,
+            measure=False,  # (a step that does not log: no entropy pass without a bonus)
         )
 
     update_ms = _median_ms(update, a.repeats)
@@ -106,6 +107,7 @@ def main() -> None:
             ),
             batch,
             False,
+            measure=False,  # (a step that does not log: no entropy pass without a bonus)
         )
 
     bonus_ms = _median_ms(update_with_bonus, a.repeats)

@@ -130,21 +130,26 @@ class MasterWeights:
         self.flat_grad.zero_()
 
     @torch.no_grad()
-    def apply_gradients(self) -> None:
+    def apply_gradients(self, measure: bool = False) -> torch.Tensor | None:
         """The float32 step on the gradients (clipped by their float32 norm), then the compute
-        copy rounded from the new master weights."""
+        copy rounded from the new master weights. With `measure`, returns that norm (a device
+        tensor; the native rounding step takes it inside, so there one more pass)."""
         if self.accumulate == 1:
+            norm = None
+            if measure:  # (taken before the step, which may scale the gradient)
+                norm = torch.linalg.vector_norm(self.flat_grad, 2.0, dtype=torch.float32)
             if self.optimizer.step_rounding(self.flat_grad, self.flat):
                 self._collected = 0  # (the compute copy rounded in the same pass)
-                return
-            self.optimizer.apply_flat_gradient(self.flat_grad)
+                return norm
+            norm = self.optimizer.apply_flat_gradient(self.flat_grad)
         else:
             summed = self._summed()
             if not self._collected:  # (nothing back-propagated since zero_grad)
                 summed.zero_()
-            self.optimizer.apply_flat_gradient(summed)
+            norm = self.optimizer.apply_flat_gradient(summed)
         self._collected = 0
         self.pull()
+        return norm if measure else None
 
     def _summed(self) -> torch.Tensor:
         if self.summed is None:

@@ -146,7 +146,7 @@ def _steps(
             began = time.perf_counter()
             metrics = hooks.update(chunk, step)
             lag = transport.lag(chunk)
-            logging = step % config.log_interval == 0 or step == last
+            logging = logs_at(step, config, last)
             hooks.record(chunk, lag, logging)  # before the release: the slot is refilled
             transport.release(slot)
             saving = _saves(hooks, step)
@@ -178,6 +178,12 @@ def _steps(
     # process, shutting down a local Ray cluster) is not training time.
     end = time.perf_counter()
     return end
+
+
+def logs_at(step: int, config: Any, last_step: int) -> bool:
+    """Whether the loop reads and logs this step's metrics: every log_interval steps and at
+    the last (an update may measure more on those steps alone)."""
+    return step % config.log_interval == 0 or step == last_step
 
 
 def _saves(hooks: Hooks, step: int) -> bool:

@@ -57,10 +57,11 @@ from nostall.algos.grpo.loss import (
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Inputs, Setup, build
 from nostall.algos.grpo.trainer import GRPOTrainer, train
-from nostall.algos.grpo.update import METRICS, UpdateContext, grpo_update
+from nostall.algos.grpo.update import CLIP_RATIOS, METRICS, UpdateContext, grpo_update
 
 __all__ = [
     "AGGREGATIONS",
+    "CLIP_RATIOS",
     "METRICS",
     "GRPOCommandConfig",
     "GRPOConfig",

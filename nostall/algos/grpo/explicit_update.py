@@ -109,13 +109,19 @@ class ExplicitUpdate:
 
     @torch.no_grad()
     def gradients(
-        self, micro: MicroBatch, args, vocab: SampledVocab | None, decoupled: bool
+        self,
+        micro: MicroBatch,
+        args,
+        vocab: SampledVocab | None,
+        decoupled: bool,
+        measure: bool = False,
     ) -> tuple[Tensor, ...]:
         """The gradient of the loss on `micro` (its tokens in its loss_mask), times its scale,
         into the optimizer's flat gradient (added to it with `accumulate`, else replacing it):
         (log_prob, loss, clip_fraction, approx_kl, entropy), the log-probs before the step, the
-        entropy's mean over the loss's tokens (None without an entropy bonus). `decoupled`: the
-        loss weighs each token by the behaviour ratio."""
+        entropy's mean over the loss's tokens (None without an entropy bonus, unless
+        `measure`: then taken, not trained on). `decoupled`: the loss weighs each token by the
+        behaviour ratio."""
         batch, advantage, loss_mask = micro.batch, micro.advantage, micro.loss_mask
         old_log_prob, scale, accumulate = micro.old_log_prob, micro.scale, micro.accumulate
         d = self.decoder
@@ -179,6 +185,9 @@ class ExplicitUpdate:
             grad_weight += grad_w
             entropy = token_mean(entropy, loss_mask)
             loss = loss - args.entropy_coef * entropy
+        elif measure:  # (one more pass over the vocabulary, no backward)
+            rows, _ = torch.ops.nostall.token_entropy_linear.default(scaled, weight, chunk)
+            entropy = token_mean(rows, loss_mask)
         # Every decoder gradient straight into the flat buffer (set, or added when accumulating).
         torch.ops.nostall.decoder_train_backward_into.default(
             (grad_scaled if unit else grad_scaled / args.temperature).view(B * C, -1).float(),

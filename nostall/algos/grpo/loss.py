@@ -170,3 +170,38 @@ def grpo_loss(
         kl = aggregate(delta.exp() - delta - 1, mask, args.loss_type, C)
         loss = loss + args.beta * kl
     return loss, out.clip_fraction, out.approx_kl, kl
+
+
+def clip_ratios(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    mask: torch.Tensor,
+    args: GRPOConfig,
+) -> list[torch.Tensor]:
+    """TRL's clip_ratio figures of one micro-batch, in update.CLIP_RATIOS' order: the tokens
+    whose ratio to the proximal policy is past the clip on the side its advantage pushes
+    (below 1 - clip_low with a negative advantage: low; above 1 + clip_high with a positive
+    one: high; either: region) as shares of the loss's tokens, and the smallest completion's
+    share of low-clipped tokens and the largest of high-clipped (over the completions with
+    tokens; NaN where none has). Tensors: nothing is read."""
+    clip_high = args.clip_low if args.clip_high is None else args.clip_high
+    ratio = (log_prob - old_log_prob).exp()
+    sign = advantage.reshape(-1, 1)
+    low = (ratio < 1 - args.clip_low) & (sign < 0)
+    high = (ratio > 1 + clip_high) & (sign > 0)
+    m = mask.to(ratio.dtype)
+    tokens, row_tokens = m.sum().clamp(min=1), m.sum(1)
+    rows = row_tokens > 0
+    none = torch.full_like(tokens, float("nan"))
+
+    def share(x: torch.Tensor) -> torch.Tensor:
+        return (x.to(m.dtype) * m).sum() / tokens
+
+    def row_shares(x: torch.Tensor) -> torch.Tensor:
+        return (x.to(m.dtype) * m).sum(1) / row_tokens.clamp(min=1)
+
+    low_min = torch.where(rows, row_shares(low), float("inf")).amin()
+    high_max = torch.where(rows, row_shares(high), float("-inf")).amax()
+    low_min, high_max = (torch.where(rows.any(), v, none) for v in (low_min, high_max))
+    return [share(low), low_min, share(high), high_max, share(low | high)]

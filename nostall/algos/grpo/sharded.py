@@ -77,15 +77,20 @@ class ShardedAdam:
     def collect_gradients(self) -> None:
         """(The gradients land reduced in the shards' .grad: nothing to collect.)"""
 
-    def apply_gradients(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+    def apply_gradients(self, measure: bool = False) -> torch.Tensor | None:
+        """The step; with `measure`, the global gradient norm before clipping (every rank's)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
         self.optimizer.step()
+        if not measure:
+            return None
+        # (A DTensor over sharded parameters: its whole value, a collective every rank takes.)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def _reduce_op(name: str):
-    if name.endswith("/max"):
+    if name.endswith(("/max", "_max")):
         return dist.ReduceOp.MAX
-    if name.endswith("/min"):
+    if name.endswith(("/min", "_min")):
         return dist.ReduceOp.MIN
     return dist.ReduceOp.SUM
 

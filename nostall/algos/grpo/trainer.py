@@ -48,7 +48,7 @@ from nostall.lm.models import LanguageModel
 from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint, loop
 from nostall.train.hooks import WritesOutputs
-from nostall.train.loop import Clock, LogFn
+from nostall.train.loop import Clock, LogFn, logs_at
 from nostall.train.outputs import write_outputs
 from nostall.train.reporters import Reporters, requested
 
@@ -279,7 +279,9 @@ class GRPOTrainer(WritesOutputs):
         setup = self.setup
         if setup.ranks is not None:
             return setup.ranks.update(batch, setup.optimizer.param_groups[0]["lr"])
-        return grpo_update(self._update_context, batch, setup.corrects)
+        # TRL's further figures (grad_norm, entropy, clip ratios) on the steps that log alone
+        measure = logs_at(step, self.config, self.last_step)
+        return grpo_update(self._update_context, batch, setup.corrects, measure)
 
     def record(self, batch, lag: int, logging: bool) -> None:
         sums = self._lag_sums

@@ -16,7 +16,13 @@ import torch
 import nostall
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
 from nostall.algos.grpo.explicit_update import MicroBatch, explicit_update
-from nostall.algos.grpo.loss import grpo_loss, policy_log_probs, policy_terms, token_mean
+from nostall.algos.grpo.loss import (
+    clip_ratios,
+    grpo_loss,
+    policy_log_probs,
+    policy_terms,
+    token_mean,
+)
 from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
@@ -24,7 +30,16 @@ from nostall.lm.precision import MasterWeights
 from nostall.optim import ClippedAdam
 
 Tensor = torch.Tensor
-METRICS = ("loss", "clip_fraction", "approx_kl", "kl", "entropy")  # entropy: with a bonus only
+METRICS = ("loss", "clip_fraction", "approx_kl", "kl", "entropy")
+# Measured (TRL's figures past the loss's own): the gradient norm, the entropy without a bonus
+# (one more pass over the vocabulary) and the clipped tokens by side.
+CLIP_RATIOS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
+)
 
 
 def ended_rows(batch: LMBatch, eos_token_id: int) -> torch.Tensor:
@@ -96,13 +111,18 @@ class UpdateContext:
     autograd: bool = False
 
 
-def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict[str, Tensor]:
+def grpo_update(
+    context: UpdateContext, batch: LMBatch, decoupled: bool, measure: bool = True
+) -> dict[str, Tensor]:
     """updates_per_batch passes over one batch; metrics as tensors (not read here), means over
     the micro-batches. By explicit adjoints where they apply, else through autograd. With M
     trainer ranks whose optimizer averages their gradients, this one trains on its share of
     every micro-batch (whole prompt groups; advantages from the whole batch), its losses
     weighted so that the average is the whole micro-batch's gradient. `decoupled`: the loss
-    weighs each token by the behaviour ratio (setup.corrects_behaviour)."""
+    weighs each token by the behaviour ratio (setup.corrects_behaviour). `measure`: TRL's
+    figures too (grad_norm of the last optimizer step, the entropy without a bonus, the clip
+    ratios), for a step whose metrics are read; without it, the loss's own (and the entropy
+    where the bonus computes it)."""
     decoder, optimizer, args = context.decoder, context.optimizer, context.args
     vocab, reference, rank = context.vocab, context.reference, context.rank
     advantage = nostall.group_advantages(
@@ -147,9 +167,12 @@ def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict
             old_log_probs = [
                 policy_log_probs(decoder, p, args.temperature, vocab, G) for p in parts
             ]
-    names = METRICS if args.entropy_coef else METRICS[:-1]  # (entropy: computed with a bonus)
+    entropy = bool(args.entropy_coef) or measure
+    names = METRICS if entropy else METRICS[:-1]
+    names += CLIP_RATIOS if measure else ()
     totals = torch.zeros(len(names), device=batch.rewards.device)
-    passes = _Passes(context, explicit, decoupled, old_log_probs, 1.0 / accumulate)
+    passes = _Passes(context, explicit, decoupled, old_log_probs, 1.0 / accumulate, measure)
+    grad_norm = None
     for _ in range(args.updates_per_batch):
         for i, part in enumerate(parts):
             step = _Part(
@@ -164,10 +187,12 @@ def grpo_update(context: UpdateContext, batch: LMBatch, decoupled: bool) -> dict
             values = _micro_batch(passes, step)
             if (i + 1) % accumulate == 0:
                 with context.writing():
-                    optimizer.apply_gradients()
+                    grad_norm = optimizer.apply_gradients(measure=measure)
             totals += torch.stack(values)
     totals /= args.updates_per_batch * count
     metrics = dict(zip(names, totals.unbind(), strict=True))
+    if grad_norm is not None:  # (transformers': the logged step's, its last optimizer step's)
+        metrics["grad_norm"] = grad_norm
     metrics.update(behaviour_mismatch(torch.cat(old_log_probs), batch, args.is_cap, share))
     return metrics
 
@@ -200,13 +225,15 @@ def behaviour_mismatch(
 class _Passes:
     """What every micro-batch of an update shares: the context, the explicit adjoints (None:
     autograd), whether the loss is decoupled, the proximal log-probs (filled on each micro-batch's
-    first pass) and each micro-batch's share of an optimizer step's gradient."""
+    first pass), each micro-batch's share of an optimizer step's gradient and whether TRL's
+    figures are measured (grpo_update's `measure`)."""
 
     context: UpdateContext
     explicit: object | None
     decoupled: bool
     old_log_probs: list[torch.Tensor | None]
     scale: float
+    measure: bool = False
 
 
 @dataclass
@@ -239,17 +266,19 @@ def _micro_batch(passes: _Passes, step: _Part) -> list[torch.Tensor]:
     ref_log_prob, first_of_step, weights = step.ref_log_prob, step.first_of_step, step.weights
     decoder = passes.context.decoder
     old_log_prob = old_log_probs[i]
+    measure = passes.measure
     if explicit is not None:  # the ops and their adjoints in turn, no autograd graph
         micro = MicroBatch(part, advantage, loss_mask, old_log_prob, scale, not first_of_step)
         log_prob, loss, clip_fraction, approx_kl, entropy = explicit.gradients(
-            micro, args, vocab, decoupled
+            micro, args, vocab, decoupled, measure
         )
         kl = torch.zeros_like(loss)  # (no reference: it applies without one)
         optimizer.collect_gradients()  # (master weights: into their float32 sum)
+        token_weight = 1.0
     else:
         G = args.num_generations
         log_prob, entropies = policy_terms(
-            decoder, part, args.temperature, vocab, G, bool(args.entropy_coef)
+            decoder, part, args.temperature, vocab, G, bool(args.entropy_coef) or measure
         )
         loss, clip_fraction, approx_kl, kl = grpo_loss(
             log_prob,
@@ -267,6 +296,8 @@ def _micro_batch(passes: _Passes, step: _Part) -> list[torch.Tensor]:
             entropy = token_mean(entropies, loss_mask)
             loss = loss - args.entropy_coef * entropy
             objective = objective - args.entropy_coef * token_weight * entropy
+        elif measure:  # (measured, not trained on)
+            entropy = token_mean(entropies.detach(), loss_mask)
         if first_of_step:
             optimizer.zero_grad()
         (objective * scale).backward()
@@ -278,4 +309,14 @@ def _micro_batch(passes: _Passes, step: _Part) -> list[torch.Tensor]:
     if old_log_prob is None:  # the proximal policy: the weights before this update
         old_log_probs[i] = log_prob.detach()
     values = [loss.detach(), clip_fraction, approx_kl, kl.detach()]
-    return values if entropy is None else [*values, entropy.detach()]
+    if entropy is not None:
+        values.append(entropy.detach())
+    if measure:
+        low, low_min, high, high_max, region = clip_ratios(
+            log_prob.detach(), old_log_probs[i], advantage, loss_mask, args
+        )
+        # A rank's shares weighted as its loss is; its extremes are its own (min / max over
+        # the ranks, of each rank's mean over its micro-batches).
+        values += [low * token_weight, low_min, high * token_weight, high_max]
+        values.append(region * token_weight)
+    return values

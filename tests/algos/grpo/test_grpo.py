@@ -186,37 +186,45 @@ def test_a_checkpoint_from_before_the_entropy_bonus_resumes_without_one(tmp_path
         grpo.train(dataclasses.replace(resumed, entropy_coef=0.05))
 
 
+def _entropy_and_surrogate(setup, args, batch, loss_type):
+    """The mean token entropy of the sampling distribution over the completion tokens and the
+    surrogate at the current weights, from the full logits (no chunking, no native head)."""
+    with torch.no_grad():
+        hidden, weight, tokens = grpo.policy_head(
+            setup.decoder, batch, args.temperature, setup.vocab, args.num_generations
+        )
+        logits = hidden @ weight.T
+        entropy = torch.distributions.Categorical(logits=logits).entropy()
+        mask = batch.completion_mask
+        want_entropy = (entropy * mask).sum() / mask.sum()
+        log_prob = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+        advantage = nostall.group_advantages(
+            batch.rewards, setup.group_index, args.num_prompts, args.scale_rewards
+        )
+        surrogate = nostall.clipped_policy_loss(
+            log_prob,
+            log_prob,
+            advantage,
+            mask,
+            aggregation=grpo.AGGREGATIONS[loss_type],
+            max_tokens=mask.shape[1],
+        ).loss
+    return want_entropy, surrogate
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo", "grpo"])
 def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type):
     """The update's loss is the surrogate minus entropy_coef times the mean entropy of the
     sampling distribution over the completion tokens, a plain token mean whatever the loss
     type (TRL's entropy_coef), the entropy computed here from the full logits; checked for two
-    consecutive batches."""
+    consecutive batches. Without a bonus, a measured update (a logged step's) reports the same
+    entropy (TRL's figure) and a loss without it; an update that is not measured reports none."""
     args = grpo.GRPOCommandConfig(**FAST, entropy_coef=0.2, loss_type=loss_type)
     setup = grpo.build(args)
     batch = setup.loop.slots[0]
     for _ in range(2):
         setup.generator(batch)
-        with torch.no_grad():
-            hidden, weight, tokens = grpo.policy_head(
-                setup.decoder, batch, args.temperature, setup.vocab, args.num_generations
-            )
-            logits = hidden @ weight.T
-            entropy = torch.distributions.Categorical(logits=logits).entropy()
-            mask = batch.completion_mask
-            want_entropy = (entropy * mask).sum() / mask.sum()
-            log_prob = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
-            advantage = nostall.group_advantages(
-                batch.rewards, setup.group_index, args.num_prompts, args.scale_rewards
-            )
-            surrogate = nostall.clipped_policy_loss(
-                log_prob,
-                log_prob,
-                advantage,
-                mask,
-                aggregation=grpo.AGGREGATIONS[loss_type],
-                max_tokens=mask.shape[1],
-            ).loss
+        want_entropy, surrogate = _entropy_and_surrogate(setup, args, batch, loss_type)
         metrics = grpo.grpo_update(
             grpo.UpdateContext(
                 setup.decoder, setup.optimizer, args, setup.vocab, setup.group_index
@@ -228,18 +236,17 @@ def test_the_entropy_bonus_is_the_mean_token_entropy_times_its_weight(loss_type)
         torch.testing.assert_close(
             metrics["loss"], surrogate - 0.2 * want_entropy, rtol=1e-5, atol=1e-6
         )
-    without = grpo.grpo_update(
-        grpo.UpdateContext(
-            setup.decoder,
-            setup.optimizer,
-            dataclasses.replace(args, entropy_coef=0.0),
-            setup.vocab,
-            setup.group_index,
-        ),
-        batch,
-        False,
+    plain = dataclasses.replace(args, entropy_coef=0.0)
+    context = grpo.UpdateContext(
+        setup.decoder, setup.optimizer, plain, setup.vocab, setup.group_index
     )
-    assert "entropy" not in without  # not computed, so not reported
+    want_entropy, surrogate = _entropy_and_surrogate(setup, plain, batch, loss_type)
+    measured = grpo.grpo_update(context, batch, False, measure=True)
+    torch.testing.assert_close(measured["entropy"], want_entropy, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(measured["loss"], surrogate, rtol=1e-5, atol=1e-6)
+    quiet = grpo.grpo_update(context, batch, False, measure=False)
+    assert "entropy" not in quiet  # not computed, so not reported
+    assert "grad_norm" not in quiet and not any(k.startswith("clip_ratio/") for k in quiet)
 
 
 def test_tiny_model_learns_copy():

@@ -66,7 +66,7 @@ class Recorder:
     def collect_gradients(self) -> None:
         pass
 
-    def apply_gradients(self) -> None:
+    def apply_gradients(self, measure: bool = False) -> None:
         self.steps.append(
             [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in self.params]
         )

@@ -16,9 +16,15 @@ from tests.lm import architectures
 HAS_TRL = importlib.util.find_spec("trl") is not None
 LIBRARIES = ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
 
-# The figures both log every logging_steps (TRL logs others too: grad_norm, entropy and
-# clip_ratio/*; docs/from_trl.md lists what nostall logs instead).
+# The figures both log every logging_steps (docs/from_trl.md lists nostall's own besides).
 SHARED_KEYS = {
+    "grad_norm",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
     "num_tokens",
     "step_time",
     "completions/min_terminated_length",
