@@ -171,12 +171,18 @@ def test_a_worker_whose_env_raises_stops_the_run_with_the_cause(local_cluster):
 
 
 def test_appo_on_two_workers_learns_and_the_report_counts_no_drops(local_cluster, tmp_path):
+    """APPO on two Ray workers learns CartPole: the median final return over three seeds
+    beats random play (about 20) five times over. A seed's run is deterministic on one machine
+    but not across machines (the CPU's kernels round differently, and training amplifies it):
+    at 40,000 steps seeds 1-8 ended bimodal on one machine (65-438, median 170, three of eight
+    under 90) where another's seeds 1-3 passed, so the budget is 60,000 steps (there: every one
+    of seeds 1-8 at 124-435), on seeds 11-13, looked at only by this test."""
     import json
 
     from nostall.cli import main
 
     finals = []
-    for seed in (1, 2, 3):  # (none tuned on; the median against the claim)
+    for seed in (11, 12, 13):
         out = tmp_path / f"seed{seed}"
         code = main(
             [
@@ -189,7 +195,7 @@ def test_appo_on_two_workers_learns_and_the_report_counts_no_drops(local_cluster
                 "--num-workers",
                 "2",
                 "--total-timesteps",
-                "40000",
+                "60000",
                 "--seed",
                 str(seed),
                 "--no-progress",
@@ -202,7 +208,7 @@ def test_appo_on_two_workers_learns_and_the_report_counts_no_drops(local_cluster
         report = json.loads((out / "report.json").read_text())
         assert report["dropped_chunks"] == 0
         finals.append(report["final_return"])
-    assert statistics.median(finals) > 100, finals  # random play: about 20
+    assert statistics.median(finals) > 100, finals
 
 
 def test_bad_worker_counts_are_refused():
