@@ -17,7 +17,8 @@
 # its reference, environment steps against Gymnasium, a short PPO run).
 #   5. that CUDA torch with no CUDA toolkit visible (a stock Linux machine): the in-place build
 #      `make run` does makes the CPU kernels and says why, `nostall --version` says so, and
-#      make run's job (a short PPO run) and the smoke suites pass;
+#      make run's job (a short PPO run), the smoke suites and the suites that call the native
+#      code (those of part 4) pass;
 # STEPS picks the parts ("wheel nocuda cuda" by default: 1-3, 5 and 4; "nocuda" and "cuda"
 # reuse the venv of part 3).
 set -euo pipefail
@@ -50,6 +51,19 @@ copy_tree() {  # destination
 }
 
 cp -r "$work/snapshot/tests" "$work/snapshot/pyproject.toml" "$work/smoke/"
+
+# The suites that call the native code: every op kernel and its autograd formula, the
+# environments' and the decoder ops' suites. Everything else (trainers, runtime, profiler,
+# command line, fault injection) is Python over those same calls and runs under the pinned
+# torch in `make test`. Parts 4 and 5 run them under the CUDA torch, in a source copy (they
+# read files of the tree), with what they import beyond the smoke set.
+native_suites=(tests/ops tests/envs/test_env_ops.py tests/envs/test_env_errors.py
+               tests/lm/test_decoder_train.py tests/lm/test_generate_completions.py
+               tests/lm/test_sample_tokens.py tests/lm/test_generation.py tests/test_package.py)
+suite_deps() {  # venv
+  "$1/bin/pip" install -q pygame "gymnasium==1.4.0" "torchrl==0.14.1" \
+    "transformers==5.23.0" "tokenizers==0.23.3"
+}
 
 check() {  # venv, expected autograd, a name for the PPO run's folder
   local venv=$1 autograd=$2 name=$3
@@ -120,6 +134,10 @@ if [[ " $steps " == *" nocuda "* ]]; then
   nocuda "$work/other/bin/python" -m nostall.cli train ppo --env CartPole-v1 \
     --total-timesteps 4096 --no-progress --out "$work/run-nocuda" | tail -3
   nocuda "$work/other/bin/python" -m pytest -q -p no:cacheprovider "${smoke[@]}" | tail -3
+  echo "== torch $other (CUDA), no CUDA toolkit: the suites that call the native code" >&2
+  suite_deps "$work/other"
+  nocuda "$work/other/bin/python" -m pytest -q -p no:cacheprovider -x "${native_suites[@]}" |
+    tail -15
 fi
 
 if [[ " $steps " == *" cuda "* ]] && command -v nvcc >/dev/null; then
@@ -153,16 +171,12 @@ print(f"torch {torch.__version__}: {len(names)} ops, every one but {sorted(HOST_
 PY
   )
   echo "== torch $other (CUDA), no GPU: the suites that call the native code" >&2
-  # In the source copy, with the extension just built and installed (the suites read files of
-  # the tree). The ops' suites call every op kernel and its autograd formula, and the
-  # environments' and the decoder ops' suites the rest; everything else (trainers, runtime,
-  # profiler, command line, fault injection) is Python over those same calls and runs under the
-  # pinned torch in `make test`. The CUDA sources were compiled by the build above.
+  # In the source copy, with the extension just built and installed (its CUDA sources compiled
+  # by the build above).
   installed=$(cd "$work/smoke" &&
     "$work/other/bin/python" -c 'import nostall, os; print(os.path.dirname(nostall.__file__))')
   cp "$installed"/_C*.so "$work/src/nostall/"
-  "$work/other/bin/pip" install -q pygame "gymnasium==1.4.0" "torchrl==0.14.1" \
-    "transformers==5.23.0" "tokenizers==0.23.3"
+  suite_deps "$work/other"
   (cd "$work/src" && "$work/other/bin/python" - <<'PY'
 import nostall
 assert nostall.HAS_CUDA_KERNELS and nostall.__file__.startswith(__import__("os").getcwd()), (
@@ -170,8 +184,6 @@ assert nostall.HAS_CUDA_KERNELS and nostall.__file__.startswith(__import__("os")
 PY
   )
   (cd "$work/src" && "$work/other/bin/python" -m pytest -q -p no:cacheprovider -x \
-    tests/ops tests/envs/test_env_ops.py tests/envs/test_env_errors.py \
-    tests/lm/test_decoder_train.py tests/lm/test_generate_completions.py \
-    tests/lm/test_sample_tokens.py tests/lm/test_generation.py tests/test_package.py | tail -15)
+    "${native_suites[@]}" | tail -15)
 fi
 echo "== install check passed" >&2
