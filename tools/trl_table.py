@@ -33,6 +33,11 @@ DIFFERS = {
     "entropy_coef": "the same bonus; the command's default is 0.05",
     "num_train_epochs": "TRL's count; a batch may hold the last prompts of one epoch and the "
     "first of the next",
+    "vllm_importance_sampling_mode": "TRL's four modes, applied wherever generation's "
+    "policy can differ from the trainer's (staleness >= 1, bf16 compute, vLLM); the command's "
+    "default is token_truncate",
+    "vllm_importance_sampling_clip_max": "as `is_cap`; None keeps the default (no upper bound: "
+    "is_cap=None); the command's default is 2.0",
 }
 
 
@@ -42,7 +47,9 @@ def main() -> None:
     print("|---|---|")
     for f in dataclasses.fields(TRLConfig):
         name = f.name
-        if name in ALIASES:
+        if name in ALIASES and name in DIFFERS:
+            status = f"different: {DIFFERS[name]}"
+        elif name in ALIASES:
             status = f"same meaning and default, as `{ALIASES[name]}`"
         elif name in own:
             same = "same meaning and default"

@@ -124,7 +124,10 @@ def test_the_mismatch_is_measured_without_a_host_read_and_masked():
     behaviour = torch.tensor([[-1.1, -2.0, -1.0], [-0.4, -0.7, 0.0]])
     mask = torch.tensor([[True, True, False], [True, True, False]])
     batch = type("B", (), {"log_probs": behaviour, "completion_mask": mask})()
-    got = {k.split("/", 1)[1]: float(v) for k, v in behaviour_mismatch(trainer, batch, 2.0).items()}
+    args = grpo.GRPOCommandConfig(is_cap=2.0)  # (token_truncate: min(ratio, 2))
+    got = {
+        k.split("/", 1)[1]: float(v) for k, v in behaviour_mismatch(trainer, batch, args).items()
+    }
     delta = (trainer - behaviour)[mask]
     assert got["sampling_logp_difference/mean"] == pytest.approx(float(delta.abs().mean()))
     assert got["sampling_logp_difference/max"] == pytest.approx(0.2)

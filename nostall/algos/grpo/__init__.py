@@ -19,7 +19,8 @@ runs it, with TRL's names, and the waits taken out:
 - `staleness` S lets generation run up to S policy versions ahead of the trainer (S = 0:
   generate then train, exactly synchronous GRPO). Stale batches use the decoupled objective
   (AReaL, Fu et al. 2025): the clip against the proximal policy (the trainer's weights before
-  the update, log-probs recomputed), each token weighted by min(pi_prox / pi_behaviour, is_cap).
+  the update, log-probs recomputed), each token weighted by pi_prox / pi_behaviour (of the
+  token or of the completion, bounded as TRL's vllm_importance_sampling_mode says).
 
 - `dtype` "bfloat16" (auto where the hardware has bf16 arithmetic, for a real model) runs
   generation and the update on a bf16 copy over float32 master weights and Adam state

@@ -6,7 +6,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from nostall.algos.grpo.config_checks import check_settings, check_trl_options
+from nostall.algos.grpo.config_checks import (
+    _flag,
+    check_settings,
+    check_trl_options,
+    reward_weights,
+)
 from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.algos.grpo.training_args import TrainingArgs
 from nostall.lm.models import BUILTIN_SIZES
@@ -66,6 +71,8 @@ ALIASES = {
     "max_completion_length": "max_new_tokens",
     "logging_steps": "log_interval",
     "vllm_importance_sampling_correction": "importance_sampling_correction",
+    "vllm_importance_sampling_clip_max": "is_cap",
+    "vllm_importance_sampling_cap": "is_cap",  # (TRL's deprecated name for clip_max)
     "micro_batch_size": "per_device_train_batch_size",  # (nostall's earlier name)
 }
 
@@ -184,13 +191,25 @@ class GRPOConfig(TrainingArgs):
     """with staleness >= 1: the generator takes weights published while it generates a batch
     between two decode steps (in flight, as PipelineRL does), each token's version recorded;
     the cached keys and values of earlier tokens are kept. Off: one version per batch"""
-    is_cap: float = 2.0
-    """cap of the behaviour importance weight (decoupled objective, engine correction)"""
+    is_cap: float | None = 3.0
+    """upper bound of the behaviour weight (TRL's vllm_importance_sampling_clip_max; None:
+    none; the command's: 2.0)"""
     importance_sampling_correction: bool = True
-    """weight each token by min(trainer's / generation's probability, is_cap) wherever the two
-    can differ: always at staleness >= 1 (the decoupled objective), and at staleness 0 with
-    bfloat16 compute (TRL's vllm_importance_sampling_correction). float32 at staleness 0
-    generates with the trainer's own arithmetic; the difference is reported every step"""
+    """weight each token by the trainer's / generation's probability, bounded as
+    vllm_importance_sampling_mode says, wherever the two can differ: always at staleness >= 1
+    (the decoupled objective), and at staleness 0 with bfloat16 compute (TRL's
+    vllm_importance_sampling_correction). float32 at staleness 0 generates with the trainer's
+    own arithmetic; the difference is reported every step"""
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    """the behaviour weight, TRL's: token_truncate (each token's ratio clamped to
+    [vllm_importance_sampling_clip_min, is_cap]), token_mask (0 outside it), sequence_truncate
+    and sequence_mask (the same with the completion's ratio, for each of its tokens); the
+    command's: token_truncate"""
+    vllm_importance_sampling_clip_min: float | None = None
+    """lower bound of the behaviour weight (None: none)"""
+    use_bias_correction_kl: bool = True
+    """with beta: each token's KL times its ratio to the proximal policy (TRL's: the
+    unbiased reverse-KL gradient)"""
     entropy_coef: float = 0.0
     """weight of an entropy bonus: the loss minus entropy_coef times the sampling
     distribution's entropy, a plain mean over the completion tokens whatever the loss type (as
@@ -249,6 +268,10 @@ class GRPOConfig(TrainingArgs):
     """TRL's name for log_interval"""
     vllm_importance_sampling_correction: bool | None = None
     """TRL's name for importance_sampling_correction"""
+    vllm_importance_sampling_clip_max: float | None = None
+    """TRL's name for is_cap"""
+    vllm_importance_sampling_cap: float | None = None
+    """TRL's deprecated name for is_cap"""
     micro_batch_size: int | None = None
     """nostall's earlier name for per_device_train_batch_size"""
 
@@ -397,29 +420,17 @@ class GRPOConfig(TrainingArgs):
         )
 
     def weights(self) -> list[float] | None:
-        """reward_weights as numbers (a list, or the command's "1,0.5"); ValueError for a
-        weight that is not a finite number."""
-        weights = self.reward_weights
-        if weights is None:
-            return None
-        try:
-            values = [
-                float(w) for w in (weights.split(",") if isinstance(weights, str) else weights)
-            ]
-        except (TypeError, ValueError):
-            raise ValueError(f"--reward-weights must be numbers, got {weights!r}") from None
-        if not all(math.isfinite(v) for v in values):
-            raise ValueError(f"--reward-weights must be finite numbers, got {weights!r}")
-        return values
+        """reward_weights as numbers (ValueError for a weight that is not a finite number)."""
+        return reward_weights(self.reward_weights)
 
 
 @refuses_unknown_names
 @dataclass
 class GRPOCommandConfig(GRPOConfig):
-    """The settings `nostall train grpo` starts from: GRPOConfig's, but for nostall's own
-    defaults where they differ from TRL's: generation overlapped one version ahead with an
-    entropy bonus, a constant rate, seed 0, 8 prompts a batch for 500 steps, TensorBoard logs
-    and no checkpoint folders unless asked (docs/from_trl.md lists them)."""
+    """`nostall train grpo`'s settings: GRPOConfig's but for nostall's defaults (listed in
+    docs/from_trl.md): generation one version ahead, an entropy bonus, each token's behaviour
+    weight capped at 2, a constant rate, seed 0, 8 prompts a batch for 500 steps, TensorBoard
+    logs and no checkpoint folders unless asked."""
 
     seed: int = 0
     steps: int | None = 500
@@ -427,13 +438,11 @@ class GRPOCommandConfig(GRPOConfig):
     lr_scheduler_type: str = "constant"
     staleness: int = 1
     entropy_coef: float = 0.05
+    is_cap: float | None = 2.0
+    vllm_importance_sampling_mode: str = "token_truncate"
     gradient_checkpointing: bool | None = False
     save_strategy: str = "no"
     report_to: str | list[str] = "tensorboard"
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def _named(name: str) -> str:

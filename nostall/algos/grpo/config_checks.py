@@ -4,6 +4,7 @@ pruning. (Read from the config; config.py's `check` calls them.)"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from nostall.lm.precision import DTYPES, MASTER_DTYPES
@@ -12,6 +13,9 @@ from nostall.train.reporters import requested
 from nostall.train.schedule import SCHEDULES
 
 # transformers' optimizers that are Adam with decoupled weight decay: nostall's ClippedAdam.
+# TRL's vllm_importance_sampling_mode values: the ratio of each token or of the completion,
+# clamped to its bounds (truncate) or zeroed outside them (mask).
+BEHAVIOUR_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 ADAMW = ("adamw_torch_fused", "adamw_torch", "adamw_hf", "adamw")
 
 
@@ -170,8 +174,11 @@ def check_settings(config) -> None:
         "generation_timeout",
     ):
         value = getattr(config, name)
+        if value is None and name == "is_cap":  # (no upper bound)
+            continue
         if not (value > 0 and value < float("inf")):
             raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")
+    check_behaviour_weight(config)
     if not 0 < config.top_p <= 1:
         raise ValueError(f"--top-p must lie in (0, 1], got {config.top_p}")
     for name in ("clip_low", "clip_high", "beta", "entropy_coef"):
@@ -198,6 +205,39 @@ def check_settings(config) -> None:
         raise ValueError(
             f"--scale-rewards must be group, batch or none, got {config.scale_rewards!r}"
         )
+
+
+def check_behaviour_weight(config) -> None:
+    """The behaviour weight's mode and bounds (TRL's vllm_importance_sampling_*)."""
+    mode = config.vllm_importance_sampling_mode
+    if mode not in BEHAVIOUR_MODES:
+        raise ValueError(
+            f"--vllm-importance-sampling-mode must be one of {', '.join(BEHAVIOUR_MODES)}, "
+            f"got {mode!r}"
+        )
+    low, high = config.vllm_importance_sampling_clip_min, config.is_cap
+    if low is not None and not 0 <= low < float("inf"):
+        raise ValueError(
+            f"--vllm-importance-sampling-clip-min must be a finite number >= 0, got {low}"
+        )
+    if low is not None and high is not None and low > high:
+        raise ValueError(
+            f"--vllm-importance-sampling-clip-min {low} must be at most --is-cap {high}"
+        )
+
+
+def reward_weights(weights) -> list[float] | None:
+    """reward_weights as numbers (a list, or the command's "1,0.5"); ValueError for a weight
+    that is not a finite number."""
+    if weights is None:
+        return None
+    try:
+        values = [float(w) for w in (weights.split(",") if isinstance(weights, str) else weights)]
+    except (TypeError, ValueError):
+        raise ValueError(f"--reward-weights must be numbers, got {weights!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"--reward-weights must be finite numbers, got {weights!r}")
+    return values
 
 
 def _flag(name: str) -> str:

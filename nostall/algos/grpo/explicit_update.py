@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from nostall.algos.grpo.config import AGGREGATIONS
-from nostall.algos.grpo.loss import token_mean
+from nostall.algos.grpo.loss import NO_CAP, behaviour_for_loss, token_mean
 from nostall.decoder_weights import DecoderWeights
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
@@ -152,6 +152,9 @@ class ExplicitUpdate:
             old_log_prob = log_prob
         aggregation = AGGREGATIONS[args.loss_type]
         clip_high = args.clip_low if args.clip_high is None else args.clip_high
+        behaviour, is_cap = None, NO_CAP
+        if decoupled:
+            behaviour, is_cap = behaviour_for_loss(old_log_prob, batch.log_probs, loss_mask, args)
         loss, clip_fraction, approx_kl, token_grad = torch.ops.nostall.clipped_policy_loss.default(
             log_prob,
             old_log_prob,
@@ -162,8 +165,8 @@ class ExplicitUpdate:
             aggregation,
             C,
             None,
-            batch.log_probs if decoupled else None,
-            float(args.is_cap),
+            behaviour,
+            float(is_cap),
         )
         grad_log_prob = torch.ops.nostall.clipped_policy_loss_backward.default(
             torch.full_like(loss, scale), token_grad, loss_mask, aggregation, C

@@ -8,6 +8,7 @@ import torch
 
 import nostall
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
+from nostall.algos.grpo.config_checks import BEHAVIOUR_MODES
 from nostall.lm.batch import LMBatch
 from nostall.lm.decoder import Decoder
 from nostall.lm.generation import SampledVocab
@@ -139,6 +140,57 @@ def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (per_token * m).sum() / m.sum().clamp(min=1)
 
 
+# clipped_policy_loss's cap where the weight is taken here (behaviour_for_loss): no bound.
+NO_CAP = 1e30
+
+
+def behaviour_weights(
+    old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor, mask: torch.Tensor, args
+) -> torch.Tensor:
+    """[B, C] weights of the tokens for the policy that generated them (TRL's
+    vllm_importance_sampling_ratio): the ratio of the proximal policy's probability to the
+    behaviour's, of each token or of the completion (the product over its tokens, for each of
+    them), clamped to [vllm_importance_sampling_clip_min, is_cap] (truncate) or zero outside
+    them (mask); a bound None is none."""
+    mode = args.vllm_importance_sampling_mode
+    if mode not in BEHAVIOUR_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode {mode!r} is not one of {BEHAVIOUR_MODES}")
+    low, high = args.vllm_importance_sampling_clip_min, args.is_cap
+    difference = torch.nan_to_num((old_log_prob - behavior_log_prob) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        difference = difference.sum(-1, keepdim=True)
+    ratio = difference.exp()
+    if mode.endswith("truncate"):
+        if low is not None or high is not None:
+            ratio = ratio.clamp(min=low, max=high)
+    else:
+        outside = torch.zeros_like(ratio, dtype=torch.bool)
+        if low is not None:
+            outside |= ratio < low
+        if high is not None:
+            outside |= ratio > high
+        ratio = ratio.masked_fill(outside, 0.0)
+    return ratio.expand_as(old_log_prob)
+
+
+def behaviour_for_loss(
+    old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor, mask: torch.Tensor, args
+) -> tuple[torch.Tensor, float]:
+    """(behavior_log_prob, is_cap) for clipped_policy_loss, whose weight is
+    min(exp(old_log_prob - behavior_log_prob), is_cap): as given for token_truncate with no
+    lower bound (the op's own weight, exactly), else log-probs shifted so that the op's weight
+    is behaviour_weights' (a weight of 0 by a shift past float32's exp, which gives exactly 0)."""
+    if (
+        args.vllm_importance_sampling_mode == "token_truncate"
+        and args.vllm_importance_sampling_clip_min is None
+        and args.is_cap is not None
+    ):
+        return behavior_log_prob, float(args.is_cap)
+    weight = behaviour_weights(old_log_prob, behavior_log_prob, mask, args)
+    shifted = old_log_prob - weight.clamp(min=1e-30, max=NO_CAP).log()
+    return torch.where(weight > 0, shifted, old_log_prob + 1e4), NO_CAP
+
+
 def grpo_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -149,9 +201,13 @@ def grpo_loss(
     ref_log_prob: torch.Tensor | None = None,
 ):
     """(loss, clip_fraction, approx_kl, kl) of [B, C] token log-probs: the clipped surrogate
-    aggregated as `args.loss_type`, weighted by the capped behaviour ratio when
-    `behavior_log_prob` is given (decoupled objective), plus beta * k3 KL to `ref_log_prob`."""
+    aggregated as `args.loss_type`, weighted by the behaviour weight (behaviour_weights) when
+    `behavior_log_prob` is given (decoupled objective), plus beta * k3 KL to `ref_log_prob`
+    (each token's times its ratio to the proximal policy with use_bias_correction_kl, TRL's)."""
     C = mask.shape[1]
+    is_cap = args.is_cap
+    if behavior_log_prob is not None:
+        behavior_log_prob, is_cap = behaviour_for_loss(old_log_prob, behavior_log_prob, mask, args)
     out = nostall.clipped_policy_loss(
         log_prob,
         old_log_prob,
@@ -162,12 +218,15 @@ def grpo_loss(
         AGGREGATIONS[args.loss_type],
         C,
         behavior_log_prob=behavior_log_prob,
-        is_cap=args.is_cap,
+        is_cap=NO_CAP if is_cap is None else is_cap,
     )
     loss, kl = out.loss, torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     if ref_log_prob is not None:
         delta = ref_log_prob - log_prob
-        kl = aggregate(delta.exp() - delta - 1, mask, args.loss_type, C)
+        per_token = delta.exp() - delta - 1
+        if args.use_bias_correction_kl:  # (differentiable: its gradient is the point)
+            per_token = per_token * (log_prob - old_log_prob).exp()
+        kl = aggregate(per_token, mask, args.loss_type, C)
         loss = loss + args.beta * kl
     return loss, out.clip_fraction, out.approx_kl, kl
 

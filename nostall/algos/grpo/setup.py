@@ -67,7 +67,7 @@ def _to_master_dtype(model: torch.nn.Module, args: GRPOConfig) -> None:
 
 
 def corrects_behaviour(args: GRPOConfig, dtype: torch.dtype) -> bool:
-    """Whether the loss weighs each token by min(trainer's / behaviour probability, is_cap): at
+    """Whether the loss weighs each token by its behaviour weight (loss.behaviour_weights): at
     staleness >= 1 (the decoupled objective), and at staleness 0 where generation's arithmetic
     is not the trainer's float32 (--importance-sampling-correction)."""
     if args.staleness > 0:

@@ -129,17 +129,6 @@ INERT: dict[str, str] = {
         ("ref_model_mixup_alpha", "ref_model_sync_steps"),
         "read only with sync_ref_model=True, which nostall refuses",
     ),
-    "use_bias_correction_kl": "read only with beta > 0 under vLLM's importance sampling",
-    **dict.fromkeys(
-        (
-            "vllm_importance_sampling_mode",
-            "vllm_importance_sampling_clip_max",
-            "vllm_importance_sampling_clip_min",
-            "vllm_importance_sampling_cap",
-        ),
-        "nostall's correction weighs each token by min(ratio, is_cap) (TRL's "
-        "'token_truncate' mode, with is_cap for the cap), whatever these say",
-    ),
 }
 
 _RANKS = "trainers=N with backend='ray' (FSDP2 ranks)"
@@ -283,9 +272,6 @@ _INERT_DEFAULTS = {
     "entropy_target": 0.2,
     "ref_model_mixup_alpha": 0.6,
     "ref_model_sync_steps": 512,
-    "use_bias_correction_kl": True,
-    "vllm_importance_sampling_mode": "sequence_mask",
-    "vllm_importance_sampling_clip_max": 3.0,
 }
 
 OUTSIDE_NAMES = frozenset(INERT) | frozenset(DEFAULT_ONLY)

@@ -17,6 +17,7 @@ import nostall
 from nostall.algos.grpo.config import AGGREGATIONS, GRPOConfig
 from nostall.algos.grpo.explicit_update import MicroBatch, explicit_update
 from nostall.algos.grpo.loss import (
+    behaviour_weights,
     clip_ratios,
     grpo_loss,
     policy_log_probs,
@@ -193,29 +194,31 @@ def grpo_update(
     metrics = dict(zip(names, totals.unbind(), strict=True))
     if grad_norm is not None:  # (transformers': the logged step's, its last optimizer step's)
         metrics["grad_norm"] = grad_norm
-    metrics.update(behaviour_mismatch(torch.cat(old_log_probs), batch, args.is_cap, share))
+    metrics.update(behaviour_mismatch(torch.cat(old_log_probs), batch, args, share))
     return metrics
 
 
 def behaviour_mismatch(
-    trainer: torch.Tensor, batch: LMBatch, cap: float, share: float | torch.Tensor = 1.0
+    trainer: torch.Tensor, batch: LMBatch, args, share: float | torch.Tensor = 1.0
 ) -> dict:
     """How far generation's log-probs of the completion tokens are from the trainer's at the
     batch's first step (its proximal policy), under TRL's names: |difference| mean and max,
-    and the importance ratio trainer / generation, capped (the weight the decoupled objective
-    and the engine correction apply), min, mean and max. Tensors: nothing is read here. The
-    means are weighted by `share` (a trainer rank's tokens over the mean rank's)."""
+    and the behaviour weight (loss.behaviour_weights: the weight the decoupled objective and
+    the engine correction apply) min, mean and max over the tokens (0 with none). Tensors:
+    nothing is read here. The means are weighted by `share` (a trainer rank's tokens over the
+    mean rank's)."""
     mask = batch.completion_mask
     count = mask.sum().clamp(min=1)
     delta = trainer - batch.log_probs
-    ratio = delta.exp().clamp(max=cap)
+    ratio = behaviour_weights(trainer, batch.log_probs, mask, args)
     zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
     gap = torch.where(mask, delta.abs(), zero)
     masked_ratio = torch.where(mask, ratio, zero)
+    lowest = torch.where(mask, ratio, float("inf")).amin()
     return {
         "sampling/sampling_logp_difference/mean": share * gap.sum() / count,
         "sampling/sampling_logp_difference/max": gap.amax(),
-        "sampling/importance_sampling_ratio/min": torch.where(mask, ratio, cap).amin(),
+        "sampling/importance_sampling_ratio/min": torch.where(mask.any(), lowest, zero),
         "sampling/importance_sampling_ratio/mean": share * masked_ratio.sum() / count,
         "sampling/importance_sampling_ratio/max": masked_ratio.amax(),
     }

@@ -79,19 +79,21 @@ def _run(model, args: grpo.GRPOCommandConfig, banned: list[int], autograd: bool,
 
 @pytest.mark.parametrize("which", ["qwen2_tiny", "llama_untied"])
 @pytest.mark.parametrize(
-    ("loss_type", "temperature", "updates", "banned", "entropy_coef"),
+    ("loss_type", "temperature", "updates", "banned", "entropy_coef", "mode"),
     [
-        ("dapo", 1.0, 1, [0, 1], 0.0),
-        ("grpo", 0.7, 2, [], 0.0),
-        ("dr_grpo", 1.3, 1, [1], 0.1),
-        ("bnpo", 1.0, 2, [0, 1], 0.0),
-        ("dapo", 0.7, 2, [0, 1], 0.05),
-        ("grpo", 1.0, 1, [1], 0.2),
+        ("dapo", 1.0, 1, [0, 1], 0.0, "token_truncate"),
+        ("grpo", 0.7, 2, [], 0.0, "sequence_mask"),
+        ("dr_grpo", 1.3, 1, [1], 0.1, "token_truncate"),
+        ("bnpo", 1.0, 2, [0, 1], 0.0, "token_mask"),
+        ("dapo", 0.7, 2, [0, 1], 0.05, "sequence_truncate"),
+        ("grpo", 1.0, 1, [1], 0.2, "token_truncate"),
     ],
 )
 def test_explicit_update_matches_autograd(
-    which, loss_type, temperature, updates, banned, entropy_coef
+    which, loss_type, temperature, updates, banned, entropy_coef, mode
 ):
+    """The update by explicit adjoints against autograd's, over three steps (the later two
+    decoupled: weighted by the behaviour weight of each of TRL's modes)."""
     model = builtin_model("tiny", seed=3).model if which == "qwen2_tiny" else _llama()
     args = grpo.GRPOCommandConfig(
         num_prompts=3,
@@ -104,6 +106,7 @@ def test_explicit_update_matches_autograd(
         max_grad_norm=0.5,
         is_cap=1.5,
         entropy_coef=entropy_coef,
+        vllm_importance_sampling_mode=mode,
     )
     mine, mine_metrics = _run(copy.deepcopy(model), args, banned, autograd=False)
     theirs, their_metrics = _run(copy.deepcopy(model), args, banned, autograd=True)

@@ -28,13 +28,17 @@ def _batch(seed=0, B=12, C=5):
     return log_prob, old, behaviour, ref, advantage, mask
 
 
-def trl_loss(log_prob, old, advantage, mask, loss_type, eps_low, eps_high, beta, ref, max_len):
-    """TRL GRPOTrainer._compute_loss (1.16), written out."""
+def trl_loss(
+    log_prob, old, advantage, mask, loss_type, eps_low, eps_high, beta, ref, max_len, bias=True
+):
+    """TRL GRPOTrainer._compute_loss (1.16), written out; `bias`: use_bias_correction_kl (the
+    KL times coef_1, through which its gradient flows too)."""
     coef_1 = torch.exp(log_prob - old)
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
     per_token = -torch.min(coef_1 * advantage[:, None], coef_2 * advantage[:, None])
     if beta:
-        per_token = per_token + beta * (torch.exp(ref - log_prob) - (ref - log_prob) - 1)
+        kl = torch.exp(ref - log_prob) - (ref - log_prob) - 1
+        per_token = per_token + beta * (kl * coef_1 if bias else kl)
     m = mask.float()
     if loss_type == "grpo":
         return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
@@ -44,11 +48,13 @@ def trl_loss(log_prob, old, advantage, mask, loss_type, eps_low, eps_high, beta,
 
 
 @pytest.mark.parametrize("loss_type", list(grpo.AGGREGATIONS))
-@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize(("beta", "bias"), [(0.0, True), (0.04, True), (0.04, False)])
 @pytest.mark.parametrize("clip_high", [None, 0.28])
-def test_each_loss_type_matches_trls_formula(loss_type, beta, clip_high):
+def test_each_loss_type_matches_trls_formula(loss_type, beta, bias, clip_high):
     log_prob, old, _, ref, advantage, mask = _batch()
-    args = grpo.GRPOCommandConfig(loss_type=loss_type, beta=beta, clip_high=clip_high)
+    args = grpo.GRPOCommandConfig(
+        loss_type=loss_type, beta=beta, clip_high=clip_high, use_bias_correction_kl=bias
+    )
     loss = grpo.grpo_loss(log_prob, old, advantage, mask, args, ref_log_prob=ref if beta else None)[
         0
     ]
@@ -64,6 +70,7 @@ def test_each_loss_type_matches_trls_formula(loss_type, beta, clip_high):
         beta,
         ref,
         5,
+        bias,
     )
     theirs = torch.autograd.grad(expected, log_prob)[0]
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)

@@ -46,6 +46,7 @@ def test_trls_defaults_are_nostalls_where_the_field_is_a_setting_here():
     config, defaults = GRPOConfig(), trl_fields()
     resolved_later = {"max_completion_length", "epsilon", "num_iterations", "logging_steps"}
     resolved_later |= {"vllm_importance_sampling_correction", "epsilon_high"}
+    resolved_later |= {"vllm_importance_sampling_clip_max"}  # (is_cap's TRL name)
     for f in dataclasses.fields(GRPOConfig):
         if f.name in defaults and f.name not in resolved_later:
             ours, theirs = getattr(config, f.name), defaults[f.name]
@@ -64,6 +65,7 @@ def test_trls_defaults_are_nostalls_where_the_field_is_a_setting_here():
     assert real.gradient_checkpointing is defaults["gradient_checkpointing"] is True
     assert config.log_interval == defaults["logging_steps"]
     assert config.clip_low == defaults["epsilon"] and config.updates_per_batch == 1
+    assert config.is_cap == defaults["vllm_importance_sampling_clip_max"] == 3.0
 
 
 @pytest.mark.parametrize(
