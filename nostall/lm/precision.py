@@ -22,7 +22,7 @@ import copy
 
 import torch
 
-from nostall.optim import ClippedAdam, pack
+from nostall.optim import ClippedAdam, float32_norm, pack
 
 DTYPES = ("auto", "float32", "bfloat16")
 MASTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --master-dtype
@@ -137,7 +137,7 @@ class MasterWeights:
         if self.accumulate == 1:
             norm = None
             if measure:  # (taken before the step, which may scale the gradient)
-                norm = torch.linalg.vector_norm(self.flat_grad, 2.0, dtype=torch.float32)
+                norm = float32_norm(self.flat_grad)
             if self.optimizer.step_rounding(self.flat_grad, self.flat):
                 self._collected = 0  # (the compute copy rounded in the same pass)
                 return norm
