@@ -192,8 +192,8 @@ class GRPOConfig(TrainingArgs):
     between two decode steps (in flight, as PipelineRL does), each token's version recorded;
     the cached keys and values of earlier tokens are kept. Off: one version per batch"""
     is_cap: float | None = 3.0
-    """upper bound of the behaviour weight (TRL's vllm_importance_sampling_clip_max; None:
-    none; the command's: 2.0)"""
+    """upper bound of the behaviour weight (TRL's vllm_importance_sampling_clip_max; None, from
+    Python: no bound; the command's: 2.0)"""
     importance_sampling_correction: bool = True
     """weight each token by the trainer's / generation's probability, bounded as
     vllm_importance_sampling_mode says, wherever the two can differ: always at staleness >= 1
@@ -206,7 +206,7 @@ class GRPOConfig(TrainingArgs):
     and sequence_mask (the same with the completion's ratio, for each of its tokens); the
     command's: token_truncate"""
     vllm_importance_sampling_clip_min: float | None = None
-    """lower bound of the behaviour weight (None: none)"""
+    """lower bound of the behaviour weight (default: none)"""
     use_bias_correction_kl: bool = True
     """with beta: each token's KL times its ratio to the proximal policy (TRL's: the
     unbiased reverse-KL gradient)"""
