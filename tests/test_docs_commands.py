@@ -5,6 +5,7 @@ test_readme.py, the migration guides' here)."""
 
 import re
 import shlex
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,5 +61,7 @@ def test_a_documented_command_is_taken_as_written(page, command, capsys):
 @pytest.mark.parametrize("page", ["from_sb3.md", "from_trl.md"])
 def test_a_migration_guides_python_runs_as_written(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # SB3's logger makes a folder under the temporary directory: this test's, not the machine's.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     for block in re.findall(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S):
         exec(compile(block, f"docs/{page} python block", "exec"), {})
