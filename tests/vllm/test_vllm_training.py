@@ -159,7 +159,9 @@ def test_a_resumed_run_repeats_an_uninterrupted_one(model_dir, tmp_path):
         "3",
         *TINY,
     ]
-    full = nostall(*common, "--checkpoint", str(tmp_path / "full{step}.pt"))
+    full = nostall(
+        *common, "--checkpoint", str(tmp_path / "full{step}.pt"), "--out", str(tmp_path / "full")
+    )
     assert full.returncode == 0, full.stderr[-3000:]
     resumed = nostall(
         *common,
@@ -167,6 +169,8 @@ def test_a_resumed_run_repeats_an_uninterrupted_one(model_dir, tmp_path):
         str(tmp_path / "full3.pt"),
         "--checkpoint",
         str(tmp_path / "resumed{step}.pt"),
+        "--out",  # (each run's outputs in this test's folder, none in the checkout's runs/)
+        str(tmp_path / "resumed"),
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, a = checkpoint.load(tmp_path / "full6.pt", "grpo")
