@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nostall.algos.grpo.config_checks import (
-    _flag,
     check_settings,
     check_trl_options,
+    flag,
     reward_weights,
 )
 from nostall.algos.grpo.runtime_options import check_runtime
@@ -295,7 +295,7 @@ class GRPOConfig(TrainingArgs):
             if getattr(self, switch) is on and getattr(self, name) != value:
                 if getattr(self, name) != type(self).__dataclass_fields__[name].default:
                     raise ValueError(
-                        f"--{_flag(switch)} {on} and --{_flag(name)} {getattr(self, name)} "
+                        f"--{flag(switch)} {on} and --{flag(name)} {getattr(self, name)} "
                         "disagree: give one"
                     )
                 setattr(self, name, value)
@@ -355,7 +355,7 @@ class GRPOConfig(TrainingArgs):
             current = getattr(self, name)
             if current != default and current != value:
                 raise ValueError(
-                    f"--{_flag(alias)} {value} and --{_flag(name)} {current} name "
+                    f"--{flag(alias)} {value} and --{flag(name)} {current} name "
                     f"the same setting: give one"
                 )
             setattr(self, name, value)
@@ -393,9 +393,7 @@ class GRPOConfig(TrainingArgs):
         except ValueError as e:
             message = str(e)
             for name, alias in self.__dict__.get("_from_alias", {}).items():
-                message = message.replace(
-                    f"--{_flag(name)} ", f"--{_flag(alias)} (--{_flag(name)}) "
-                )
+                message = message.replace(f"--{flag(name)} ", f"--{flag(alias)} (--{flag(name)}) ")
             raise ValueError(message) from None
 
     def _check(self) -> None:
@@ -447,4 +445,4 @@ class GRPOCommandConfig(GRPOConfig):
 
 def _named(name: str) -> str:
     """A setting as its flag (the messages' names: `check` rewrites a TRL alias's)."""
-    return f"--{_flag(name)}"
+    return f"--{flag(name)}"

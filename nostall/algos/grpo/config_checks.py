@@ -12,10 +12,10 @@ from nostall.ops.losses import GROUP_SCALES
 from nostall.train.reporters import requested
 from nostall.train.schedule import SCHEDULES
 
-# transformers' optimizers that are Adam with decoupled weight decay: nostall's ClippedAdam.
 # TRL's vllm_importance_sampling_mode values: the ratio of each token or of the completion,
 # clamped to its bounds (truncate) or zeroed outside them (mask).
 BEHAVIOUR_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# transformers' optimizers that are Adam with decoupled weight decay: nostall's ClippedAdam.
 ADAMW = ("adamw_torch_fused", "adamw_torch", "adamw_hf", "adamw")
 
 
@@ -144,7 +144,7 @@ def check_settings(config) -> None:
         "gradient_accumulation_steps",
     ):
         if getattr(config, name) < 1:
-            raise ValueError(f"--{_flag(name)} must be at least 1, got {getattr(config, name)}")
+            raise ValueError(f"--{flag(name)} must be at least 1, got {getattr(config, name)}")
     if config.num_generations < 2:
         raise ValueError(
             f"--num-generations must be at least 2 (a group of one has no relative "
@@ -159,32 +159,29 @@ def check_settings(config) -> None:
     )
     for name, cap in caps:
         if getattr(config, name) > cap:
-            raise ValueError(f"--{_flag(name)} must be at most {cap}, got {getattr(config, name)}")
+            raise ValueError(f"--{flag(name)} must be at most {cap}, got {getattr(config, name)}")
     if config.batch_size > 1 << 20:
         raise ValueError(f"--num-prompts * --num-generations must be at most {1 << 20}")
     for name in ("staleness", "top_k", "stop_check_every", "lora_r"):
         if not getattr(config, name) >= 0:
-            raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(config, name)}")
+            raise ValueError(f"--{flag(name)} must be >= 0, got {getattr(config, name)}")
     for name in (
         "learning_rate",
         "max_grad_norm",
         "temperature",
-        "is_cap",
         "reward_timeout",
         "generation_timeout",
     ):
         value = getattr(config, name)
-        if value is None and name == "is_cap":  # (no upper bound)
-            continue
         if not (value > 0 and value < float("inf")):
-            raise ValueError(f"--{_flag(name)} must be a positive finite number, got {value}")
+            raise ValueError(f"--{flag(name)} must be a positive finite number, got {value}")
     check_behaviour_weight(config)
     if not 0 < config.top_p <= 1:
         raise ValueError(f"--top-p must lie in (0, 1], got {config.top_p}")
     for name in ("clip_low", "clip_high", "beta", "entropy_coef"):
         value = getattr(config, name)
         if value is not None and not 0 <= value < float("inf"):
-            raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value}")
+            raise ValueError(f"--{flag(name)} must be a finite number >= 0, got {value}")
     if not -float("inf") < config.target_reward < float("inf"):
         raise ValueError(f"--target-reward must be finite, got {config.target_reward}")
     if config.dtype not in DTYPES:
@@ -216,6 +213,8 @@ def check_behaviour_weight(config) -> None:
             f"got {mode!r}"
         )
     low, high = config.vllm_importance_sampling_clip_min, config.is_cap
+    if high is not None and not (high > 0 and high < float("inf")):  # (None: no bound)
+        raise ValueError(f"--is-cap must be a positive finite number, got {high}")
     if low is not None and not 0 <= low < float("inf"):
         raise ValueError(
             f"--vllm-importance-sampling-clip-min must be a finite number >= 0, got {low}"
@@ -240,5 +239,5 @@ def reward_weights(weights) -> list[float] | None:
     return values
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
     return name.replace("_", "-")
