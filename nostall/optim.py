@@ -38,18 +38,21 @@ def pack(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def float32_norm(tensor: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
+def float32_norm(
+    tensor: torch.Tensor, chunk: int = 1 << 22, wide: torch.Tensor | None = None
+) -> torch.Tensor:
     """The 2-norm of a flat tensor of any floating dtype, summed in float32 a chunk at a time
-    through one reused buffer (a device tensor, not read). torch's own norm of a bf16 tensor
-    either sums in bf16 (1e-2 off at 1e8 elements) or, asked for float32, copies the whole
-    tensor first (4 bytes an element, and slower)."""
-    if tensor.dtype == torch.float32:
-        return torch.linalg.vector_norm(tensor, 2.0)
-    wide = torch.empty(min(chunk, tensor.numel()), dtype=torch.float32, device=tensor.device)
+    (the norm of the chunks' norms) through one reused float32 buffer, `wide` where given (a
+    device tensor, not read). torch's own norm of a bf16 tensor either sums in bf16 (1e-2 off
+    at 1e8 elements) or, asked for float32, copies the whole tensor first."""
+    if wide is None and tensor.dtype != torch.float32:
+        wide = torch.empty(min(chunk, tensor.numel()), dtype=torch.float32, device=tensor.device)
     norms = []
     for start in range(0, tensor.numel(), chunk):
         part = tensor[start : start + chunk]
-        norms.append(torch.linalg.vector_norm(wide[: part.numel()].copy_(part), 2.0))
+        if part.dtype != torch.float32:
+            part = wide[: part.numel()].copy_(part)
+        norms.append(torch.linalg.vector_norm(part, 2.0))
     return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
 
@@ -327,8 +330,7 @@ class ClippedAdam(torch.optim.Adam):
             out = wide[: grad[part].numel()]
             return out.copy_(grad[part])
 
-        norms = torch.stack([torch.linalg.vector_norm(widened(part), 2.0) for part in parts])
-        norm = torch.linalg.vector_norm(norms, 2.0)
+        norm = float32_norm(grad, chunk, wide)
         clip = self._clip(norm)
         self._step.add_(1)
         for part in parts:

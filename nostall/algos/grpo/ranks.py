@@ -55,9 +55,9 @@ class _Rank:
         self.start = None
         return self.rank
 
-    def update(self, tensors: dict, lr: float) -> None:
+    def update(self, tensors: dict, lr: float, measure: bool) -> None:
         batch = LMBatch(**{k: v.to(self.device) for k, v in tensors.items()})
-        self.trainer.update(batch, lr)
+        self.trainer.update(batch, lr, measure)
         self.trainer.full_weights()  # (the gather rank 0 keeps)
 
     def optimizer_state(self) -> None:
@@ -196,16 +196,17 @@ class GRPORanks:
         self.local = None
 
     # -- the update ----------------------------------------------------------------------------
-    def update(self, batch: LMBatch, lr: float) -> dict[str, torch.Tensor]:
-        """GRPO's update of the driver's model on `batch` by the M ranks; its metrics."""
+    def update(self, batch: LMBatch, lr: float, measure: bool = True) -> dict[str, torch.Tensor]:
+        """GRPO's update of the driver's model on `batch` by the M ranks; its metrics (TRL's
+        further figures with `measure`, on every rank alike: their reductions are collective)."""
         # The ranks take the batch from the store, on the host: a rank's GPU is not the driver's.
         tensors = batch.tensors()
         if self.on_gpu:
             tensors = {k: v.cpu() for k, v in tensors.items()}  # sync: the batch, once an update
         ref = self.ray.put(tensors)
-        pending = [rank.update.remote(ref, lr) for rank in self.ranks]
+        pending = [rank.update.remote(ref, lr, measure) for rank in self.ranks]
         try:
-            metrics = self.local.update(batch, lr)
+            metrics = self.local.update(batch, lr, measure)
             whole = self.local.full_weights()
         except BaseException as e:
             raise RuntimeError(f"a trainer rank failed: {self._cause(pending, e)}") from e

@@ -164,7 +164,7 @@ class ShardedTrainer:
             args.num_generations
         )
 
-    def update(self, batch: LMBatch, lr: float) -> dict[str, torch.Tensor]:
+    def update(self, batch: LMBatch, lr: float, measure: bool = True) -> dict[str, torch.Tensor]:
         """GRPO's update on this rank's share of `batch` (the whole batch, on every rank);
         the metrics over every rank's share (means; maxima and minima of /max and /min)."""
         for group in self.optimizer.param_groups:
@@ -180,7 +180,7 @@ class ShardedTrainer:
             rank=(self.rank, self.world),
             autograd=True,
         )
-        metrics = grpo_update(context, batch, self.decoupled)
+        metrics = grpo_update(context, batch, self.decoupled, measure)
         reduced = {}
         for name, value in metrics.items():
             value = value.detach().float().clone()

@@ -277,10 +277,10 @@ class GRPOTrainer(WritesOutputs):
 
     def update(self, batch, step: int) -> dict[str, torch.Tensor]:
         setup = self.setup
-        if setup.ranks is not None:
-            return setup.ranks.update(batch, setup.optimizer.param_groups[0]["lr"])
         # TRL's further figures (grad_norm, entropy, clip ratios) on the steps that log alone
         measure = logs_at(step, self.config, self.last_step)
+        if setup.ranks is not None:
+            return setup.ranks.update(batch, setup.optimizer.param_groups[0]["lr"], measure)
         return grpo_update(self._update_context, batch, setup.corrects, measure)
 
     def record(self, batch, lag: int, logging: bool) -> None:

@@ -174,7 +174,7 @@ def grpo_update(
     totals = torch.zeros(len(names), device=batch.rewards.device)
     passes = _Passes(context, explicit, decoupled, old_log_probs, 1.0 / accumulate, measure)
     grad_norm = None
-    for _ in range(args.updates_per_batch):
+    for update in range(args.updates_per_batch):
         for i, part in enumerate(parts):
             step = _Part(
                 i,
@@ -187,8 +187,10 @@ def grpo_update(
             )
             values = _micro_batch(passes, step)
             if (i + 1) % accumulate == 0:
+                # (the norm of the batch's last optimizer step alone: the one logged)
+                last = update == args.updates_per_batch - 1 and i == count - 1
                 with context.writing():
-                    grad_norm = optimizer.apply_gradients(measure=measure)
+                    grad_norm = optimizer.apply_gradients(measure=measure and last)
             totals += torch.stack(values)
     totals /= args.updates_per_batch * count
     metrics = dict(zip(names, totals.unbind(), strict=True))
