@@ -150,34 +150,43 @@ def _steps(
             hooks.record(chunk, lag, logging)  # before the release: the slot is refilled
             transport.release(slot)
             saving = _saves(hooks, step)
+            stop = False
             with transport.boundary() if saving else contextlib.nullcontext():
                 transport.publish(hooks.published_model, weights=hooks.publishes(step))
                 watch_scope.close()
                 hooks.at_boundary(step, clock)
-                if saving:
+                if saving:  # (the step's log line first, as TRL's: the checkpoint holds it)
+                    stop = logging and _log_step(hooks, step, metrics, lag, clock, log)
                     _save_checkpoint(hooks, step)
         if watch is not None:
             report = watch.report()
             syncs.append(report.unintended_count)
             result.sync_sites += [f"{s.location} {s.kind}" for s in report.unintended]
         transport.timeline.record("train", began, time.perf_counter())
-        if logging:
-            with allow("metrics every log_interval steps"):
-                values = {k: float(v) for k, v in metrics.items()}  # sync: logging
-            progress, values = hooks.log_values(step, values, lag, clock)
-            result.metrics = values
-            if log is not None:
-                log(progress, values)
-            if config.stop_when_solved and hooks.solved():
-                break
-            if time_limit_s is not None and time.perf_counter() - clock.ready > time_limit_s:
-                break
+        if logging and not saving:
+            stop = _log_step(hooks, step, metrics, lag, clock, log)
+        if logging and time_limit_s is not None:
+            stop |= time.perf_counter() - clock.ready > time_limit_s
+        if stop:
+            break
         if getattr(hooks, "end_step", None) and hooks.end_step(step):  # (asked to stop)
             break
     # The run ends with its last update: closing the rollout side (joining a thread, a
     # process, shutting down a local Ray cluster) is not training time.
     end = time.perf_counter()
     return end
+
+
+def _log_step(hooks: Hooks, step: int, metrics, lag: int, clock: Clock, log: LogFn | None) -> bool:
+    """The step's metrics read and logged; whether the run stops here (solved, with
+    stop_when_solved)."""
+    with allow("metrics every log_interval steps"):
+        values = {k: float(v) for k, v in metrics.items()}  # sync: logging
+    progress, values = hooks.log_values(step, values, lag, clock)
+    hooks.result.metrics = values
+    if log is not None:
+        log(progress, values)
+    return bool(hooks.config.stop_when_solved and hooks.solved())
 
 
 def logs_at(step: int, config: Any, last_step: int) -> bool:

@@ -34,7 +34,7 @@ from nostall.algos.grpo.generation import prompt_rewards
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Setup, build
 from nostall.algos.grpo.state import restore, save_model, snapshot
-from nostall.algos.grpo.trl_inputs import refuse_unsupported, reward_models, trainer_inputs
+from nostall.algos.grpo.trl_inputs import reward_models, trainer_inputs
 from nostall.algos.grpo.trl_surface import (
     STATE_FILE,
     TRLRun,
@@ -44,6 +44,7 @@ from nostall.algos.grpo.trl_surface import (
 )
 from nostall.algos.grpo.trl_surface import folder as trl_folder
 from nostall.algos.grpo.update import UpdateContext, grpo_update
+from nostall.algos.grpo.user_optimizer import take_optimizers
 from nostall.lm.models import LanguageModel
 from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint, loop
@@ -75,7 +76,6 @@ class GRPOTrainer(WritesOutputs):
         caller built the run already (nostall.algos.grpo.setup.build)."""
         args = GRPOConfig() if args is None else args
         self.args = args  # (as TRL's trainer.args: the config given)
-        refuse_unsupported(optimizers)
         if args.eval_strategy != "no" and eval_dataset is None:
             raise ValueError(f"eval_strategy={args.eval_strategy!r} needs an eval_dataset")
         if peft_config is not None:
@@ -86,6 +86,8 @@ class GRPOTrainer(WritesOutputs):
         inputs = self._inputs = trainer_inputs(
             args, model, reward_funcs, train_dataset, processing_class
         )
+        # (a user's AdamW: its settings are the run's; its scheduler sets the rate)
+        self._schedule = take_optimizers(optimizers, model, peft_config, args)
         args.check()
         torch.set_num_threads(args.torch_threads)
         self.setup = setup or build(args, inputs)
@@ -137,6 +139,7 @@ class GRPOTrainer(WritesOutputs):
             saved_args.setdefault(name, default)  # it trained as the default
         checkpoint.check_compatible(saved_args, asdict(args), RESUMABLE)
         checkpoint.check_finite(state["model"], path)
+        self._resume_schedule(state, path)
         saved_step = restore(self.setup, state, self.result)
         self.result.checkpoints = checkpoint.lineage(state, path)
         if args.steps <= saved_step:
@@ -151,6 +154,17 @@ class GRPOTrainer(WritesOutputs):
         steps = self.result.step_times
         self._offset = steps[-1] if steps else 0.0
         self.trl.resumed(state, saved_step, path)
+
+    def _resume_schedule(self, state: dict, path: str) -> None:
+        saved = state.get("lr_scheduler")
+        if (saved is None) != (self._schedule is None):
+            given = "was" if saved is not None else "was not"
+            raise ValueError(
+                f"optimizers: the run of the checkpoint {path} {given} given an lr_scheduler; "
+                "resume it as it was started (the same optimizers=), or its rates would differ"
+            )
+        if saved is not None:
+            self._schedule.load_state_dict(saved)
 
     # What a run leaves in its output_dir.
     outputs = (
@@ -229,7 +243,11 @@ class GRPOTrainer(WritesOutputs):
 
     def begin_step(self, step: int) -> None:
         # The schedule's rate for this batch (host arithmetic: nothing waits).
-        self.setup.optimizer.param_groups[0]["lr"] = self.config.learning_rate_at(step)
+        if self._schedule is not None:  # (optimizers=: the user's scheduler)
+            rate = self._schedule.rate_at((step - 1) * self.trl.per_batch)
+        else:
+            rate = self.config.learning_rate_at(step)
+        self.setup.optimizer.param_groups[0]["lr"] = rate
         self.trl.event("on_step_begin")
 
     def saves(self, step: int) -> bool:
@@ -314,7 +332,10 @@ class GRPOTrainer(WritesOutputs):
     def snapshot(self, step: int) -> dict:
         if self.setup.ranks is not None:  # the optimizer's state, whole, from the ranks
             self.setup.ranks.sync_optimizer()
-        return {**snapshot(self.setup, step, self.result), "trl": self.trl.snapshot()}
+        state = {**snapshot(self.setup, step, self.result), "trl": self.trl.snapshot()}
+        if self._schedule is not None:
+            state["lr_scheduler"] = self._schedule.state_dict()
+        return state
 
     def checkpoint_path(self, step: int) -> str:
         if self.trl.folders:

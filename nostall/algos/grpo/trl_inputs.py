@@ -64,14 +64,6 @@ def reward_models(reward_funcs, processing_classes):
     return out if isinstance(reward_funcs, list | tuple) or reward_funcs is None else out[0]
 
 
-def refuse_unsupported(optimizers) -> None:
-    if tuple(optimizers or (None, None)) != (None, None):
-        raise ValueError(
-            "optimizers: nostall steps its own fused AdamW; set learning_rate, adam_beta1, "
-            "adam_beta2, adam_epsilon, weight_decay and lr_scheduler_type instead"
-        )
-
-
 def _reward(fn) -> Callable:
     if isinstance(fn, str):
         return load_reward(fn)

@@ -131,6 +131,19 @@ trainer = GRPOTrainer(model=MODEL, reward_funcs=[REWARD_MODEL, reward_len], args
                       train_dataset=Dataset.from_list(rows))
 trainer.train()
 """,
+    "optimizers": """
+import torch
+from transformers import AutoModelForCausalLM
+
+model = AutoModelForCausalLM.from_pretrained(MODEL)
+optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.8, 0.99), weight_decay=0.1)
+schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+args = GRPOConfig(output_dir=OUT, max_steps=3, logging_steps=1, max_completion_length=6,
+                  num_generations=4, per_device_train_batch_size=4, use_cpu=True)
+trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=args,
+                      train_dataset=Dataset.from_list(rows), optimizers=(optimizer, schedule))
+trainer.train()
+""",
     "epochs_and_resume": """
 def run(epochs, resume):
     args = GRPOConfig(output_dir=OUT, num_train_epochs=epochs, save_steps=2, logging_steps=1,
@@ -153,6 +166,7 @@ EXPECTED = {
     "peft_and_callback": (4, 4 / 12, ["checkpoint-4"]),
     "eval_dataset": (2, 2 / 12, ["checkpoint-2"]),
     "reward_model": (2, 2 / 12, ["checkpoint-2"]),
+    "optimizers": (3, 3 / 12, ["checkpoint-3"]),
     # 12 prompts, 2 a batch: 6 steps an epoch; folders every 2 steps and at each run's end
     "epochs_and_resume": (12, 2.0, [f"checkpoint-{n}" for n in (2, 4, 6, 8, 10, 12)]),
 }
@@ -227,6 +241,17 @@ def test_a_callback_sees_every_step_and_log_and_the_adapters_train(model_dir, tm
     assert namespace["trainer"].config.lora_target_modules == "q_proj,v_proj"
 
 
+def test_a_users_optimizer_and_scheduler_set_the_runs_settings_and_rates(model_dir, tmp_path):
+    """optimizers=(AdamW, LambdaLR): the AdamW's settings are the run's, and each step trains
+    at the rate the scheduler gives at the step's first optimizer step."""
+    namespace = run_script("optimizers", "nostall", model_dir, tmp_path / "out")
+    config = namespace["trainer"].config
+    assert (config.learning_rate, config.adam_beta1, config.adam_beta2) == (2e-3, 0.8, 0.99)
+    assert config.weight_decay == 0.1
+    rates = [e["learning_rate"] for e in namespace["trainer"].state.log_history if "loss" in e]
+    assert rates == pytest.approx([2e-3 / (1 + s) for s in range(3)])
+
+
 def test_a_callback_stops_the_run(model_dir, tmp_path):
     from transformers import TrainerCallback
 
@@ -265,6 +290,13 @@ def test_resume_from_checkpoint_true_continues_the_first_run_exactly(model_dir, 
     ).replace("first = run(1, None)\ntrainer = run(2, True)", "trainer = run(2, None)")
     exec(compile(text, "<two epochs at once>", "exec"), namespace)
     assert whole["trainer"].result.rewards == namespace["trainer"].result.rewards
+
+    # The log lines of the steps before the resume come back from the checkpoint (each step's
+    # line is in its checkpoint, as TRL logs before it saves).
+    def logged(trainer):
+        return [e["step"] for e in trainer.state.log_history if "loss" in e]
+
+    assert logged(whole["trainer"]) == logged(namespace["trainer"])
 
 
 def test_a_second_run_never_writes_over_the_first_runs_checkpoint_folders(model_dir, tmp_path):
