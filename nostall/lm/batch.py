@@ -23,6 +23,9 @@ class LMBatch:
     completion_mask: Tensor  # (B, C) bool
     log_probs: Tensor  # (B, C) behaviour log-probs (the generator's)
     rewards: Tensor  # (B,) float32
+    # (B, C) bool: the tokens the loss covers: the sampled ones (completion_mask), less an
+    # episode's environment and tool tokens (TRL's tool_mask) and a failed episode's
+    loss_mask: Tensor
     version: int = -1  # the policy version that generated it
     reward_mean: float = 0.0  # the batch's mean reward, computed on the host with the rewards
     tokens: int = 0  # completion tokens generated (host count, from the decoded lengths)
@@ -44,7 +47,11 @@ class LMBatch:
         cls, batch: int, prompt_len: int, max_new_tokens: int, device: torch.device | str = "cpu"
     ) -> LMBatch:
         c = Completions.empty(batch, prompt_len, max_new_tokens, device)
-        return cls(**c.tensors(), rewards=torch.zeros(batch, device=device))
+        return cls(
+            **c.tensors(),
+            rewards=torch.zeros(batch, device=device),
+            loss_mask=torch.zeros_like(c.completion_mask),
+        )
 
     def completions(self) -> Completions:
         return Completions(
@@ -66,7 +73,10 @@ class LMBatch:
 
     def load_state_dict(self, state: dict) -> None:
         for name, tensor in self.tensors().items():
-            tensor.copy_(state[name])
+            # (a checkpoint from before episodes: its loss covered every sampled token)
+            tensor.copy_(
+                state[name] if name != "loss_mask" else state.get(name, state["completion_mask"])
+            )
         self.version = int(state["version"])
         self.load_host_state({"token_versions": [], **state})  # (older checkpoints lack them)
 

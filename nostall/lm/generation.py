@@ -10,6 +10,7 @@ off.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -130,7 +131,7 @@ class GenerationEngine:
         self.allowed = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
         self.allowed[banned_token_ids] = False
         self._cache = None
-        self._shape: tuple[int, int] | None = None
+        self._shape: tuple[int, int, int] | None = None
 
     def attach(self, loop) -> None:
         """(It reads the weights it is given at each step: nothing ties it to a loop.)"""
@@ -142,14 +143,15 @@ class GenerationEngine:
 
     def _buffers(self, batch: int, prompt_len: int):
         """The cache and per-step buffers, kept across calls of the same shape."""
-        if self._shape != (batch, prompt_len):
+        shape = (batch, prompt_len, self.sampling.max_new_tokens)
+        if self._shape != shape:
             slots = prompt_len + self.sampling.max_new_tokens
             device = self.decoder.output_weight.device
             self._cache = self.decoder.new_cache(batch, slots)
             self._slots = torch.arange(slots, device=device)
             self._slot_mask = torch.zeros(batch, slots, dtype=torch.bool, device=device)
             self._finished = torch.zeros(batch, dtype=torch.bool, device=device)
-            self._shape = (batch, prompt_len)
+            self._shape = shape
             self._graph = None
         return self._cache
 
@@ -205,6 +207,7 @@ class GenerationEngine:
         group_size: int = 1,
         between_tokens: Callable[[int], bool] | None = None,
         on_step: Callable[[int], None] | None = None,
+        noise: Callable[[int], Tensor] | None = None,
     ) -> Completions:
         """Fills `batch`'s completion fields from its prompt fields (in place), and returns it.
         With `group_size` G, rows come in groups of G copies of one prompt: each prompt is
@@ -212,7 +215,9 @@ class GenerationEngine:
         logits sample token t (t >= 1) and returns whether it changed the model's weights (an
         in-flight weight swap): the fused weights are then refreshed in place, and the keys and
         values already cached stay as the older weights computed them. `on_step(t)`, when
-        given, is called before each token's step on the per-token path (a liveness beat)."""
+        given, is called before each token's step on the per-token path (a liveness beat).
+        `noise(t)`, when given, is the uniform noise [B, V] token t is drawn with (in place of
+        `generator`'s: an episode's turns draw their own, whatever batch they join)."""
         B, P = batch.prompt_ids.shape
         C = self.sampling.max_new_tokens
         if batch.completion_ids.shape != (B, C):
@@ -230,7 +235,7 @@ class GenerationEngine:
         V = self.allowed.shape[0]
         device = self.allowed.device
         uniform = None
-        if C * B * V * 4 <= NOISE_UPFRONT_BYTES:
+        if noise is None and C * B * V * 4 <= NOISE_UPFRONT_BYTES:
             uniform = torch.rand((C, B, V), generator=generator, device=device)
         if (
             uniform is not None
@@ -294,6 +299,8 @@ class GenerationEngine:
                 top_p=cfg.top_p,
                 uniform=uniform[t]
                 if uniform is not None
+                else noise(t)
+                if noise is not None
                 else torch.rand((B, V), generator=generator, device=device),
             )
             if cfg.processes_logits:  # the policy's log-prob, as the trainer computes it
@@ -313,6 +320,25 @@ class GenerationEngine:
                 self.decoder.freeze()  # the same buffers: a captured graph reads the new weights
             logits = decode(token, next_position + t, self._slots[P + t : P + t + 1])
         return batch
+
+    def generate_turn(
+        self, contexts: list[list[int]], max_new_tokens: int, noise: Callable[[int], Tensor]
+    ) -> Completions:
+        """One turn of each of a set of episodes: every context (token ids) continued by up to
+        `max_new_tokens` tokens drawn with `noise` (left-padded as prompts; nothing shared)."""
+        device = self.allowed.device
+        width = max(len(c) for c in contexts)
+        batch = Completions.empty(len(contexts), width, max_new_tokens, device)
+        for row, context in enumerate(contexts):
+            ids = torch.tensor(context, dtype=torch.int64)
+            batch.prompt_ids[row, width - len(context) :] = ids
+            batch.prompt_mask[row, width - len(context) :] = True
+        held = self.sampling
+        self.sampling = dataclasses.replace(held, max_new_tokens=max_new_tokens)
+        try:
+            return self.generate(batch, torch.Generator(device), noise=noise)
+        finally:
+            self.sampling = held
 
     def stats(self) -> dict:
         return {}

@@ -85,6 +85,9 @@ class GroupGenerator:
         # side that reads the trainer's own weights lets them go (RolloutLoop.release_weights).
         self.release: Callable[[], None] | None = None
         self.swaps = 0  # in-flight swaps made
+        # An environment task's episodes (nostall.agents.fill.EpisodeTask); None: one
+        # completion a prompt.
+        self.episodes = None
         self.columns = source.columns  # what the reward functions get besides the texts
         self.syncs_per_decode_step: float | None = None
         self.sync_sites: list[str] = []
@@ -136,6 +139,9 @@ class GroupGenerator:
             prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations
         )
         self._filled += 1
+        if self.episodes is not None:  # multi-turn episodes with their environments
+            self._fill_episodes(batch, rows)
+            return
         between_tokens = None
         batch.token_versions = []
         if self.refresh is not None:
@@ -158,6 +164,7 @@ class GroupGenerator:
             self.engine.generate(
                 batch.completions(), self.generator, self.num_generations, between_tokens, on_step
             )
+        batch.loss_mask.copy_(batch.completion_mask)  # (every sampled token: no episodes)
         pushed = getattr(self.engine, "last_push", None)  # (vLLM's; the native engine's none)
         batch.weight_push = list(pushed) if pushed is not None else []
         if self.release is not None:
@@ -184,6 +191,43 @@ class GroupGenerator:
             batch.samples = [
                 {"prompt": p, "completion": c, "reward": r}
                 for p, c, r in zip(repeated, texts, rewards, strict=True)
+            ]
+
+    def _fill_episodes(self, batch: LMBatch, rows: list[dict]) -> None:
+        """The batch as episodes: one weight version for all of it (taken at its start)."""
+        batch.token_versions = []
+        if self.refresh is not None:
+            self.refresh()
+        if self.watchdog is not None:
+            self.watchdog.doing(
+                "episodes of a batch", self.generation_timeout_s, "generation_timeout"
+            )
+        # sync: one draw seeds the batch's episode noise (on the host, where episodes run)
+        seed = int(
+            torch.randint(1 << 62, (1,), generator=self.generator, device=self.generator.device)
+        )
+        G = self.num_generations
+        out = self.episodes.fill(batch, rows, G, seed)
+        if self.release is not None:
+            self.release()
+        if self.watchdog is not None:
+            self.watchdog.idle()
+        episodes, rewards = out["episodes"], out["rewards"]
+        lengths = [sum(e.sampled) for e in episodes]
+        ended = [e.failure is None and not e.truncated for e in episodes]
+        batch.reward_mean = sum(rewards) / len(rewards)
+        batch.tokens = sum(lengths)
+        batch.weight_push = []
+        per_function = {"episode_return": [e.reward for e in episodes]}
+        batch.stats = {**batch_stats(rewards, per_function, lengths, ended, G), **out["figures"]}
+        batch.samples = []
+        if self.keep_texts:
+            detokenize = self.episodes.runner.detokenize
+            batch.samples = [
+                {"prompt": row["prompt"], "completion": detokenize(e.tokens), "reward": r}
+                for row, e, r in zip(
+                    [row for row in rows for _ in range(G)], episodes, rewards, strict=True
+                )
             ]
 
     def _swap(self, token_versions: list[int], t: int) -> bool:

@@ -123,7 +123,7 @@ def test_the_mismatch_is_measured_without_a_host_read_and_masked():
     trainer = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
     behaviour = torch.tensor([[-1.1, -2.0, -1.0], [-0.4, -0.7, 0.0]])
     mask = torch.tensor([[True, True, False], [True, True, False]])
-    batch = type("B", (), {"log_probs": behaviour, "completion_mask": mask})()
+    batch = type("B", (), {"log_probs": behaviour, "completion_mask": mask, "loss_mask": mask})()
     args = grpo.GRPOCommandConfig(is_cap=2.0)  # (token_truncate: min(ratio, 2))
     got = {
         k.split("/", 1)[1]: float(v) for k, v in behaviour_mismatch(trainer, batch, args).items()

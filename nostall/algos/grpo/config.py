@@ -12,6 +12,7 @@ from nostall.algos.grpo.config_checks import (
     flag,
     reward_weights,
 )
+from nostall.algos.grpo.episode_args import TASK_LENGTHS, EpisodeArgs
 from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.algos.grpo.training_args import TrainingArgs
 from nostall.lm.models import BUILTIN_SIZES
@@ -82,7 +83,7 @@ TRL_MICRO_BATCH = 8
 
 @refuses_unknown_names
 @dataclass
-class GRPOConfig(TrainingArgs):
+class GRPOConfig(EpisodeArgs, TrainingArgs):
     """A GRPO run's settings: TRL's GRPOConfig, its names with TRL's meanings and defaults
     (a script written for TRL runs with its import changed), and nostall's own settings, off
     or at TRL's behaviour unless asked for (overlap: staleness; transports: backend). Every
@@ -94,7 +95,8 @@ class GRPOConfig(TrainingArgs):
     """a built-in model ("tiny", "small"), a local causal LM directory, or a Hub id already in
     the local Hugging Face cache (nothing is downloaded)"""
     task: str = "copy"
-    """a built-in task (copy, reverse, sort, sum, arithmetic), used when no --dataset is given"""
+    """a built-in task (copy, reverse, sort, sum, arithmetic; guess: a multi-turn game), used
+    when no --dataset is given"""
     dataset: str | None = None
     """prompts from a JSONL file or a saved `datasets` folder (a `prompt` column; other columns
     reach the reward functions as keyword arguments)"""
@@ -311,6 +313,8 @@ class GRPOConfig(TrainingArgs):
         defaulted = self.__dict__.setdefault("_defaulted", set())
         for name, (toy, real) in MODEL_DEFAULTS.items():
             if getattr(self, name) is None or name in defaulted:
+                if name == "max_new_tokens":  # (a task that needs more than the toy length)
+                    toy = TASK_LENGTHS.get(self.task, toy)
                 setattr(self, name, toy if builtin else real)
                 defaulted.add(name)
         if self.lora_r and "gradient_checkpointing" in defaulted:
@@ -406,6 +410,7 @@ class GRPOConfig(TrainingArgs):
                 f"--loss-type must be one of {', '.join(AGGREGATIONS)}, got {self.loss_type!r}"
             )
         check_runtime(self, device)
+        self.check_episodes()
         self.weights()
         check_trl_options(self)
 

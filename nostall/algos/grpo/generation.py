@@ -6,11 +6,14 @@ the parts setup.py built once; in a rollout process or a Ray worker, from the sa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from nostall.agents.episodes import EpisodeRunner, EpisodeSettings
+from nostall.agents.fill import EpisodeTask
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.lm.generation import GenerationEngine, SamplingConfig
 from nostall.lm.hf_decoder import make_decoder
@@ -22,7 +25,13 @@ from nostall.lm.prompt_source import PromptSource, dataset_source, rows_source
 from nostall.lm.prompts import PromptEncoder
 from nostall.lm.rewards import RewardFn, Rewards, load_reward
 from nostall.lm.rollout import GeneratorOptions, GroupGenerator
-from nostall.lm.tasks import TASK_CHARACTERS, TASK_REWARDS, answer_reward, task_source
+from nostall.lm.tasks import (
+    TASK_CHARACTERS,
+    TASK_ENVS,
+    TASK_REWARDS,
+    answer_reward,
+    task_source,
+)
 from nostall.lm.vllm_engine import VLLMEngine, VLLMOptions
 
 if TYPE_CHECKING:
@@ -201,8 +210,14 @@ def build_generator(
         # Shared: the trainer's optimizer packs its parameters as pack_parameters would. Else a
         # copy in the run's compute dtype (bf16: half a float32 copy's memory).
         rollout_model = lm.model if share else compute_copy(lm.model, generation.dtype)
+    make_env = task_env(args, inputs)
+    if make_env is not None and args.generator != "native":
+        raise ValueError(
+            f"--task {args.task} runs multi-turn episodes on the native engine; "
+            f"--generator {args.generator} generates single completions (use --generator native)"
+        )
     engine = make_engine(args, lm, rollout_model, generation, seed, share)
-    return GroupGenerator(
+    generator = GroupGenerator(
         engine,
         generation.encoder,
         generation.source,
@@ -212,6 +227,35 @@ def build_generator(
         seed=seed,
         options=_options(args, seed),
     )
+    if make_env is not None:
+        generator.episodes = episode_task(args, engine, lm, make_env)
+    return generator
+
+
+def task_env(args: GRPOConfig, inputs: Inputs):
+    """The built-in environment task's environment maker (None: prompts, not episodes)."""
+    if args.dataset or inputs.rows is not None or args.task not in TASK_ENVS:
+        return None
+    return functools.partial(TASK_ENVS[args.task], args.max_turns)
+
+
+def episode_task(args: GRPOConfig, engine, lm: LanguageModel, make_env) -> EpisodeTask:
+    """Episodes run by the native engine, turn by turn, with the run's budgets."""
+    settings = EpisodeSettings(
+        max_turns=args.max_turns,
+        budget=args.max_new_tokens,
+        timeout_s=args.tool_timeout,
+        eos_token_id=lm.eos_token_id,
+        turn_tokens=args.turn_tokens(args.task),
+    )
+    tokenizer = lm.tokenizer
+    runner = EpisodeRunner(
+        engine,
+        settings,
+        tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+    )
+    return EpisodeTask(make_env, runner)
 
 
 def ray_generator(args: GRPOConfig, inputs: Inputs, worker: int) -> GroupGenerator:

@@ -129,7 +129,7 @@ def grpo_update(
     advantage = nostall.group_advantages(
         batch.rewards, context.group_index, args.num_prompts, args.scale_rewards
     )
-    loss_mask = batch.completion_mask
+    loss_mask = batch.loss_mask
     if args.mask_truncated_completions:
         if context.eos_token_id is None:
             raise ValueError("mask_truncated_completions needs the model's eos_token_id")
@@ -143,7 +143,7 @@ def grpo_update(
     share = 1.0  # this rank's tokens over the mean rank's (the behaviour figures' weight)
     if rank[1] > 1:
         weights = rank_weights(loss_mask, count, rank, args.loss_type)
-        mask = batch.completion_mask
+        mask = batch.loss_mask
         share = rank[1] * rank_rows(mask, count, rank).sum() / mask.sum().clamp(min=1)
         batch = dataclasses.replace(
             batch, **{name: rank_rows(t, count, rank) for name, t in batch.tensors().items()}
@@ -209,7 +209,7 @@ def behaviour_mismatch(
     the engine correction apply) min, mean and max over the tokens (0 with none). Tensors:
     nothing is read here. The means are weighted by `share` (a trainer rank's tokens over the
     mean rank's)."""
-    mask = batch.completion_mask
+    mask = batch.loss_mask
     count = mask.sum().clamp(min=1)
     delta = trainer - batch.log_probs
     ratio = behaviour_weights(trainer, batch.log_probs, mask, args)

@@ -50,6 +50,7 @@ def _batch(Bp: int, G: int, P: int = 6, C: int = 4, seed: int = 0) -> LMBatch:
     batch.completion_ids.copy_(torch.randint(3, 22, (Bp * G, C), generator=g))
     batch.completion_mask.fill_(True)
     batch.completion_mask[0, 2:] = False
+    batch.loss_mask.copy_(batch.completion_mask)
     batch.log_probs.copy_(torch.rand(Bp * G, C, generator=g).log() - 1.0)
     batch.rewards.copy_(torch.rand(Bp * G, generator=g))
     return batch

@@ -29,6 +29,7 @@ def _batch(Bp: int, G: int, P: int = 5, C: int = 6, seed: int = 0) -> LMBatch:
     batch.completion_ids.copy_(torch.randint(3, 22, (Bp * G, C), generator=g))
     lengths = torch.randint(1, C + 1, (Bp * G,), generator=g)
     batch.completion_mask.copy_(torch.arange(C)[None] < lengths[:, None])
+    batch.loss_mask.copy_(batch.completion_mask)
     batch.log_probs.copy_(torch.rand(Bp * G, C, generator=g).log() - 1.0)
     batch.rewards.copy_(torch.rand(Bp * G, generator=g))
     return batch

@@ -1,0 +1,171 @@
+"""Multi-turn episodes, decoded while their environments work.
+
+Each episode alternates a model turn (tokens sampled up to <eos>) and an environment step on
+that turn's text, whose observation is appended as tokens (token in, token out: the
+conversation is never re-tokenized). The scheduler never makes a sequence that could decode
+wait for another's environment: after each decode round it hands every finished turn's step to
+its own thread (env_calls.py) and starts the next round at once with every episode whose step
+has come back; it waits only when no episode is ready. A turn's tokens are drawn with noise
+keyed by (episode, position), so an episode samples the same tokens whatever round it joins.
+
+A turn ends at <eos> or at `turn_tokens` (its text, either way, is the action). Budgets:
+`max_turns` model turns, and the episode's tokens (model and environment together) in
+the batch's completion length. An episode that runs out of either is truncated; one whose
+environment raises, times out or returns garbage ends as failed, with its cause.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from nostall.agents.env_calls import EnvCalls
+from nostall.agents.text_env import EnvError, check_reset, check_step
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    max_turns: int  # model turns an episode may take
+    budget: int  # its tokens after the prompt, model and environment together
+    timeout_s: float | None  # each environment call (None: no limit)
+    eos_token_id: int
+    turn_tokens: int | None = None  # a turn's tokens at most (None: up to <eos>)
+
+
+@dataclass
+class Episode:
+    """One episode's tokens after its prompt, which of them the model sampled (the loss's), their
+    log-probs (0 for the environment's), its return and how it ended."""
+
+    env: object
+    prompt: list[int]
+    seed: int
+    tokens: list[int] = field(default_factory=list)
+    sampled: list[bool] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    done: bool = False
+    truncated: bool = False
+    failure: str | None = None  # why the environment failed it (None: it did not)
+    env_seconds: float = 0.0
+
+
+@dataclass
+class RoundStats:
+    """Where a batch's generation time went: decoding, and waiting with no episode ready."""
+
+    decode_s: float = 0.0
+    wait_s: float = 0.0
+    rounds: int = 0
+    env_calls: int = 0
+
+
+class EpisodeRunner:
+    """Runs a batch of episodes to their ends with a generation engine (generate_turn)."""
+
+    def __init__(
+        self,
+        engine,
+        settings: EpisodeSettings,
+        tokenize: Callable[[str], list[int]],
+        detokenize: Callable[[list[int]], str],
+    ):
+        self.engine, self.settings = engine, settings
+        self.tokenize, self.detokenize = tokenize, detokenize
+        self._noise = torch.Generator(engine.allowed.device)
+
+    def run(self, episodes: list[Episode], noise_seed: int) -> RoundStats:
+        """Every episode reset, then turns until each is done; returns the batch's timings."""
+        stats = RoundStats()
+        calls = EnvCalls(self.settings.timeout_s)
+        waiting: dict[int, str] = {}  # episode -> the call it waits on ("reset" or "step")
+        for key, episode in enumerate(episodes):
+            waiting[key] = "reset"
+            calls.submit(key, _bound(episode.env.reset, seed=episode.seed))
+        ready: list[int] = []
+        while waiting or ready:
+            began = time.perf_counter()
+            finished = calls.collect(wait=not ready)
+            if not ready:
+                stats.wait_s += time.perf_counter() - began
+            for result in finished:
+                kind = waiting.pop(result.key)
+                stats.env_calls += 1
+                if self._answered(episodes[result.key], kind, result):
+                    ready.append(result.key)
+            if ready:
+                began = time.perf_counter()
+                self._turn([episodes[k] for k in ready], ready, noise_seed, calls, waiting)
+                stats.decode_s += time.perf_counter() - began
+                stats.rounds += 1
+                ready = []
+        return stats
+
+    def _answered(self, episode: Episode, kind: str, result) -> bool:
+        """Applies an environment's answer; whether the episode goes on to another turn."""
+        episode.env_seconds += result.seconds
+        try:
+            if result.error is not None:
+                raise EnvError(f"{kind} raised {type(result.error).__name__}: {result.error}")
+            if kind == "reset":
+                check_reset(result.value)
+                return True
+            observation, reward, terminated, truncated = check_step(result.value)
+        except EnvError as e:
+            episode.failure, episode.done = str(e), True
+            return False
+        episode.reward += reward
+        if terminated or truncated or episode.turns >= self.settings.max_turns:
+            episode.done, episode.truncated = True, truncated or not terminated
+            return False
+        ids = self.tokenize(observation)
+        if len(episode.tokens) + len(ids) >= self.settings.budget:  # (no room left to answer)
+            episode.done, episode.truncated = True, True
+            return False
+        episode.tokens += ids
+        episode.sampled += [False] * len(ids)
+        episode.log_probs += [0.0] * len(ids)
+        return True
+
+    def _turn(self, episodes, keys, noise_seed, calls: EnvCalls, waiting) -> None:
+        """One decode round over `episodes`; each finished turn's step handed to its thread."""
+        budget, eos = self.settings.budget, self.settings.eos_token_id
+        room = [budget - len(e.tokens) for e in episodes]
+        starts = [len(e.tokens) for e in episodes]
+        vocab = self.engine.allowed.shape[0]
+        device = self.engine.allowed.device
+
+        def noise(t: int) -> torch.Tensor:  # keyed by (episode, position): batch-independent
+            rows = []
+            for key, start in zip(keys, starts, strict=True):
+                self._noise.manual_seed(hash((noise_seed, key, start + t)) & ((1 << 62) - 1))
+                rows.append(torch.rand(vocab, generator=self._noise, device=device))
+            return torch.stack(rows)
+
+        contexts = [e.prompt + e.tokens for e in episodes]
+        cap = self.settings.turn_tokens or budget
+        out = self.engine.generate_turn(contexts, min(max(room), cap), noise)
+        lengths = out.completion_mask.sum(1).tolist()  # sync: the turns' texts go to the envs
+        ids, log_probs = out.completion_ids.tolist(), out.log_probs.tolist()  # sync: (likewise)
+        for row, (episode, key) in enumerate(zip(episodes, keys, strict=True)):
+            n = min(lengths[row], room[row], cap)
+            turn = ids[row][:n]
+            episode.tokens += turn
+            episode.sampled += [True] * n
+            episode.log_probs += log_probs[row][:n]
+            episode.turns += 1
+            ended = bool(turn) and turn[-1] == eos
+            if not ended and n < cap:  # cut off by the budget: no whole action to take
+                episode.done, episode.truncated = True, True
+                continue
+            waiting[key] = "step"
+            action = self.detokenize(turn[:-1] if ended else turn)
+            calls.submit(key, _bound(episode.env.step, action))
+
+
+def _bound(fn, *args, **kwargs) -> Callable[[], object]:
+    return lambda: fn(*args, **kwargs)

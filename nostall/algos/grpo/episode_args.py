@@ -1,0 +1,46 @@
+"""The settings of a GRPO run whose batches are multi-turn episodes (an environment task, such
+as `--task guess`): how many turns an episode may take and how long an environment call may
+run. The episode's tokens, the model's and the environment's together, fit in
+max_completion_length (TRL's budget for a completion with its tool results)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A built-in model's completion length for the tasks that need more than the toy default: an
+# episode's turns and observations.
+TASK_LENGTHS = {"guess": 8}
+# A task's turn length where --max-turn-tokens is not given (the others: up to <eos>).
+TASK_TURN_TOKENS = {"guess": 1}
+
+
+@dataclass
+class EpisodeArgs:
+    """an episode's limits"""
+
+    max_turns: int = 4
+    """model turns an episode may take (environment tasks); past them it ends truncated"""
+    max_turn_tokens: int | None = None
+    """a model turn's tokens at most: a turn ends at <eos> or there, its text the action (None:
+    the task's, guess: 1; else up to <eos> within the episode's budget)"""
+    tool_timeout: float | None = 60.0
+    """seconds an environment call (reset or step) may take; past it the episode ends as
+    failed, is counted and left out of the loss, and the run goes on (None: no limit)"""
+
+    def turn_tokens(self, task: str) -> int | None:
+        return self.max_turn_tokens or TASK_TURN_TOKENS.get(task)
+
+    def check_episodes(self) -> None:
+        if not isinstance(self.max_turns, int) or self.max_turns < 1:
+            raise ValueError(
+                f"--max-turns must be a whole number of at least 1, got {self.max_turns!r}"
+            )
+        turn = self.max_turn_tokens
+        if turn is not None and (not isinstance(turn, int) or turn < 1):
+            raise ValueError(
+                f"--max-turn-tokens must be a whole number of at least 1, got {turn!r}"
+            )
+        if self.tool_timeout is not None and not 0 < self.tool_timeout < float("inf"):
+            raise ValueError(
+                f"--tool-timeout must be a positive number of seconds, got {self.tool_timeout!r}"
+            )
