@@ -61,7 +61,8 @@ class RoundStats:
     decode_s: float = 0.0
     wait_s: float = 0.0
     rounds: int = 0
-    env_calls: int = 0
+    env_calls: int = 0  # resets and steps answered (or given up)
+    steps: int = 0  # steps handed to the environments
 
 
 class EpisodeRunner:
@@ -99,7 +100,7 @@ class EpisodeRunner:
                     ready.append(result.key)
             if ready:
                 began = time.perf_counter()
-                self._turn([episodes[k] for k in ready], ready, noise_seed, calls, waiting)
+                self._turn([episodes[k] for k in ready], ready, noise_seed, calls, waiting, stats)
                 stats.decode_s += time.perf_counter() - began
                 stats.rounds += 1
                 ready = []
@@ -131,7 +132,7 @@ class EpisodeRunner:
         episode.log_probs += [0.0] * len(ids)
         return True
 
-    def _turn(self, episodes, keys, noise_seed, calls: EnvCalls, waiting) -> None:
+    def _turn(self, episodes, keys, noise_seed, calls: EnvCalls, waiting, stats) -> None:
         """One decode round over `episodes`; each finished turn's step handed to its thread."""
         budget, eos = self.settings.budget, self.settings.eos_token_id
         room = [budget - len(e.tokens) for e in episodes]
@@ -163,6 +164,7 @@ class EpisodeRunner:
                 episode.done, episode.truncated = True, True
                 continue
             waiting[key] = "step"
+            stats.steps += 1
             action = self.detokenize(turn[:-1] if ended else turn)
             calls.submit(key, _bound(episode.env.step, action))
 

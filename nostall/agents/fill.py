@@ -42,9 +42,13 @@ class EpisodeTask:
         rewards = _group_rewards(episodes, group_size)
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
         generated = timings.decode_s + timings.wait_s
+        failed = sum(e.failure is not None for e in episodes)
         figures = {
+            # TRL's names: environment steps per episode, and the failed share of them
+            "tools/call_frequency": timings.steps / len(episodes),
+            "tools/failure_frequency": failed / timings.steps if timings.steps else 0.0,
             "episodes/turns_mean": sum(e.turns for e in episodes) / len(episodes),
-            "episodes/failed": float(sum(e.failure is not None for e in episodes)),
+            "episodes/failed": float(failed),
             "episodes/truncated": float(sum(e.truncated for e in episodes)),
             "episodes/env_calls": float(timings.env_calls),
             "episodes/env_seconds": sum(e.env_seconds for e in episodes),

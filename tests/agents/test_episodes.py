@@ -224,3 +224,68 @@ def test_episode_settings_are_checked_by_name():
             grpo.GRPOCommandConfig(**FAST, **given).check()
     with pytest.raises(ValueError, match="--generator native"):
         grpo.build(grpo.GRPOCommandConfig(**FAST, generator="vllm"))
+
+
+def test_a_users_environment_trains_from_python_and_is_named_in_the_run():
+    args = grpo.GRPOCommandConfig(
+        **dict(FAST, task="copy"),
+        environment="tests.agents.text_envs:make_echo",
+        max_turn_tokens=1,
+        max_new_tokens=8,
+        staleness=0,
+    )
+    setup = grpo.build(args)
+    result = grpo.train(args, setup=setup)
+    batch = setup.loop.slots[0]
+    assert result.rewards and all(0 <= r <= 3 for r in result.rewards)
+    assert (batch.completion_mask & ~batch.loss_mask).any()  # the letters shown, out of the loss
+
+
+def test_a_users_environment_trains_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable,
+        "-m",
+        "nostall.cli",
+        "train",
+        "grpo",
+        "--environment",
+        "tests.agents.text_envs:Echo",
+        "--max-turn-tokens",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--steps",
+        "2",
+        "--num-prompts",
+        "2",
+        "--num-generations",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "model").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (dict(environment="nocolon"), "must be given as module:Class"),
+        (dict(environment="no_such_module_here:Env"), "cannot import"),
+        (dict(environment="tests.agents.text_envs:Missing"), "has no class or function"),
+        (dict(environment="tests.agents.text_envs:NOT_CALLABLE"), "has no class or function"),
+        (dict(environment="tests.agents.text_envs:NoStep"), "has no step"),
+        (
+            dict(environment="tests.agents.text_envs:Echo", reward="tests.agents.text_envs:Echo"),
+            "leave out --reward",
+        ),
+        (dict(task="guess", reward="tests.agents.text_envs:make_echo"), "leave out --reward"),
+    ],
+)
+def test_a_bad_environment_is_refused_by_name(given, message):
+    with pytest.raises(ValueError, match=message):
+        grpo.build(grpo.GRPOCommandConfig(**dict(FAST, **given)))

@@ -18,6 +18,10 @@ TASK_TURN_TOKENS = {"guess": 1}
 class EpisodeArgs:
     """an episode's limits"""
 
+    environment: str | None = None
+    """a text environment to train in, as module:Class (or a function returning one), with
+    Gymnasium's reset(seed=) and step(text) over text: each group is episodes of one seed,
+    its prompt the reset observation, its reward the episode's return (None: --task's)"""
     max_turns: int = 4
     """model turns an episode may take (environment tasks); past them it ends truncated"""
     max_turn_tokens: int | None = None

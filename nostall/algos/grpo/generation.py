@@ -14,6 +14,7 @@ import torch
 
 from nostall.agents.episodes import EpisodeRunner, EpisodeSettings
 from nostall.agents.fill import EpisodeTask
+from nostall.agents.loading import load_environment, seeded_rows
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.lm.generation import GenerationEngine, SamplingConfig
 from nostall.lm.hf_decoder import make_decoder
@@ -67,7 +68,7 @@ def prompt_rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
 
 def task_characters(args: GRPOConfig, inputs: Inputs) -> list[str] | None:
     """The alphabet a built-in model's tokenizer needs for the run's built-in task."""
-    if args.dataset or inputs.rows is not None:
+    if args.environment or args.dataset or inputs.rows is not None:
         return None
     return TASK_CHARACTERS.get(args.task)
 
@@ -89,6 +90,9 @@ def load_run_model(args: GRPOConfig, inputs: Inputs) -> LanguageModel:
 
 
 def prompt_source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
+    if args.environment:  # (its reset observations, one seed a group)
+        make_env = load_environment(args.environment)
+        return PromptSource(rows=[], generate=seeded_rows(make_env, args.environment))
     if inputs.rows is not None:
         return rows_source(inputs.rows, "train_dataset")
     return dataset_source(args.dataset) if args.dataset else task_source(args.task)
@@ -233,10 +237,25 @@ def build_generator(
 
 
 def task_env(args: GRPOConfig, inputs: Inputs):
-    """The built-in environment task's environment maker (None: prompts, not episodes)."""
-    if args.dataset or inputs.rows is not None or args.task not in TASK_ENVS:
+    """The run's environment maker: --environment's, or a built-in environment task's (None:
+    prompts, not episodes)."""
+    if args.environment:
+        for given, name in [(args.dataset, "--dataset"), (inputs.rows, "train_dataset")]:
+            if given is not None:
+                raise ValueError(
+                    f"--environment draws its prompts from the environment's reset: "
+                    f"leave out {name}"
+                )
+        make_env = load_environment(args.environment)
+    elif args.dataset or inputs.rows is not None or args.task not in TASK_ENVS:
         return None
-    return functools.partial(TASK_ENVS[args.task], args.max_turns)
+    else:
+        make_env = functools.partial(TASK_ENVS[args.task], args.max_turns)
+    if args.reward or inputs.reward_funcs is not None:
+        raise ValueError(
+            "an episode's reward is its environment's return: leave out --reward (reward_funcs)"
+        )
+    return make_env
 
 
 def episode_task(args: GRPOConfig, engine, lm: LanguageModel, make_env) -> EpisodeTask:
