@@ -42,7 +42,7 @@ class Episode:
 
     env: object
     prompt: list[int]
-    seed: int
+    seed: int | None
     tokens: list[int] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -52,6 +52,8 @@ class Episode:
     truncated: bool = False
     failure: str | None = None  # why the environment failed it (None: it did not)
     env_seconds: float = 0.0
+    calls: int = 0  # environment steps, or the tool calls a tool environment reports
+    call_failures: int = 0  # of those, the ones that failed
 
 
 @dataclass
@@ -115,15 +117,19 @@ class EpisodeRunner:
             if kind == "reset":
                 check_reset(result.value)
                 return True
-            observation, reward, terminated, truncated = check_step(result.value)
+            observation, reward, terminated, truncated, info = check_step(result.value)
         except EnvError as e:
             episode.failure, episode.done = str(e), True
+            episode.call_failures += kind == "step"
+            episode.calls += kind == "step"
             return False
+        episode.calls += int(info.get("tool_calls", 1))
+        episode.call_failures += int(info.get("tool_failures", 0))
         episode.reward += reward
         if terminated or truncated or episode.turns >= self.settings.max_turns:
             episode.done, episode.truncated = True, truncated or not terminated
             return False
-        ids = self.tokenize(observation)
+        ids = observation if isinstance(observation, list) else self.tokenize(observation)
         if len(episode.tokens) + len(ids) >= self.settings.budget:  # (no room left to answer)
             episode.done, episode.truncated = True, True
             return False

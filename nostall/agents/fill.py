@@ -25,10 +25,21 @@ class EpisodeTask:
 
     make_env: Callable[[], object]
     runner: EpisodeRunner
+    # Scored by the run's reward functions over each episode's conversation (the tool
+    # environment's `messages`), not by the environment's return.
+    scored: bool = False
 
-    def fill(self, batch: LMBatch, rows: list[dict], group_size: int, noise_seed: int) -> dict:
-        """Runs the batch's episodes into `batch` (its prompts encoded already); returns the
-        host figures: rewards, lengths, and the episodes' own figures."""
+    def fill(
+        self,
+        batch: LMBatch,
+        rows: list[dict],
+        group_size: int,
+        noise_seed: int,
+        score: Callable[[list[Episode]], list[float]] | None = None,
+    ) -> dict:
+        """Runs the batch's episodes into `batch` (its prompts encoded already), scored by
+        their returns or by `score`; returns the host figures: rewards, lengths, and the
+        episodes' own figures."""
         prompt_ids = batch.prompt_ids.tolist()  # sync: episodes build their contexts on the host
         prompt_mask = batch.prompt_mask.tolist()  # sync: (likewise)
         episodes = []
@@ -36,17 +47,25 @@ class EpisodeTask:
             for j in range(group_size):
                 r = i * group_size + j
                 prompt = [t for t, m in zip(prompt_ids[r], prompt_mask[r], strict=True) if m]
-                episodes.append(Episode(self.make_env(), prompt, _seed(row)))
+                seed = None if self.scored else _seed(row)  # (tools: no seeded state)
+                episodes.append(Episode(self.make_env(), prompt, seed))
         timings = self.runner.run(episodes, noise_seed)
+        if score is not None:
+            for episode, reward in zip(episodes, score(episodes), strict=True):
+                episode.reward = reward
         _write(batch, episodes)
         rewards = _group_rewards(episodes, group_size)
         batch.rewards.copy_(torch.tensor(rewards, dtype=torch.float32))
         generated = timings.decode_s + timings.wait_s
         failed = sum(e.failure is not None for e in episodes)
+        calls = sum(e.calls for e in episodes)
         figures = {
-            # TRL's names: environment steps per episode, and the failed share of them
-            "tools/call_frequency": timings.steps / len(episodes),
-            "tools/failure_frequency": failed / timings.steps if timings.steps else 0.0,
+            # TRL's names: calls (environment steps, or tool calls) per episode, and the share
+            # of them that failed
+            "tools/call_frequency": calls / len(episodes),
+            "tools/failure_frequency": sum(e.call_failures for e in episodes) / calls
+            if calls
+            else 0.0,
             "episodes/turns_mean": sum(e.turns for e in episodes) / len(episodes),
             "episodes/failed": float(failed),
             "episodes/truncated": float(sum(e.truncated for e in episodes)),

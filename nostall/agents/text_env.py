@@ -34,15 +34,17 @@ def check_reset(value) -> str:
     return value
 
 
-def check_step(value) -> tuple[str, float, bool, bool]:
-    """step's (observation, reward, terminated, truncated), checked."""
+def check_step(value) -> tuple[str | list[int], float, bool, bool, dict]:
+    """step's (observation, reward, terminated, truncated, info), checked: the observation text,
+    or token ids (an environment that renders its own, as the tool environment does)."""
     if not isinstance(value, tuple) or len(value) != 5:
         raise EnvError(
             f"step returned {type(value).__name__}, not (observation, reward, terminated, "
             "truncated, info)"
         )
-    observation, reward, terminated, truncated, _ = value
-    if not isinstance(observation, str):
+    observation, reward, terminated, truncated, info = value
+    tokens = isinstance(observation, list) and all(type(t) is int for t in observation)
+    if not isinstance(observation, str) and not tokens:
         raise EnvError(f"step's observation is {type(observation).__name__}, not str")
     try:
         reward = float(reward)
@@ -50,7 +52,13 @@ def check_step(value) -> tuple[str, float, bool, bool]:
         raise EnvError(f"step's reward {reward!r} is not a number") from None
     if not math.isfinite(reward):
         raise EnvError(f"step's reward is {reward}")
-    return observation, reward, bool(terminated), bool(truncated)
+    return (
+        observation,
+        reward,
+        bool(terminated),
+        bool(truncated),
+        info if isinstance(info, dict) else {},
+    )
 
 
 class GuessNumber:

@@ -51,7 +51,7 @@ def _check_known(tokenizer, prompts: list[str], encoded: list[list[int]]) -> Non
             )
 
 
-def render(tokenizer, prompt) -> str:
+def render(tokenizer, prompt, tools: list[dict] | None = None) -> str:
     """A prompt's text: itself, or a conversation through the tokenizer's chat template with the
     generation prompt (the assistant's turn continued where the conversation ends with it), as
     TRL renders it."""
@@ -66,6 +66,7 @@ def render(tokenizer, prompt) -> str:
     ends_with_assistant = prompt[-1]["role"] == "assistant"
     return tokenizer.apply_chat_template(
         list(prompt),
+        tools=tools or None,  # (TRL's `or None`: some templates render an empty tool list)
         tokenize=False,
         add_generation_prompt=not ends_with_assistant,
         continue_final_message=ends_with_assistant,
@@ -76,14 +77,23 @@ class PromptEncoder:
     """Prompts (text, or conversations through the chat template) to left-padded ids of one
     fixed length (the longest prompt of the source), so every batch has the same shape."""
 
-    def __init__(self, tokenizer, prompts: list, max_positions: int, max_new_tokens: int):
-        self.tokenizer = tokenizer
+    def __init__(
+        self,
+        tokenizer,
+        prompts: list,
+        max_positions: int,
+        max_new_tokens: int,
+        tools: list[dict] | None = None,
+    ):
+        self.tokenizer, self.tools = tokenizer, tools  # (tools: schemas the template renders)
         self.pad_token_id = tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = tokenizer.eos_token_id
         # A rendered conversation holds its special tokens already (TRL adds none either).
         self.chat = bool(prompts) and not isinstance(prompts[0], str)
-        prompts = [render(tokenizer, p) for p in prompts]
+        if tools and not self.chat:
+            raise ValueError("tools need conversational prompts (lists of messages), as TRL's")
+        prompts = [render(tokenizer, p, tools) for p in prompts]
         encoded = tokenizer(prompts, add_special_tokens=not self.chat).input_ids
         _check_known(tokenizer, prompts, encoded)
         self.backend = _backend(tokenizer, prompts, encoded, not self.chat)
@@ -103,7 +113,7 @@ class PromptEncoder:
         """Left-padded ids and mask of each prompt, `repeat` rows each, built on the host and
         copied to the batch's device in one copy each; returns the prompt tokens, padding not
         counted (host lengths)."""
-        prompts = [render(self.tokenizer, p) for p in prompts]
+        prompts = [render(self.tokenizer, p, self.tools) for p in prompts]
         if self.backend is not None:
             rows = [self.backend.encode(p, add_special_tokens=not self.chat).ids for p in prompts]
         else:

@@ -207,7 +207,10 @@ class GroupGenerator:
             torch.randint(1 << 62, (1,), generator=self.generator, device=self.generator.device)
         )
         G = self.num_generations
-        out = self.episodes.fill(batch, rows, G, seed)
+        score = None
+        if self.episodes.scored:  # (the reward functions, over each conversation)
+            score = functools.partial(self._score_conversations, rows)
+        out = self.episodes.fill(batch, rows, G, seed, score)
         if self.release is not None:
             self.release()
         if self.watchdog is not None:
@@ -219,6 +222,8 @@ class GroupGenerator:
         batch.tokens = sum(lengths)
         batch.weight_push = []
         per_function = {"episode_return": [e.reward for e in episodes]}
+        if self.episodes.scored:
+            per_function = self.rewards.per_function
         batch.stats = {**batch_stats(rewards, per_function, lengths, ended, G), **out["figures"]}
         batch.samples = []
         if self.keep_texts:
@@ -229,6 +234,18 @@ class GroupGenerator:
                     [row for row in rows for _ in range(G)], episodes, rewards, strict=True
                 )
             ]
+
+    def _score_conversations(self, rows: list[dict], episodes) -> list[float]:
+        """The reward functions over each episode's conversation after its prompt (TRL's
+        completions with tools: the assistant turns and tool messages)."""
+        G = self.num_generations
+        repeated = [row["prompt"] for row in rows for _ in range(G)]
+        columns = {k: [row.get(k) for row in rows for _ in range(G)] for k in self.columns}
+        completions = [list(e.env.messages) for e in episodes]
+        score = functools.partial(
+            self.rewards, repeated, completions, columns, self.watchdog, self.reward_timeout_s
+        )
+        return run_watched(score, self.watchdog) if self.watch_rewards_here else score()
 
     def _swap(self, token_versions: list[int], t: int) -> bool:
         """Between decode steps: takes newer weights if published; tokens t.. get their version."""

@@ -22,6 +22,9 @@ class EpisodeArgs:
     """a text environment to train in, as module:Class (or a function returning one), with
     Gymnasium's reset(seed=) and step(text) over text: each group is episodes of one seed,
     its prompt the reset observation, its reward the episode's return (None: --task's)"""
+    max_tool_calling_iterations: int | None = None
+    """with tools: rounds of tool calls an episode may make (TRL's; None: as many as fit in
+    max_completion_length)"""
     max_turns: int = 4
     """model turns an episode may take (environment tasks); past them it ends truncated"""
     max_turn_tokens: int | None = None
@@ -38,6 +41,11 @@ class EpisodeArgs:
         if not isinstance(self.max_turns, int) or self.max_turns < 1:
             raise ValueError(
                 f"--max-turns must be a whole number of at least 1, got {self.max_turns!r}"
+            )
+        rounds = self.max_tool_calling_iterations
+        if rounds is not None and (not isinstance(rounds, int) or rounds < 0):
+            raise ValueError(
+                f"--max-tool-calling-iterations must be a whole number >= 0, got {rounds!r}"
             )
         turn = self.max_turn_tokens
         if turn is not None and (not isinstance(turn, int) or turn < 1):

@@ -15,6 +15,7 @@ import torch
 from nostall.agents.episodes import EpisodeRunner, EpisodeSettings
 from nostall.agents.fill import EpisodeTask
 from nostall.agents.loading import load_environment, seeded_rows
+from nostall.agents.tools import ToolCallEnv, ToolSuffix, tool_schemas
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.lm.generation import GenerationEngine, SamplingConfig
 from nostall.lm.hf_decoder import make_decoder
@@ -47,6 +48,12 @@ class Inputs:
     lm: LanguageModel | None = None  # the user's model and tokenizer (None: config.model)
     reward_funcs: list[RewardFn] | None = None  # callables (None: config.reward)
     rows: list[dict] | None = None  # prompt rows (None: config.dataset, or config.task)
+    tools: list | None = None  # TRL's tools=: functions the model calls (None: none)
+
+
+def prompt_tools(inputs: Inputs) -> list[dict] | None:
+    """The tools' schemas the chat template renders into every prompt (None: no tools)."""
+    return tool_schemas(inputs.tools) if inputs.tools else None
 
 
 def prompt_rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
@@ -125,7 +132,11 @@ class Generation:
         """(In a rollout process or Ray worker: its own, from the same config and inputs.)"""
         source = prompt_source(args, inputs)
         encoder = PromptEncoder(
-            lm.tokenizer, source.all_prompts(), lm.max_positions, args.max_new_tokens
+            lm.tokenizer,
+            source.all_prompts(),
+            lm.max_positions,
+            args.max_new_tokens,
+            prompt_tools(inputs),
         )
         return cls(source, prompt_rewards(args, inputs), encoder, run_dtype(args, inputs))
 
@@ -233,6 +244,8 @@ def build_generator(
     )
     if make_env is not None:
         generator.episodes = episode_task(args, engine, lm, make_env)
+    elif inputs.tools:
+        generator.episodes = tool_task(args, engine, lm, inputs.tools)
     return generator
 
 
@@ -256,6 +269,35 @@ def task_env(args: GRPOConfig, inputs: Inputs):
             "an episode's reward is its environment's return: leave out --reward (reward_funcs)"
         )
     return make_env
+
+
+def tool_task(args: GRPOConfig, engine, lm: LanguageModel, tools: list) -> EpisodeTask:
+    """TRL's tools=: episodes whose turns call them, until a turn calls none (or the rounds of
+    max_tool_calling_iterations, or the completion budget, run out); scored by the reward
+    functions over each conversation."""
+    if args.generator != "native":
+        raise ValueError(
+            f"tools run in multi-turn episodes on the native engine; --generator "
+            f"{args.generator} generates single completions (use --generator native)"
+        )
+    rounds = args.max_tool_calling_iterations
+    settings = EpisodeSettings(
+        max_turns=args.max_new_tokens if rounds is None else rounds + 1,
+        budget=args.max_new_tokens,
+        timeout_s=args.tool_timeout,
+        eos_token_id=lm.eos_token_id,
+    )
+    tokenizer = lm.tokenizer
+    by_name = {getattr(tool, "__name__", repr(tool)): tool for tool in tools}
+    suffix = ToolSuffix(tokenizer, lm.eos_token_id)
+    runner = EpisodeRunner(
+        engine,
+        settings,
+        tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        # (a tool call's markers may be special tokens: kept for the parser)
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+    )
+    return EpisodeTask(lambda: ToolCallEnv(by_name, suffix), runner, scored=True)
 
 
 def episode_task(args: GRPOConfig, engine, lm: LanguageModel, make_env) -> EpisodeTask:

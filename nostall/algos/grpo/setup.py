@@ -24,6 +24,7 @@ from nostall.algos.grpo.generation import (
     load_run_model,
     prompt_rewards,
     prompt_source,
+    prompt_tools,
     ray_generator,
     run_dtype,
     with_lora,
@@ -231,7 +232,8 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     # bf16 compute: a bf16 copy for generation and the update's arithmetic; the optimizer's
     # float32 weights are the model saved (MasterWeights).
     compute = model if dtype_of(model) == dtype else compute_copy(model, dtype)
-    encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions, 0)
+    tools = prompt_tools(inputs)  # (bad tools named here, before any process starts)
+    encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions, 0, tools)
     length = completion_length(args, encoder.length, lm.max_positions)
     if length != args.max_new_tokens:
         args = dataclasses.replace(args, max_new_tokens=length)

@@ -34,7 +34,7 @@ from nostall.algos.grpo.generation import prompt_rewards
 from nostall.algos.grpo.result import GRPOResult
 from nostall.algos.grpo.setup import Setup, build
 from nostall.algos.grpo.state import restore, save_model, snapshot
-from nostall.algos.grpo.trl_inputs import reward_models, trainer_inputs
+from nostall.algos.grpo.trl_inputs import reward_models, trainer_inputs, trainer_tools
 from nostall.algos.grpo.trl_surface import (
     STATE_FILE,
     TRLRun,
@@ -69,6 +69,8 @@ class GRPOTrainer(WritesOutputs):
         callbacks=None,
         optimizers=(None, None),
         peft_config=None,
+        tools=None,
+        environment_factory=None,
         *,
         setup: Setup | None = None,
     ):
@@ -86,6 +88,7 @@ class GRPOTrainer(WritesOutputs):
         inputs = self._inputs = trainer_inputs(
             args, model, reward_funcs, train_dataset, processing_class
         )
+        inputs.tools = trainer_tools(tools, environment_factory)
         # (a user's AdamW: its settings are the run's; its scheduler sets the rate)
         self._schedule = take_optimizers(optimizers, model, peft_config, args)
         args.check()

@@ -64,6 +64,20 @@ def reward_models(reward_funcs, processing_classes):
     return out if isinstance(reward_funcs, list | tuple) or reward_funcs is None else out[0]
 
 
+def trainer_tools(tools, environment_factory) -> list | None:
+    """TRL's tools= (functions the model calls in multi-turn episodes; None: none)."""
+    if environment_factory is not None:
+        raise ValueError(
+            "environment_factory: not taken yet; give the environment's methods as tools= "
+            "functions, or a Gymnasium-style text environment as environment='module:Class'"
+        )
+    if tools is None or (isinstance(tools, list | tuple) and not tools):
+        return None
+    if not isinstance(tools, list | tuple):
+        raise ValueError(f"tools: a list of functions, got {type(tools).__name__}")
+    return list(tools)
+
+
 def _reward(fn) -> Callable:
     if isinstance(fn, str):
         return load_reward(fn)

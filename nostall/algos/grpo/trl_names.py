@@ -196,7 +196,6 @@ DEFAULT_ONLY: dict[str, tuple[object, str]] = {
     "sync_ref_model": (False, "beta with the initial model as the reference"),
     "top_entropy_quantile": (1.0, "entropy_coef"),
     "use_adaptive_entropy": (False, "entropy_coef"),
-    "max_tool_calling_iterations": (None, "a reward function that runs the tool"),
     "off_policy_mask_threshold": (None, "staleness=0, or is_cap"),
     "log_completions_hub_repo": (None, "log_completions=True (written into output_dir)"),
     "use_transformers_continuous_batching": (False, "nostall's engine (generator='native')"),

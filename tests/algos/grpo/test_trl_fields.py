@@ -76,7 +76,6 @@ def test_trls_defaults_are_nostalls_where_the_field_is_a_setting_here():
         ("torch_compile", True, "fused native ops"),
         ("importance_sampling_level", "sequence", "importance_sampling_level='token'"),
         ("vllm_mode", "server", "colocate"),
-        ("max_tool_calling_iterations", 3, "reward function"),
     ],
 )
 def test_a_trl_field_nostall_cannot_honour_is_refused_by_name(name, value, instead):

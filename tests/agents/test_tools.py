@@ -1,0 +1,237 @@
+"""TRL's tools=: schemas rendered into the prompt, tool calls parsed from a turn and run (sync and
+async; a failing or unknown tool answered with {"error": ...} and counted), results appended as
+the chat template's tokens, the conversation scored by the reward functions; and a TRL script
+with tools= run under nostall and under TRL with the same steps and logged keys."""
+
+import importlib.util
+import re
+import textwrap
+
+import pytest
+import torch
+
+from nostall.agents.episodes import Episode, EpisodeRunner, EpisodeSettings
+from nostall.agents.tools import (
+    ToolCallEnv,
+    ToolSuffix,
+    parse_tool_calls,
+    run_tool,
+    tool_schemas,
+)
+from nostall.lm.generation import Completions
+from tests.agents import tool_model
+
+HAS_TRL = importlib.util.find_spec("trl") is not None
+
+
+def add(a: int, b: int) -> int:
+    """Adds two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+async def slow_double(x: int) -> int:
+    """Doubles a number, asynchronously.
+
+    Args:
+        x: The number.
+    """
+    return 2 * x
+
+
+def broken(x: int) -> int:
+    """Always fails.
+
+    Args:
+        x: Anything.
+    """
+    raise RuntimeError("the sandbox is down")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tool_model.save(tmp_path_factory.mktemp("tool_model"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def test_tool_calls_are_parsed_in_order_and_bad_ones_named():
+    text = (
+        'ok <tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 1}"}</tool_call>'
+        "<tool_call>{not json}</tool_call><tool_call>[1]</tool_call>"
+        '<tool_call>{"name": "add", "arguments": 3}</tool_call>'
+    )
+    calls = parse_tool_calls(text)
+    assert calls[:2] == [
+        {"name": "add", "arguments": {"a": 2, "b": 3}},
+        {"name": "add", "arguments": {"a": 1, "b": 1}},
+    ]
+    assert "not JSON" in calls[2]["error"] and "needs a name" in calls[3]["error"]
+    assert "must be an object" in calls[4]["error"]
+    assert parse_tool_calls("no call here") == []
+
+
+def test_tools_run_sync_and_async_and_failures_go_back_to_the_model():
+    tools = {"add": add, "slow_double": slow_double, "broken": broken}
+    assert run_tool(tools, {"name": "add", "arguments": {"a": 2, "b": 3}}) == ("add", 5, False)
+    assert run_tool(tools, {"name": "slow_double", "arguments": {"x": 4}}) == (
+        "slow_double",
+        8,
+        False,
+    )
+    _name, result, failed = run_tool(tools, {"name": "broken", "arguments": {"x": 1}})
+    assert failed and result == {"error": "the sandbox is down"}
+    assert run_tool(tools, {"name": "nope", "arguments": {}})[1] == {
+        "error": "Tool nope not found."
+    }
+    _, result, failed = run_tool(tools, {"name": "add", "arguments": {"c": 1}})
+    assert failed and "unexpected keyword" in result["error"]
+
+
+def test_a_tool_without_a_readable_docstring_is_refused_by_name():
+    def undocumented(x):
+        return x
+
+    with pytest.raises(ValueError, match="tools: undocumented"):
+        tool_schemas([undocumented])
+    with pytest.raises(ValueError, match="not a function"):
+        tool_schemas([3])
+    assert tool_schemas([add])[0]["function"]["name"] == "add"
+
+
+class ScriptedEngine:
+    """Answers each context with a tool call until the context holds a tool's result, then with
+    that result: the turns a model that calls tools would write, through the runner's path."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.allowed = torch.ones(len(tokenizer), dtype=torch.bool)
+        self.eos = tokenizer.eos_token_id
+
+    def generate_turn(self, contexts, max_new_tokens, noise):
+        rows = []
+        for context in contexts:
+            text = self.tokenizer.decode(context)
+            # (Qwen2.5's template puts a result in a user turn, the Hermes-style one in a tool turn)
+            # (the character tokenizer drops newlines: none is looked for)
+            results = re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", text, re.DOTALL)
+            results += re.findall(r"<\|im_start\|>tool\s*(.*?)<\|im_end\|>", text, re.DOTALL)
+            if results:
+                answer = results[-1]
+            else:
+                answer = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+            rows.append([*self.tokenizer.encode(answer, add_special_tokens=False), self.eos])
+        width = max(len(r) for r in rows)
+        out = Completions.empty(len(rows), 1, width)
+        for i, row in enumerate(rows):
+            out.completion_ids[i, : len(row)] = torch.tensor(row)
+            out.completion_mask[i, : len(row)] = True
+            out.log_probs[i, : len(row)] = -0.5
+        return out
+
+
+def test_an_episode_calls_a_tool_reads_its_result_and_answers(tokenizer):
+    eos = tokenizer.eos_token_id
+    runner = EpisodeRunner(
+        ScriptedEngine(tokenizer),
+        EpisodeSettings(max_turns=3, budget=400, timeout_s=5.0, eos_token_id=eos),
+        tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+    )
+    suffix = ToolSuffix(tokenizer, eos)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "2+3="}],
+        tools=[add],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    episodes = [Episode(ToolCallEnv({"add": add}, suffix), list(prompt), None) for _ in range(2)]
+    runner.run(episodes, noise_seed=0)
+    for e in episodes:
+        assert e.done and e.failure is None and e.turns == 2 and e.calls == 1
+        assert e.env.messages[0]["tool_calls"][0]["function"] == {
+            "name": "add",
+            "arguments": {"a": 2, "b": 3},
+        }
+        assert e.env.messages[1] == {"role": "tool", "name": "add", "content": "5"}
+        assert e.env.messages[2] == {"role": "assistant", "content": "5"}
+        # The tool's turn is the template's tokens, out of the loss; the model's turns in it.
+        text = tokenizer.decode(e.tokens)
+        tool_part = [t for t, s in zip(e.tokens, e.sampled, strict=True) if not s]
+        rendered = tokenizer.decode(tool_part)
+        assert rendered in text and "5" in rendered and rendered.endswith("assistant")
+        assert text.endswith("5" + tokenizer.eos_token)
+
+
+SCRIPT = """
+from datasets import Dataset
+from {lib} import GRPOConfig, GRPOTrainer
+
+def add(a: int, b: int) -> int:
+    '''Adds two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    '''
+    return a + b
+
+rows = [{{"prompt": [{{"role": "user", "content": f"{{i}}+{{i + 1}}="}}]}} for i in range(8)]
+
+def reward_len(completions, **kwargs):
+    return [-abs(4 - len(c[-1]["content"])) for c in completions]
+
+args = GRPOConfig(output_dir=OUT, max_steps=2, logging_steps=1, max_completion_length=8,
+                  num_generations=4, per_device_train_batch_size=4, use_cpu=True,
+                  max_tool_calling_iterations=2)
+trainer = GRPOTrainer(model=MODEL, reward_funcs=reward_len, args=args,
+                      train_dataset=Dataset.from_list(rows), tools=[add])
+trainer.train()
+"""
+
+
+@pytest.mark.parametrize(
+    "lib", ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
+)
+def test_a_trl_script_with_tools_runs_with_trls_semantics(lib, model_dir, tmp_path):
+    namespace = {"OUT": str(tmp_path / "out"), "MODEL": str(model_dir)}
+    exec(
+        compile(textwrap.dedent(SCRIPT).format(lib=lib), f"<tools under {lib}>", "exec"), namespace
+    )
+    state = namespace["trainer"].state
+    assert state.global_step == 2
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-2"]
+    logs = [e for e in state.log_history if "loss" in e]
+    assert logs and all({"tools/call_frequency", "tools/failure_frequency"} <= set(e) for e in logs)
+
+
+def test_environment_factory_is_refused_naming_what_to_use(model_dir, tmp_path):
+    from nostall import GRPOConfig, GRPOTrainer
+
+    with pytest.raises(ValueError, match="environment_factory: not taken yet"):
+        GRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=lambda completions, **k: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True),
+            train_dataset=[{"prompt": [{"role": "user", "content": "x"}]}],
+            environment_factory=object,
+        )
+    with pytest.raises(ValueError, match="tools need conversational prompts"):
+        GRPOTrainer(
+            model=str(model_dir),
+            reward_funcs=lambda completions, **k: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True),
+            train_dataset=[{"prompt": "x"}],
+            tools=[add],
+        )
