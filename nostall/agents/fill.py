@@ -28,6 +28,10 @@ class EpisodeTask:
     # Scored by the run's reward functions over each episode's conversation (the tool
     # environment's `messages`), not by the environment's return.
     scored: bool = False
+    # Where each rollout's environment is made from its row first (TRL's environment_factory):
+    # (rows, group size) -> (the prompts, with the observations reset gave, and an instance
+    # a rollout), each instance given to make_env. None: make_env() a rollout.
+    start: Callable[[list[dict], int], tuple[list, list]] | None = None
 
     def fill(
         self,
@@ -36,6 +40,7 @@ class EpisodeTask:
         group_size: int,
         noise_seed: int,
         score: Callable[[list[Episode]], list[float]] | None = None,
+        instances: list | None = None,
     ) -> dict:
         """Runs the batch's episodes into `batch` (its prompts encoded already), scored by
         their returns or by `score`; returns the host figures: rewards, lengths, and the
@@ -48,7 +53,8 @@ class EpisodeTask:
                 r = i * group_size + j
                 prompt = [t for t, m in zip(prompt_ids[r], prompt_mask[r], strict=True) if m]
                 seed = None if self.scored else _seed(row)  # (tools: no seeded state)
-                episodes.append(Episode(self.make_env(), prompt, seed))
+                env = self.make_env() if instances is None else self.make_env(instances[r])
+                episodes.append(Episode(env, prompt, seed))
         timings = self.runner.run(episodes, noise_seed)
         if score is not None:
             for episode, reward in zip(episodes, score(episodes), strict=True):

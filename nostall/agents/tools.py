@@ -124,8 +124,9 @@ class ToolCallEnv:
     with the tool messages' tokens, or ends the episode when the turn calls none. It keeps the
     conversation after the prompt (`messages`) for the reward functions."""
 
-    def __init__(self, tools: dict[str, Callable], suffix: ToolSuffix):
+    def __init__(self, tools: dict[str, Callable], suffix: ToolSuffix, instance=None):
         self.tools, self.suffix = tools, suffix
+        self.instance = instance  # (TRL's environment_factory: the rollout's own, reset already)
         self.messages: list[dict] = []
 
     def reset(self, *, seed=None, options=None):

@@ -135,12 +135,15 @@ class GroupGenerator:
     def __call__(self, batch: LMBatch) -> None:
         rows = self.source.batch(self.num_prompts)
         prompts = [row["prompt"] for row in rows]
+        instances = None
+        if self.episodes is not None and self.episodes.start is not None:
+            prompts, instances = self.episodes.start(rows, self.num_generations)
         batch.prompt_tokens = self.encoder.encode_into(
             prompts, batch.prompt_ids, batch.prompt_mask, self.num_generations
         )
         self._filled += 1
         if self.episodes is not None:  # multi-turn episodes with their environments
-            self._fill_episodes(batch, rows)
+            self._fill_episodes(batch, rows, instances)
             return
         between_tokens = None
         batch.token_versions = []
@@ -193,7 +196,7 @@ class GroupGenerator:
                 for p, c, r in zip(repeated, texts, rewards, strict=True)
             ]
 
-    def _fill_episodes(self, batch: LMBatch, rows: list[dict]) -> None:
+    def _fill_episodes(self, batch: LMBatch, rows: list[dict], instances=None) -> None:
         """The batch as episodes: one weight version for all of it (taken at its start)."""
         batch.token_versions = []
         if self.refresh is not None:
@@ -210,7 +213,7 @@ class GroupGenerator:
         score = None
         if self.episodes.scored:  # (the reward functions, over each conversation)
             score = functools.partial(self._score_conversations, rows)
-        out = self.episodes.fill(batch, rows, G, seed, score)
+        out = self.episodes.fill(batch, rows, G, seed, score, instances)
         if self.release is not None:
             self.release()
         if self.watchdog is not None:
@@ -242,6 +245,8 @@ class GroupGenerator:
         repeated = [row["prompt"] for row in rows for _ in range(G)]
         columns = {k: [row.get(k) for row in rows for _ in range(G)] for k in self.columns}
         completions = [list(e.env.messages) for e in episodes]
+        if episodes[0].env.instance is not None:  # (TRL's: every reward function gets them)
+            columns = {**columns, "environments": [e.env.instance for e in episodes]}
         score = functools.partial(
             self.rewards, repeated, completions, columns, self.watchdog, self.reward_timeout_s
         )

@@ -118,6 +118,9 @@ class ScriptedEngine:
         self.allowed = torch.ones(len(tokenizer), dtype=torch.bool)
         self.eos = tokenizer.eos_token_id
 
+    def answer(self, text: str) -> str:
+        return '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
     def generate_turn(self, contexts, max_new_tokens, noise):
         rows = []
         for context in contexts:
@@ -126,14 +129,12 @@ class ScriptedEngine:
             # (the character tokenizer drops newlines: none is looked for)
             results = re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", text, re.DOTALL)
             results += re.findall(r"<\|im_start\|>tool\s*(.*?)<\|im_end\|>", text, re.DOTALL)
-            if results:
-                answer = results[-1]
-            else:
-                answer = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+            answer = results[-1] if results else self.answer(text)
             rows.append([*self.tokenizer.encode(answer, add_special_tokens=False), self.eos])
-        width = max(len(r) for r in rows)
+        width = min(max(len(r) for r in rows), max_new_tokens)
         out = Completions.empty(len(rows), 1, width)
         for i, row in enumerate(rows):
+            row = row[:width]
             out.completion_ids[i, : len(row)] = torch.tensor(row)
             out.completion_mask[i, : len(row)] = True
             out.log_probs[i, : len(row)] = -0.5
@@ -216,16 +217,151 @@ def test_a_trl_script_with_tools_runs_with_trls_semantics(lib, model_dir, tmp_pa
     assert logs and all({"tools/call_frequency", "tools/failure_frequency"} <= set(e) for e in logs)
 
 
-def test_environment_factory_is_refused_naming_what_to_use(model_dir, tmp_path):
+class Counter:
+    """TRL's environment_factory shape: reset(**row), a tool method, get_reward."""
+
+    def __init__(self):
+        self.count = 0
+
+    def reset(self, start=0, **kwargs):
+        self.count = int(start)
+        return f" (the counter is at {self.count})"
+
+    def increment(self, by: int) -> int:
+        """Adds to the counter.
+
+        Args:
+            by: How much to add.
+        """
+        self.count += by
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count == 10)
+
+
+COUNTER_ROWS = [
+    {"prompt": [{"role": "user", "content": "Make the counter 10."}], "start": i} for i in range(8)
+]
+
+ENV_SCRIPT = """
+from datasets import Dataset
+from {lib} import GRPOConfig, GRPOTrainer
+from tests.agents.test_tools import COUNTER_ROWS, Counter
+
+args = GRPOConfig(output_dir=OUT, max_steps=2, logging_steps=1, max_completion_length=8,
+                  num_generations=4, per_device_train_batch_size=4, use_cpu=True)
+trainer = GRPOTrainer(model=MODEL, args=args, train_dataset=Dataset.from_list(COUNTER_ROWS),
+                      environment_factory=Counter)
+trainer.train()
+"""
+
+
+@pytest.mark.parametrize(
+    "lib", ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
+)
+def test_a_trl_script_with_environment_factory_runs_with_trls_semantics(lib, model_dir, tmp_path):
+    namespace = {"OUT": str(tmp_path / "out"), "MODEL": str(model_dir)}
+    text = textwrap.dedent(ENV_SCRIPT).format(lib=lib)
+    exec(compile(text, f"<environment_factory under {lib}>", "exec"), namespace)
+    state = namespace["trainer"].state
+    assert state.global_step == 2
+    logs = [e for e in state.log_history if "loss" in e]
+    keys = {"tools/call_frequency", "tools/failure_frequency", "rewards/Counter/mean"}
+    assert logs and all(keys <= set(e) for e in logs)
+
+
+class CounterEngine(ScriptedEngine):
+    """Reads the counter from the prompt and calls increment to make it 10, then answers."""
+
+    def generate_turn(self, contexts, max_new_tokens, noise):
+        self.calls = [self.tokenizer.decode(c) for c in contexts]
+        return super().generate_turn(contexts, max_new_tokens, noise)
+
+    def answer(self, text):
+        # (the test tokenizer keeps no whitespace)
+        start = int(re.findall(r"the\s*counter\s*is\s*at\s*(\d+)", text)[-1])
+        return (
+            f'<tool_call>{{"name": "increment", "arguments": {{"by": {10 - start}}}}}</tool_call>'
+        )
+
+
+def test_each_rollout_acts_on_its_own_environment_and_is_scored_by_it(model_dir):
+    """Through the trainer's own generation side, with turns scripted to call the environment's
+    tool: every rollout's instance reaches 10, get_reward pays 1, and the reward functions get
+    the instances."""
     from nostall import GRPOConfig, GRPOTrainer
 
-    with pytest.raises(ValueError, match="environment_factory: not taken yet"):
+    seen = []
+
+    def sees_environments(completions, environments, **kwargs):
+        seen.append([type(e).__name__ for e in environments])
+        return [0.0] * len(completions)
+
+    args = GRPOConfig(
+        output_dir=None,
+        max_steps=2,
+        logging_steps=1,
+        max_completion_length=200,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        save_strategy="no",
+        report_to="none",
+        max_tool_calling_iterations=1,
+    )
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=sees_environments,
+        args=args,
+        train_dataset=COUNTER_ROWS,
+        environment_factory=Counter,
+    )
+    from transformers import AutoTokenizer
+
+    runner = trainer.setup.generator.episodes.runner
+    runner.engine = CounterEngine(AutoTokenizer.from_pretrained(model_dir))
+    result = trainer.train()
+    assert result.rewards == [1.0, 1.0]  # (every rollout's Counter at 10)
+    assert seen and all(names == ["Counter"] * 4 for names in seen)
+
+
+def test_environment_factory_mistakes_are_refused_by_name(model_dir, tmp_path):
+    from nostall import GRPOConfig, GRPOTrainer
+    from nostall.agents.factory import EnvironmentFactory
+
+    class NoReset:
+        pass
+
+    class Talks(Counter):
+        def reset(self, **kwargs):
+            return 3
+
+    class Moody(Counter):
+        made = 0
+
+        def reset(self, **kwargs):
+            Moody.made += 1
+            return f" mood {Moody.made}"
+
+    with pytest.raises(ValueError, match="must define a callable reset"):
+        EnvironmentFactory(NoReset, [])
+    with pytest.raises(ValueError, match="dict of factories"):
+        EnvironmentFactory({"a": Counter}, [])
+    with pytest.raises(ValueError, match="returns None or a string"):
+        EnvironmentFactory(Talks, []).sized_prompt(COUNTER_ROWS[0])
+    with pytest.raises(ValueError, match="different observations"):
+        EnvironmentFactory(Moody, []).start(COUNTER_ROWS[:1], 2)
+    with pytest.raises(ValueError, match="No reward source"):
+
+        class Rewardless(Counter):
+            get_reward = None
+
         GRPOTrainer(
             model=str(model_dir),
-            reward_funcs=lambda completions, **k: [0.0] * len(completions),
             args=GRPOConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True),
-            train_dataset=[{"prompt": [{"role": "user", "content": "x"}]}],
-            environment_factory=object,
+            train_dataset=COUNTER_ROWS,
+            environment_factory=Rewardless,
         )
     with pytest.raises(ValueError, match="tools need conversational prompts"):
         GRPOTrainer(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nostall.agents.episodes import EpisodeRunner, EpisodeSettings
+from nostall.agents.factory import EnvironmentFactory
 from nostall.agents.fill import EpisodeTask
 from nostall.agents.loading import load_environment, seeded_rows
 from nostall.agents.tools import ToolCallEnv, ToolSuffix, tool_schemas
@@ -49,11 +50,29 @@ class Inputs:
     reward_funcs: list[RewardFn] | None = None  # callables (None: config.reward)
     rows: list[dict] | None = None  # prompt rows (None: config.dataset, or config.task)
     tools: list | None = None  # TRL's tools=: functions the model calls (None: none)
+    # TRL's environment_factory=: an instance per rollout, its methods tools (None: none)
+    environment_factory: object | None = None
 
 
-def prompt_tools(inputs: Inputs) -> list[dict] | None:
-    """The tools' schemas the chat template renders into every prompt (None: no tools)."""
-    return tool_schemas(inputs.tools) if inputs.tools else None
+def environment_of(inputs: Inputs) -> EnvironmentFactory | None:
+    if inputs.environment_factory is None:
+        return None
+    return EnvironmentFactory(inputs.environment_factory, inputs.tools or [])
+
+
+def prompt_encoder(
+    lm: LanguageModel, source: PromptSource, inputs: Inputs, max_new_tokens: int
+) -> PromptEncoder:
+    """The run's prompt encoder: sized by every prompt it may see (with an environment
+    factory, each row's prompt with its reset observation), tools' schemas rendered in."""
+    environment = environment_of(inputs)
+    if environment is not None:
+        prompts = [environment.sized_prompt(row) for row in source.rows]
+        tools = environment.schemas
+    else:
+        prompts = source.all_prompts()
+        tools = tool_schemas(inputs.tools) if inputs.tools else None
+    return PromptEncoder(lm.tokenizer, prompts, lm.max_positions, max_new_tokens, tools)
 
 
 def prompt_rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
@@ -63,6 +82,15 @@ def prompt_rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
             "--reward-weights weighs the functions of --reward (reward_funcs): "
             "give them, or leave the weights out"
         )
+    environment = environment_of(inputs)
+    if environment is not None and not environment.has_reward and inputs.reward_funcs is None:
+        raise ValueError(
+            "No reward source: give reward_funcs, or an environment_factory whose environment "
+            "defines get_reward()"
+        )
+    if environment is not None and environment.has_reward:  # (TRL's: get_reward, weight 1)
+        functions = [*(inputs.reward_funcs or []), environment.reward_function()]
+        return Rewards(functions, weights and [*weights, 1.0])
     if inputs.reward_funcs is not None:
         return Rewards(inputs.reward_funcs, weights)
     if not args.reward:
@@ -131,13 +159,7 @@ class Generation:
     def build(cls, args: GRPOConfig, inputs: Inputs, lm: LanguageModel) -> Generation:
         """(In a rollout process or Ray worker: its own, from the same config and inputs.)"""
         source = prompt_source(args, inputs)
-        encoder = PromptEncoder(
-            lm.tokenizer,
-            source.all_prompts(),
-            lm.max_positions,
-            args.max_new_tokens,
-            prompt_tools(inputs),
-        )
+        encoder = prompt_encoder(lm, source, inputs, args.max_new_tokens)
         return cls(source, prompt_rewards(args, inputs), encoder, run_dtype(args, inputs))
 
 
@@ -244,8 +266,8 @@ def build_generator(
     )
     if make_env is not None:
         generator.episodes = episode_task(args, engine, lm, make_env)
-    elif inputs.tools:
-        generator.episodes = tool_task(args, engine, lm, inputs.tools)
+    elif inputs.tools or inputs.environment_factory is not None:
+        generator.episodes = tool_task(args, engine, lm, inputs)
     return generator
 
 
@@ -271,7 +293,7 @@ def task_env(args: GRPOConfig, inputs: Inputs):
     return make_env
 
 
-def tool_task(args: GRPOConfig, engine, lm: LanguageModel, tools: list) -> EpisodeTask:
+def tool_task(args: GRPOConfig, engine, lm: LanguageModel, inputs: Inputs) -> EpisodeTask:
     """TRL's tools=: episodes whose turns call them, until a turn calls none (or the rounds of
     max_tool_calling_iterations, or the completion budget, run out); scored by the reward
     functions over each conversation."""
@@ -288,7 +310,6 @@ def tool_task(args: GRPOConfig, engine, lm: LanguageModel, tools: list) -> Episo
         eos_token_id=lm.eos_token_id,
     )
     tokenizer = lm.tokenizer
-    by_name = {getattr(tool, "__name__", repr(tool)): tool for tool in tools}
     suffix = ToolSuffix(tokenizer, lm.eos_token_id)
     runner = EpisodeRunner(
         engine,
@@ -297,6 +318,15 @@ def tool_task(args: GRPOConfig, engine, lm: LanguageModel, tools: list) -> Episo
         # (a tool call's markers may be special tokens: kept for the parser)
         detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
     )
+    environment = environment_of(inputs)
+    if environment is not None:  # (an instance a rollout, reset with its row)
+        return EpisodeTask(
+            lambda instance: ToolCallEnv(environment.tools_of(instance), suffix, instance),
+            runner,
+            scored=True,
+            start=environment.start,
+        )
+    by_name = {tool.__name__: tool for tool in inputs.tools}
     return EpisodeTask(lambda: ToolCallEnv(by_name, suffix), runner, scored=True)
 
 

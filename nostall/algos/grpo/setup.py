@@ -22,9 +22,9 @@ from nostall.algos.grpo.generation import (
     build_generator,
     dtype_of,
     load_run_model,
+    prompt_encoder,
     prompt_rewards,
     prompt_source,
-    prompt_tools,
     ray_generator,
     run_dtype,
     with_lora,
@@ -37,7 +37,6 @@ from nostall.lm.hf_decoder import checkpointed, make_decoder
 from nostall.lm.models import LanguageModel
 from nostall.lm.packing import training_order
 from nostall.lm.precision import MasterWeights, compute_copy
-from nostall.lm.prompts import PromptEncoder
 from nostall.lm.rollout import GroupGenerator
 from nostall.optim import ClippedAdam
 from nostall.runtime.heap import return_free_memory
@@ -232,8 +231,8 @@ def build(args: GRPOConfig, inputs: Inputs | None = None) -> Setup:
     # bf16 compute: a bf16 copy for generation and the update's arithmetic; the optimizer's
     # float32 weights are the model saved (MasterWeights).
     compute = model if dtype_of(model) == dtype else compute_copy(model, dtype)
-    tools = prompt_tools(inputs)  # (bad tools named here, before any process starts)
-    encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions, 0, tools)
+    # (bad tools and environments are named here, before any process starts)
+    encoder = prompt_encoder(lm, source, inputs, 0)
     length = completion_length(args, encoder.length, lm.max_positions)
     if length != args.max_new_tokens:
         args = dataclasses.replace(args, max_new_tokens=length)

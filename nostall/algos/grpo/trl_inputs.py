@@ -64,18 +64,13 @@ def reward_models(reward_funcs, processing_classes):
     return out if isinstance(reward_funcs, list | tuple) or reward_funcs is None else out[0]
 
 
-def trainer_tools(tools, environment_factory) -> list | None:
-    """TRL's tools= (functions the model calls in multi-turn episodes; None: none)."""
-    if environment_factory is not None:
-        raise ValueError(
-            "environment_factory: not taken yet; give the environment's methods as tools= "
-            "functions, or a Gymnasium-style text environment as environment='module:Class'"
-        )
-    if tools is None or (isinstance(tools, list | tuple) and not tools):
-        return None
-    if not isinstance(tools, list | tuple):
+def trainer_tools(inputs, tools, environment_factory) -> None:
+    """TRL's tools= (functions the model calls in multi-turn episodes) and environment_factory=
+    (an instance a rollout, its methods more tools), into `inputs`."""
+    if tools is not None and not isinstance(tools, list | tuple):
         raise ValueError(f"tools: a list of functions, got {type(tools).__name__}")
-    return list(tools)
+    inputs.tools = list(tools) if tools else None
+    inputs.environment_factory = environment_factory
 
 
 def _reward(fn) -> Callable:
