@@ -33,6 +33,9 @@ class EpisodeSettings:
     timeout_s: float | None  # each environment call (None: no limit)
     eos_token_id: int
     turn_tokens: int | None = None  # a turn's tokens at most (None: up to <eos>)
+    # Whether the last turn allowed (max_turns) is still handed to the environment: a text
+    # environment's last action scores; TRL's tool rounds end there, the last turn's calls unrun.
+    act_on_last_turn: bool = True
 
 
 @dataclass
@@ -169,9 +172,15 @@ class EpisodeRunner:
             if not ended and n < cap:  # cut off by the budget: no whole action to take
                 episode.done, episode.truncated = True, True
                 continue
+            action = self.detokenize(turn[:-1] if ended else turn)
+            if episode.turns >= self.settings.max_turns and not self.settings.act_on_last_turn:
+                episode.done, episode.truncated = True, True  # (its calls: past the rounds)
+                record = getattr(episode.env, "last_turn", None)  # (kept for the rewards)
+                if record is not None:
+                    record(action)
+                continue
             waiting[key] = "step"
             stats.steps += 1
-            action = self.detokenize(turn[:-1] if ended else turn)
             calls.submit(key, _bound(episode.env.step, action))
 
 

@@ -133,18 +133,27 @@ class ToolCallEnv:
         self.messages = []
         return "", {}  # (the prompt is the row's, tools rendered in it)
 
-    def step(self, action: str):
-        calls = parse_tool_calls(action)
+    def last_turn(self, action: str) -> None:
+        """A turn past the rounds allowed: kept in the conversation, its calls not run."""
+        self._assistant(action, parse_tool_calls(action))
+
+    def _assistant(self, action: str, calls: list[dict]) -> None:
         text = _CALL.sub("", action).strip()
         if not calls:
             self.messages.append({"role": "assistant", "content": text})
-            return [], 0.0, True, False, {"tool_calls": 0, "tool_failures": 0}
+            return
         tool_calls = [
             {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
             for c in calls
             if "error" not in c
         ]
         self.messages.append({"role": "assistant", "content": text, "tool_calls": tool_calls})
+
+    def step(self, action: str):
+        calls = parse_tool_calls(action)
+        self._assistant(action, calls)
+        if not calls:
+            return [], 0.0, True, False, {"tool_calls": 0, "tool_failures": 0}
         results, failures = [], 0
         for call in calls:
             name, result, failed = run_tool(self.tools, call)

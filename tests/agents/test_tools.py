@@ -175,6 +175,38 @@ def test_an_episode_calls_a_tool_reads_its_result_and_answers(tokenizer):
         assert text.endswith("5" + tokenizer.eos_token)
 
 
+class AlwaysCalls(ScriptedEngine):
+    """Never shown a tool's result (only each context's first token): calls again each turn."""
+
+    def generate_turn(self, contexts, max_new_tokens, noise):
+        return super().generate_turn([c[:1] for c in contexts], max_new_tokens, noise)
+
+
+def test_the_last_round_allowed_is_kept_but_its_calls_are_not_run(tokenizer):
+    """TRL's max_tool_calling_iterations: with one round allowed, a model that always calls
+    runs one call; its second turn's call is in the conversation, unrun."""
+    eos = tokenizer.eos_token_id
+    settings = EpisodeSettings(2, 400, 5.0, eos, act_on_last_turn=False)
+    runner = EpisodeRunner(
+        AlwaysCalls(tokenizer),
+        settings,
+        tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+    )
+    counted = []
+
+    def counting_add(a: int, b: int) -> int:
+        counted.append((a, b))
+        return a + b
+
+    env = ToolCallEnv({"add": counting_add}, ToolSuffix(tokenizer, eos))
+    episode = Episode(env, tokenizer.encode("x", add_special_tokens=False), None)
+    runner.run([episode], noise_seed=0)
+    assert counted == [(2, 3)] and episode.turns == 2 and episode.truncated
+    assert [m["role"] for m in env.messages] == ["assistant", "tool", "assistant"]
+    assert env.messages[2]["tool_calls"][0]["function"]["name"] == "add"
+
+
 SCRIPT = """
 from datasets import Dataset
 from {lib} import GRPOConfig, GRPOTrainer

@@ -308,6 +308,7 @@ def tool_task(args: GRPOConfig, engine, lm: LanguageModel, inputs: Inputs) -> Ep
         budget=args.max_new_tokens,
         timeout_s=args.tool_timeout,
         eos_token_id=lm.eos_token_id,
+        act_on_last_turn=False,  # (TRL's: the rounds are max_tool_calling_iterations)
     )
     tokenizer = lm.tokenizer
     suffix = ToolSuffix(tokenizer, lm.eos_token_id)
