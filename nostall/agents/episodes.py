@@ -82,7 +82,6 @@ class EpisodeRunner:
     ):
         self.engine, self.settings = engine, settings
         self.tokenize, self.detokenize = tokenize, detokenize
-        self._noise = torch.Generator(engine.allowed.device)
 
     def run(self, episodes: list[Episode], noise_seed: int) -> RoundStats:
         """Every episode reset, then turns until each is done; returns the batch's timings."""
@@ -146,16 +145,14 @@ class EpisodeRunner:
         budget, eos = self.settings.budget, self.settings.eos_token_id
         room = [budget - len(e.tokens) for e in episodes]
         starts = [len(e.tokens) for e in episodes]
-        vocab = self.engine.allowed.shape[0]
-        device = self.engine.allowed.device
-
-        def noise(t: int) -> torch.Tensor:  # keyed by (episode, position): batch-independent
-            rows = []
-            for key, start in zip(keys, starts, strict=True):
-                self._noise.manual_seed(hash((noise_seed, key, start + t)) & ((1 << 62) - 1))
-                rows.append(torch.rand(vocab, generator=self._noise, device=device))
-            return torch.stack(rows)
-
+        noise = TurnNoise(
+            [
+                hash((noise_seed, key, start)) & ((1 << 62) - 1)
+                for key, start in zip(keys, starts, strict=True)
+            ],
+            self.engine.allowed.shape[0],
+            self.engine.allowed.device,
+        )
         contexts = [e.prompt + e.tokens for e in episodes]
         cap = self.settings.turn_tokens or budget
         out = self.engine.generate_turn(contexts, min(max(room), cap), noise)
@@ -182,6 +179,27 @@ class EpisodeRunner:
             waiting[key] = "step"
             stats.steps += 1
             calls.submit(key, _bound(episode.env.step, action))
+
+
+class TurnNoise:
+    """A round's sampling noise: each row's from a stream of its own, seeded by (the batch's
+    seed, its episode, the position its turn starts at), so a turn draws the same tokens
+    whatever round it joins. Drawn on the host (a CPU generator's draws are a prefix whatever
+    their count: token by token or all at once, the same numbers)."""
+
+    def __init__(self, seeds: list[int], vocab: int, device: torch.device):
+        self.vocab, self.device = vocab, device
+        self.streams = [torch.Generator().manual_seed(s) for s in seeds]
+
+    def block(self, steps: int) -> torch.Tensor:
+        """[steps, rows, vocab]: every token's noise at once."""
+        rows = [torch.rand((steps, self.vocab), generator=g) for g in self.streams]
+        return torch.stack(rows, 1).to(self.device)
+
+    def __call__(self, t: int) -> torch.Tensor:
+        """[rows, vocab]: the next token's (t = 0, 1, ... in order)."""
+        rows = [torch.rand(self.vocab, generator=g) for g in self.streams]
+        return torch.stack(rows).to(self.device)
 
 
 def _bound(fn, *args, **kwargs) -> Callable[[], object]:

@@ -84,6 +84,9 @@ def positions_of(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(1) - 1).clamp(min=0)
 
 
+# How often a turn of an episode checks whether every row has ended (generate_turn), in tokens.
+TURN_STOP_CHECK = 8
+
 # The largest noise tensor drawn for a whole batch at once (64 MiB); past it, a step at a time.
 NOISE_UPFRONT_BYTES = 64 << 20
 
@@ -207,7 +210,7 @@ class GenerationEngine:
         group_size: int = 1,
         between_tokens: Callable[[int], bool] | None = None,
         on_step: Callable[[int], None] | None = None,
-        noise: Callable[[int], Tensor] | None = None,
+        noise=None,
     ) -> Completions:
         """Fills `batch`'s completion fields from its prompt fields (in place), and returns it.
         With `group_size` G, rows come in groups of G copies of one prompt: each prompt is
@@ -216,8 +219,10 @@ class GenerationEngine:
         in-flight weight swap): the fused weights are then refreshed in place, and the keys and
         values already cached stay as the older weights computed them. `on_step(t)`, when
         given, is called before each token's step on the per-token path (a liveness beat).
-        `noise(t)`, when given, is the uniform noise [B, V] token t is drawn with (in place of
-        `generator`'s: an episode's turns draw their own, whatever batch they join)."""
+        `noise`, when given, is the uniform noise tokens are drawn with, in place of
+        `generator`'s (an episode's turns draw their own, whatever batch they join):
+        `noise(t)` token t's [B, V], called for t = 0, 1, ... in order, or `noise.block(C)` all
+        C tokens' [C, B, V] at once."""
         B, P = batch.prompt_ids.shape
         C = self.sampling.max_new_tokens
         if batch.completion_ids.shape != (B, C):
@@ -235,8 +240,11 @@ class GenerationEngine:
         V = self.allowed.shape[0]
         device = self.allowed.device
         uniform = None
-        if noise is None and C * B * V * 4 <= NOISE_UPFRONT_BYTES:
-            uniform = torch.rand((C, B, V), generator=generator, device=device)
+        if C * B * V * 4 <= NOISE_UPFRONT_BYTES:  # (an episode turn's noise too: its rows')
+            if noise is None:
+                uniform = torch.rand((C, B, V), generator=generator, device=device)
+            else:
+                uniform = noise.block(C)
         if (
             uniform is not None
             and between_tokens is None
@@ -321,9 +329,7 @@ class GenerationEngine:
             logits = decode(token, next_position + t, self._slots[P + t : P + t + 1])
         return batch
 
-    def generate_turn(
-        self, contexts: list[list[int]], max_new_tokens: int, noise: Callable[[int], Tensor]
-    ) -> Completions:
+    def generate_turn(self, contexts: list[list[int]], max_new_tokens: int, noise) -> Completions:
         """One turn of each of a set of episodes: every context (token ids) continued by up to
         `max_new_tokens` tokens drawn with `noise` (left-padded as prompts; nothing shared)."""
         device = self.allowed.device
@@ -334,7 +340,13 @@ class GenerationEngine:
             batch.prompt_ids[row, width - len(context) :] = ids
             batch.prompt_mask[row, width - len(context) :] = True
         held = self.sampling
-        self.sampling = dataclasses.replace(held, max_new_tokens=max_new_tokens)
+        # A turn ends at <eos>, most far short of the budget: every TURN_STOP_CHECK tokens the
+        # round checks whether every row has ended (a host read) and stops there.
+        self.sampling = dataclasses.replace(
+            held,
+            max_new_tokens=max_new_tokens,
+            stop_check_every=held.stop_check_every or TURN_STOP_CHECK,
+        )
         try:
             return self.generate(batch, torch.Generator(device), noise=noise)
         finally:
