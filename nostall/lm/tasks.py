@@ -5,9 +5,6 @@ completion and answer):
 - `reverse`: the letters reversed;
 - `sort`: the letters sorted;
 - `sum`: 4 digits then `=` (`3746=`); the answer is their sum in decimal (`20`);
-- `guess`: a multi-turn game (nostall.agents.text_env.GuessNumber): find a hidden digit, the
-  environment answering each guess with "<" or ">"; rewarded by its return; each row's `answer`
-  column is its environment's seed;
 - `arithmetic`: a two-step word problem (`7 apples, buy 5, eat 3. left=` -> `9`), rewarded for
   the right number (1) and for answering with a number alone (0.2); the built-in models read it
   with a tokenizer of its own alphabet (a-z, 0-9, space and `,.=`).
@@ -20,7 +17,6 @@ import random
 import string
 from collections.abc import Callable
 
-from nostall.agents.text_env import GUESS_CHARACTERS, GuessNumber
 from nostall.lm.prompt_source import PromptSource, completion_text
 from nostall.lm.rewards import RewardFn
 
@@ -79,23 +75,12 @@ def digits_format_reward(prompts: list, completions: list, **_) -> list[float]:
     return [float(completion_text(c).strip().isdigit()) for c in completions]
 
 
-def guess_row(rng: random.Random) -> tuple[str, str]:
-    """GuessNumber's first observation, and the seed that hides its number (as `answer`)."""
-    seed = rng.randrange(1 << 30)
-    return GuessNumber().reset(seed=seed)[0], str(seed)
-
-
 TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "copy": lambda rng: (lambda s: (s + "=", s))(_letters(rng)),
     "reverse": lambda rng: (lambda s: (s + "=", s[::-1]))(_letters(rng)),
     "sort": lambda rng: (lambda s: (s + "=", "".join(sorted(s))))(_letters(rng)),
     "sum": lambda rng: (lambda s: (s + "=", str(sum(map(int, s)))))(_digits(rng)),
     "arithmetic": word_problem,
-    "guess": guess_row,
-}
-# The tasks whose rows are episodes: each one's environment, given the run's max_turns.
-TASK_ENVS: dict[str, Callable[[int], object]] = {
-    "guess": lambda max_turns: GuessNumber(max_turns=max_turns),
 }
 # A task's own rewards and weights (the others: partial credit against the answer).
 TASK_REWARDS: dict[str, tuple[list[RewardFn], list[float]]] = {
@@ -104,7 +89,6 @@ TASK_REWARDS: dict[str, tuple[list[RewardFn], list[float]]] = {
 # The alphabet a built-in model's tokenizer needs for a task (the others: a-h, 0-9, =).
 TASK_CHARACTERS: dict[str, list[str]] = {
     "arithmetic": sorted(set(string.ascii_lowercase + string.digits + " ,.=")),
-    "guess": GUESS_CHARACTERS,
 }
 
 

@@ -16,6 +16,7 @@ from nostall.agents.episodes import EpisodeRunner, EpisodeSettings
 from nostall.agents.factory import EnvironmentFactory
 from nostall.agents.fill import EpisodeTask
 from nostall.agents.loading import load_environment, seeded_rows
+from nostall.agents.tasks import ENV_TASK_CHARACTERS, ENV_TASKS
 from nostall.agents.tools import ToolCallEnv, ToolSuffix, tool_schemas
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.lm.generation import GenerationEngine, SamplingConfig
@@ -30,7 +31,6 @@ from nostall.lm.rewards import RewardFn, Rewards, load_reward
 from nostall.lm.rollout import GeneratorOptions, GroupGenerator
 from nostall.lm.tasks import (
     TASK_CHARACTERS,
-    TASK_ENVS,
     TASK_REWARDS,
     answer_reward,
     task_source,
@@ -105,7 +105,7 @@ def task_characters(args: GRPOConfig, inputs: Inputs) -> list[str] | None:
     """The alphabet a built-in model's tokenizer needs for the run's built-in task."""
     if args.environment or args.dataset or inputs.rows is not None:
         return None
-    return TASK_CHARACTERS.get(args.task)
+    return TASK_CHARACTERS.get(args.task) or ENV_TASK_CHARACTERS.get(args.task)
 
 
 def with_lora(lm: LanguageModel, args: GRPOConfig) -> LanguageModel:
@@ -128,6 +128,9 @@ def prompt_source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
     if args.environment:  # (its reset observations, one seed a group)
         make_env = load_environment(args.environment)
         return PromptSource(rows=[], generate=seeded_rows(make_env, args.environment))
+    if not args.dataset and inputs.rows is None and args.task in ENV_TASKS:
+        make_env = functools.partial(ENV_TASKS[args.task], args.max_turns)
+        return PromptSource(rows=[], generate=seeded_rows(make_env, f"task {args.task}"))
     if inputs.rows is not None:
         return rows_source(inputs.rows, "train_dataset")
     return dataset_source(args.dataset) if args.dataset else task_source(args.task)
@@ -282,10 +285,10 @@ def task_env(args: GRPOConfig, inputs: Inputs):
                     f"leave out {name}"
                 )
         make_env = load_environment(args.environment)
-    elif args.dataset or inputs.rows is not None or args.task not in TASK_ENVS:
+    elif args.dataset or inputs.rows is not None or args.task not in ENV_TASKS:
         return None
     else:
-        make_env = functools.partial(TASK_ENVS[args.task], args.max_turns)
+        make_env = functools.partial(ENV_TASKS[args.task], args.max_turns)
     if args.reward or inputs.reward_funcs is not None:
         raise ValueError(
             "an episode's reward is its environment's return: leave out --reward (reward_funcs)"
