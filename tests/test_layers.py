@@ -12,6 +12,7 @@ LAYERS = [
     {"cli", "eval_command", "config_flags", "__main__"},
     {"algos"},
     {"train"},
+    {"agents"},
     {"lm"},
     {"runtime"},
     {"optim"},

@@ -289,3 +289,26 @@ def test_a_users_environment_trains_from_the_command_line(tmp_path):
 def test_a_bad_environment_is_refused_by_name(given, message):
     with pytest.raises(ValueError, match=message):
         grpo.build(grpo.GRPOCommandConfig(**dict(FAST, **given)))
+
+
+def test_the_guides_environment_example_trains_from_the_command_line(tmp_path):
+    """docs/guide.md's text environment, saved as my_envs.py, and its command (shortened)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guide.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if "class Echo" in b]
+    (tmp_path / "my_envs.py").write_text(block)
+    (command,) = [line for line in guide.splitlines() if "--environment my_envs:Echo" in line]
+    flags = [*command.split()[3:], "--steps", "2", "--num-prompts", "2", "--out", "run"]
+    done = subprocess.run(
+        [sys.executable, "-m", "nostall.cli", "train", "grpo", *flags],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "model").is_dir()

@@ -318,7 +318,7 @@ class CounterEngine(ScriptedEngine):
         )
 
 
-def test_each_rollout_acts_on_its_own_environment_and_is_scored_by_it(model_dir):
+def test_each_rollout_acts_on_its_own_environment_and_is_scored_by_it(model_dir, tmp_path):
     """Through the trainer's own generation side, with turns scripted to call the environment's
     tool: every rollout's instance reaches 10, get_reward pays 1, and the reward functions get
     the instances."""
@@ -331,7 +331,7 @@ def test_each_rollout_acts_on_its_own_environment_and_is_scored_by_it(model_dir)
         return [0.0] * len(completions)
 
     args = GRPOConfig(
-        output_dir=None,
+        output_dir=str(tmp_path / "out"),
         max_steps=2,
         logging_steps=1,
         max_completion_length=200,

@@ -6,12 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from nostall.algos.grpo.config_checks import (
-    check_settings,
-    check_trl_options,
-    flag,
-    reward_weights,
-)
+from nostall.algos.grpo.config_checks import check_settings, check_trl_options, flag, reward_weights
 from nostall.algos.grpo.episode_args import TASK_LENGTHS, EpisodeArgs
 from nostall.algos.grpo.runtime_options import check_runtime
 from nostall.algos.grpo.training_args import TrainingArgs
