@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 
@@ -28,3 +29,24 @@ def import_user_module(name: str) -> ModuleType:
     """The module `name`, an installed one before one in the working directory."""
     working_directory_last()
     return importlib.import_module(name)
+
+
+def import_named(
+    spec: str, label: str, form: str = "module:function", kind: str = "function"
+) -> Callable:
+    """The callable `spec` ("module:name") names, its module imported as import_user_module
+    does; ValueError naming `label` (the flag or argument) and what is wrong."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{label} {spec!r} must be given as {form}")
+    try:
+        module = import_user_module(module_name)
+    except ImportError as e:
+        where = "looked among the installed modules, then in the working directory"
+        raise ValueError(
+            f"{label} {spec!r}: cannot import {module_name!r} ({e}; {where})"
+        ) from None
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise ValueError(f"{label} {spec!r}: {module_name} has no {kind} {attr!r}")
+    return found

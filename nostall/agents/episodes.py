@@ -67,7 +67,6 @@ class RoundStats:
     wait_s: float = 0.0
     rounds: int = 0
     env_calls: int = 0  # resets and steps answered (or given up)
-    steps: int = 0  # steps handed to the environments
 
 
 class EpisodeRunner:
@@ -104,7 +103,7 @@ class EpisodeRunner:
                     ready.append(result.key)
             if ready:
                 began = time.perf_counter()
-                self._turn([episodes[k] for k in ready], ready, noise_seed, calls, waiting, stats)
+                self._turn([episodes[k] for k in ready], ready, noise_seed, calls, waiting)
                 stats.decode_s += time.perf_counter() - began
                 stats.rounds += 1
                 ready = []
@@ -140,7 +139,7 @@ class EpisodeRunner:
         episode.log_probs += [0.0] * len(ids)
         return True
 
-    def _turn(self, episodes, keys, noise_seed, calls: EnvCalls, waiting, stats) -> None:
+    def _turn(self, episodes, keys, noise_seed, calls: EnvCalls, waiting) -> None:
         """One decode round over `episodes`; each finished turn's step handed to its thread."""
         budget, eos = self.settings.budget, self.settings.eos_token_id
         room = [budget - len(e.tokens) for e in episodes]
@@ -177,7 +176,6 @@ class EpisodeRunner:
                     record(action)
                 continue
             waiting[key] = "step"
-            stats.steps += 1
             calls.submit(key, _bound(episode.env.step, action))
 
 

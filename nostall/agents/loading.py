@@ -9,25 +9,12 @@ import random
 from collections.abc import Callable
 
 from nostall.agents.text_env import EnvError, check_reset
-from nostall.user_code import import_user_module
+from nostall.user_code import import_named
 
 
 def load_environment(spec: str) -> Callable[[], object]:
     """The factory `spec` names, imported (ValueError naming what is wrong)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--environment {spec!r} must be given as module:Class")
-    try:
-        module = import_user_module(module_name)
-    except ImportError as e:
-        where = "looked among the installed modules, then in the working directory"
-        raise ValueError(
-            f"--environment {spec!r}: cannot import {module_name!r} ({e}; {where})"
-        ) from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"--environment {spec!r}: {module_name} has no class or function {attr!r}")
-    return factory
+    return import_named(spec, "--environment", "module:Class", "class or function")
 
 
 def seeded_rows(make_env: Callable[[], object], name: str):

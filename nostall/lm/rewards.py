@@ -13,7 +13,7 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 
-from nostall.user_code import import_user_module
+from nostall.user_code import import_named
 
 RewardFn = Callable[..., list[float]]
 
@@ -31,18 +31,7 @@ def load_reward(spec: str) -> RewardFn:
                 f"reward {spec!r} must be given as module:function, or be a reward model's "
                 f"directory or cached Hub id ({e})"
             ) from None
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"reward {spec!r} must be given as module:function")
-    try:
-        module = import_user_module(module_name)
-    except ImportError as e:
-        where = "looked among the installed modules, then in the working directory"
-        raise ValueError(f"reward {spec!r}: cannot import {module_name!r} ({e}; {where})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward {spec!r}: {module_name} has no function {attr!r}")
-    return fn
+    return import_named(spec, "reward")
 
 
 class Rewards:

@@ -251,9 +251,10 @@ def build_generator(
         # copy in the run's compute dtype (bf16: half a float32 copy's memory).
         rollout_model = lm.model if share else compute_copy(lm.model, generation.dtype)
     make_env = task_env(args, inputs)
-    if make_env is not None and args.generator != "native":
+    tools = inputs.tools or inputs.environment_factory is not None
+    if (make_env is not None or tools) and args.generator != "native":
         raise ValueError(
-            f"--task {args.task} runs multi-turn episodes on the native engine; "
+            "environments and tools run multi-turn episodes on the native engine; "
             f"--generator {args.generator} generates single completions (use --generator native)"
         )
     engine = make_engine(args, lm, rollout_model, generation, seed, share)
@@ -269,7 +270,7 @@ def build_generator(
     )
     if make_env is not None:
         generator.episodes = episode_task(args, engine, lm, make_env)
-    elif inputs.tools or inputs.environment_factory is not None:
+    elif tools:
         generator.episodes = tool_task(args, engine, lm, inputs)
     return generator
 
@@ -300,11 +301,6 @@ def tool_task(args: GRPOConfig, engine, lm: LanguageModel, inputs: Inputs) -> Ep
     """TRL's tools=: episodes whose turns call them, until a turn calls none (or the rounds of
     max_tool_calling_iterations, or the completion budget, run out); scored by the reward
     functions over each conversation."""
-    if args.generator != "native":
-        raise ValueError(
-            f"tools run in multi-turn episodes on the native engine; --generator "
-            f"{args.generator} generates single completions (use --generator native)"
-        )
     rounds = args.max_tool_calling_iterations
     settings = EpisodeSettings(
         max_turns=args.max_new_tokens if rounds is None else rounds + 1,

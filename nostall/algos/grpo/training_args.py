@@ -20,6 +20,14 @@ class TrainingArgs(RunConfig):
 
     outside_names = trl_names.OUTSIDE_NAMES
 
+    def set_given(self, **values) -> None:
+        """Settings as the user's own (an optimizer object's): the model-dependent defaults
+        (GRPOConfig.resolve_defaults, run again once the model is known) leave them."""
+        defaulted = self.__dict__.get("_defaulted", set())
+        for name, value in values.items():
+            setattr(self, name, value)
+            defaulted.discard(name)
+
     seed: int = 42
     """seeds the run: the model's initialisation, the prompts' order and every sampling
     generator (TRL's default, 42; the command's, 0)"""

@@ -66,8 +66,7 @@ def take_optimizers(optimizers, model, peft_config, args: GRPOConfig) -> UserSch
     _check_optimizer(optimizer, model, peft_config)
     group = optimizer.param_groups[0]
     beta1, beta2 = group["betas"]
-    _given(
-        args,
+    args.set_given(
         learning_rate=float(group.get("initial_lr", group["lr"])),
         adam_beta1=float(beta1),
         adam_beta2=float(beta2),
@@ -78,15 +77,6 @@ def take_optimizers(optimizers, model, peft_config, args: GRPOConfig) -> UserSch
         return None
     _check_scheduler(scheduler, optimizer)
     return UserSchedule(optimizer, scheduler)
-
-
-def _given(args: GRPOConfig, **values) -> None:
-    """Settings as the user's own: a model's defaults (GRPOConfig.resolve_defaults, run again
-    when the model is known) leave them as they are."""
-    defaulted = args.__dict__.get("_defaulted", set())
-    for name, value in values.items():
-        setattr(args, name, value)
-        defaulted.discard(name)
 
 
 def _check_optimizer(optimizer, model, peft_config) -> None:
