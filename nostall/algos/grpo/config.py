@@ -9,7 +9,7 @@ from pathlib import Path
 from nostall.algos.grpo.config_checks import check_settings, check_trl_options, flag, reward_weights
 from nostall.algos.grpo.episode_args import TASK_LENGTHS, EpisodeArgs
 from nostall.algos.grpo.runtime_options import check_runtime
-from nostall.algos.grpo.training_args import TrainingArgs
+from nostall.algos.grpo.training_args import TRAINING_RESUMABLE, TrainingArgs
 from nostall.lm.models import BUILTIN_SIZES
 from nostall.train.checkpoint import RUN_RESUMABLE
 from nostall.train.names import refuses_unknown_names
@@ -31,31 +31,27 @@ AGGREGATIONS = {
 }
 
 # Arguments a resume may change; every other one must match the checkpoint's.
-RESUMABLE = RUN_RESUMABLE | {
-    "steps",
-    "target_reward",
-    "generator",
-    "ray_weights",
-    "gpus_per_worker",
-    "trainers",
-    "save_total_limit",
-    "log_completions",
-    "reward_timeout",
-    "generation_timeout",
-    "dtype",
-    "epsilon",
-    "epsilon_high",
-    "num_iterations",
-    "max_completion_length",
-    "max_steps",
-    "num_train_epochs",
-    "save_strategy",
-    "save_steps",
-    "eval_strategy",
-    "eval_steps",
-    "report_to",
-    "run_name",
-}
+RESUMABLE = (
+    RUN_RESUMABLE
+    | TRAINING_RESUMABLE
+    | {
+        "steps",
+        "target_reward",
+        "generator",
+        "ray_weights",
+        "gpus_per_worker",
+        "trainers",
+        "save_total_limit",
+        "log_completions",
+        "reward_timeout",
+        "generation_timeout",
+        "dtype",
+        "epsilon",
+        "epsilon_high",
+        "num_iterations",
+        "max_completion_length",
+    }
+)
 
 # (Not the device: the sampling generator's state is the device's kind of generator.)
 
@@ -441,6 +437,7 @@ class GRPOCommandConfig(GRPOConfig):
     gradient_checkpointing: bool | None = False
     save_strategy: str = "no"
     report_to: str | list[str] = "tensorboard"
+    measure_every_step: bool = False
 
 
 def _named(name: str) -> str:

@@ -13,6 +13,21 @@ from dataclasses import dataclass
 from nostall.algos.grpo import trl_names
 from nostall.train.run_config import RunConfig
 
+# What a resume may change of these: the run's length, its checkpoints, its evaluations and
+# logs (every other setting must match the checkpoint's).
+TRAINING_RESUMABLE = {
+    "max_steps",
+    "num_train_epochs",
+    "save_strategy",
+    "save_steps",
+    "eval_strategy",
+    "eval_steps",
+    "eval_overlap",
+    "report_to",
+    "run_name",
+    "measure_every_step",
+}
+
 
 @dataclass
 class TrainingArgs(RunConfig):
@@ -64,6 +79,10 @@ class TrainingArgs(RunConfig):
     """optimizer steps between evaluations (default: logging_steps, as TRL's)"""
     per_device_eval_batch_size: int = 8
     """completions an evaluation generates at once"""
+    eval_overlap: bool = True
+    """nostall's: eval_strategy's evaluations run beside training, on a thread of their own
+    over a copy of the weights of the step they follow (one model's memory more), logged once
+    done; False evaluates between two steps on the trainer's thread (training waits)"""
     report_to: str | list[str] = "none"
     """where logs go besides the trainer's log_history: "tensorboard" (output_dir/
     tensorboard/), "none" (TRL's default; the command's: tensorboard)"""
@@ -71,6 +90,12 @@ class TrainingArgs(RunConfig):
     """a name for the run in its logs (TRL's)"""
     data_seed: int | None = None
     """seeds the prompts' order (default: seed)"""
+    measure_every_step: bool = True
+    """nostall's: the figures that cost work of their own (the entropy without a bonus, the
+    clip ratios) measured on every step, each logged as its mean over the logging window as
+    TRL's are; False measures them on the logged steps alone (cheaper; the command's
+    default). Every other figure is the window's mean either way, grad_norm the logged
+    step's"""
 
     def take_outside(self, taken: dict) -> None:
         """TRL's names that are not fields here (trl_names.py): kept, each checked."""
