@@ -28,7 +28,7 @@ DIFFERS = {
     "fp16": "True refused: bf16=True",
     "loss_type": "grpo, bnpo, dapo, dr_grpo; cispo, sapo, luspo, vespo refused",
     "save_strategy": "steps, epoch, no (best refused); folders hold nostall's resume state too",
-    "eval_strategy": "steps, epoch, no; the evaluation runs between two steps (training waits)",
+    "eval_strategy": "steps, epoch, no; the evaluation runs beside training (eval_overlap)",
     "scale_rewards": "group, batch, none (True, False: group, none)",
     "entropy_coef": "the same bonus; the command's default is 0.05",
     "num_train_epochs": "TRL's count; a batch may hold the last prompts of one epoch and the "

@@ -49,9 +49,10 @@ class Hooks(Protocol):
     """What an algorithm gives the loop. `config` has watch_syncs, log_interval, checkpoint,
     checkpoint_every and stop_when_solved; `transport` carries the chunks
     (nostall.runtime.Transport). Optional: `saves(step) -> bool` (a schedule of checkpoints
-    of its own), `saved(step, path)` (after one is written: the rest of it, its pruning) and
-    `end_step(step) -> bool` (after every step, its log and checkpoint: whatever the algorithm
-    does between steps; True stops the run)."""
+    of its own), `saved(step, path)` (after one is written: the rest of it, its pruning),
+    `after_log(step)` (after every step's log line, before its checkpoint: TRL's evaluations)
+    and `end_step(step) -> bool` (after every step, its log and checkpoint: whatever the
+    algorithm does between steps; True stops the run)."""
 
     algorithm: str
     config: Any
@@ -155,8 +156,10 @@ def _steps(
                 transport.publish(hooks.published_model, weights=hooks.publishes(step))
                 watch_scope.close()
                 hooks.at_boundary(step, clock)
-                if saving:  # (the step's log line first, as TRL's: the checkpoint holds it)
+                if saving:  # (the step's log line and evaluation first, as TRL's: the
+                    # checkpoint holds them)
                     stop = logging and _log_step(hooks, step, metrics, lag, clock, log)
+                    _after_log(hooks, step)
                     _save_checkpoint(hooks, step)
         if watch is not None:
             report = watch.report()
@@ -165,6 +168,8 @@ def _steps(
         transport.timeline.record("train", began, time.perf_counter())
         if logging and not saving:
             stop = _log_step(hooks, step, metrics, lag, clock, log)
+        if not saving:
+            _after_log(hooks, step)
         if logging and time_limit_s is not None:
             stop |= time.perf_counter() - clock.ready > time_limit_s
         if stop:
@@ -187,6 +192,13 @@ def _log_step(hooks: Hooks, step: int, metrics, lag: int, clock: Clock, log: Log
     if log is not None:
         log(progress, values)
     return bool(hooks.config.stop_when_solved and hooks.solved())
+
+
+def _after_log(hooks: Hooks, step: int) -> None:
+    """The hooks' `after_log` (GRPO's evaluations), after the step's log line and before its
+    checkpoint."""
+    if getattr(hooks, "after_log", None):
+        hooks.after_log(step)
 
 
 def logs_at(step: int, config: Any, last_step: int) -> bool:

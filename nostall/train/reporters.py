@@ -52,7 +52,15 @@ class Reporters:
                 self.sinks.append((module.log, module.finish, False))
 
     def __call__(self, progress: int, metrics: dict[str, float]) -> None:
-        scalars = {f"train/{name}": value for name, value in metrics.items()}
+        self.write({f"train/{name}": value for name, value in metrics.items()}, progress)
+
+    def evaluation(self, progress: int, metrics: dict[str, float]) -> None:
+        """An evaluation's figures (eval_reward, ...) as transformers' reporters name them
+        (eval/reward, ...)."""
+        renamed = {name.replace("eval_", "eval/", 1): value for name, value in metrics.items()}
+        self.write(renamed, progress)
+
+    def write(self, scalars: dict[str, float], progress: int) -> None:
         for write, _, per_scalar in self.sinks:
             if per_scalar:
                 for name, value in scalars.items():

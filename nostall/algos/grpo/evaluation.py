@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -42,10 +43,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def evaluate_model(
-    lm: LanguageModel, rows, rewards: Rewards, args: GRPOConfig, settings: EvalSettings
-) -> dict[str, float]:
+    lm: LanguageModel,
+    rows,
+    rewards: Rewards,
+    args: GRPOConfig,
+    settings: EvalSettings,
+    cancelled: threading.Event | None = None,
+) -> dict[str, float] | None:
     """TRL's figures and pass@k of `lm` on every prompt of `rows` (a dataset, rows or a path),
-    generated from args.seed; ValueError naming a k above num_generations."""
+    generated from args.seed; ValueError naming a k above num_generations. None once
+    `cancelled` is set (checked between generation batches)."""
     G = settings.num_generations
     for k in settings.ks:
         if not 1 <= k <= G:
@@ -78,6 +85,8 @@ def evaluate_model(
     ended: list[bool] = []
     done = 0
     while done < total:  # every prompt once: one epoch of the source, in its order
+        if cancelled is not None and cancelled.is_set():
+            return None
         generator.num_prompts = n = min(per_batch, total - done)
         batch = LMBatch.empty(n * G, encoder.length, length, device)
         generator(batch)

@@ -29,9 +29,8 @@ from pathlib import Path
 import torch
 
 from nostall.algos.grpo.config import RESUMABLE, GRPOConfig
-from nostall.algos.grpo.evaluation import EvalSettings, evaluate_model
-from nostall.algos.grpo.generation import prompt_rewards
 from nostall.algos.grpo.result import GRPOResult
+from nostall.algos.grpo.run_evaluations import RunEvaluations
 from nostall.algos.grpo.setup import Setup, build
 from nostall.algos.grpo.state import restore, save_model, snapshot
 from nostall.algos.grpo.trl_inputs import reward_models, trainer_inputs, trainer_tools
@@ -45,10 +44,10 @@ from nostall.algos.grpo.trl_surface import (
 from nostall.algos.grpo.trl_surface import folder as trl_folder
 from nostall.algos.grpo.update import UpdateContext, grpo_update
 from nostall.algos.grpo.user_optimizer import take_optimizers
-from nostall.lm.models import LanguageModel
 from nostall.runtime.heap import frozen_heap
 from nostall.train import checkpoint, loop
 from nostall.train.hooks import WritesOutputs
+from nostall.train.log_window import LogWindow
 from nostall.train.loop import Clock, LogFn, logs_at
 from nostall.train.outputs import write_outputs
 from nostall.train.reporters import Reporters, requested
@@ -120,6 +119,9 @@ class GRPOTrainer(WritesOutputs):
         self._lag_sums = [0, 0.0, 0.0]
         self._new_tokens = 0
         self._stats: dict[str, list[float]] = {}  # TRL's batch figures since the last log
+        # The update's figures since the last log (grad_norm: the logged step's, as
+        # transformers')
+        self._window = LogWindow(last_only=("grad_norm",))
         self.result.reward_functions = list(self.setup.reward_names)
         self.result.dataset = self.setup.dataset
         self.result.compute_dtype = _dtype_name(self.setup.decoder.output_weight)
@@ -127,6 +129,7 @@ class GRPOTrainer(WritesOutputs):
         self.report: str | None = None  # the report's text, once written
         self.trl = TRLRun(self, callbacks)
         self._logged_step = 0  # the step of the last log line
+        self.evaluations = RunEvaluations(self)
         if args.resume:
             self._resume(args.resume)
         self.trl.event("on_init_end")
@@ -157,6 +160,12 @@ class GRPOTrainer(WritesOutputs):
         steps = self.result.step_times
         self._offset = steps[-1] if steps else 0.0
         self.trl.resumed(state, saved_step, path)
+        window = state.get("log_window", {})  # (none in a checkpoint from before the window)
+        self._window.load_state_dict(window.get("update", {}))
+        self._stats = {name: list(values) for name, values in window.get("batches", {}).items()}
+        self._logged_step = int(window.get("logged_step", saved_step))
+        # An evaluation of the checkpoint's step that was running: run again on its weights
+        self.evaluations.pending = state.get("pending_eval")
 
     def _resume_schedule(self, state: dict, path: str) -> None:
         saved = state.get("lr_scheduler")
@@ -206,7 +215,8 @@ class GRPOTrainer(WritesOutputs):
         run_name = args.run_name or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         reporters = Reporters(names, args.output_dir, run_name, asdict(args))
         try:
-            result = loop.run(self, reporters.joined(log), time_limit_s)
+            with self.evaluations.during(reporters):
+                result = loop.run(self, reporters.joined(log), time_limit_s)
         finally:
             reporters.close()
         self.trl.summary(result.seconds, self.first_step)
@@ -268,28 +278,22 @@ class GRPOTrainer(WritesOutputs):
                 self.result.checkpoints, self.config.save_total_limit
             )
 
+    def after_log(self, step: int) -> None:
+        self.evaluations.after_step(step)
+
     def end_step(self, step: int) -> bool:
-        if self.trl.evaluates(step):  # eval_strategy: on the eval_dataset, between steps
-            self.evaluate()
         return self.trl.stops()
 
     def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """TRL's evaluate: every prompt of `eval_dataset` (default: the trainer's) once, with
         num_generations_eval completions each from the model as it is; TRL's figures under
         `metric_key_prefix`_ names, and pass@1, logged into log_history and given to the
-        callbacks' on_evaluate."""
-        rows = self.eval_dataset if eval_dataset is None else eval_dataset
-        if rows is None:
-            raise ValueError("evaluate: no eval_dataset (give one here or to the trainer)")
-        args = self.config
-        settings = EvalSettings(
-            num_generations=args.num_generations_eval or args.num_generations,
-            batch_size=args.per_device_eval_batch_size,
-        )
-        lm = LanguageModel(self.setup.compute, self.setup.lm.tokenizer, self.setup.lm.name)
-        rewards = prompt_rewards(args, self._inputs)  # (its own: the rollout side's is busy)
-        figures = evaluate_model(lm, rows, rewards, args, settings)
-        metrics = {f"{metric_key_prefix}_{name}": value for name, value in figures.items()}
+        callbacks' on_log and on_evaluate."""
+        figures = self.evaluations.figures(self.setup.compute, eval_dataset)
+        metrics = {
+            f"{metric_key_prefix}_{name.removeprefix('eval_')}": value
+            for name, value in figures.items()
+        }
         self.trl.log_eval(metrics)
         return metrics
 
@@ -298,11 +302,17 @@ class GRPOTrainer(WritesOutputs):
 
     def update(self, batch, step: int) -> dict[str, torch.Tensor]:
         setup = self.setup
-        # TRL's further figures (grad_norm, entropy, clip ratios) on the steps that log alone
-        measure = logs_at(step, self.config, self.last_step)
+        # TRL's further figures (grad_norm, entropy, clip ratios): on every step with
+        # measure_every_step (TRL's), else on the steps that log alone
+        logging = logs_at(step, self.config, self.last_step)
+        measure = logging or self.config.measure_every_step
         if setup.ranks is not None:
-            return setup.ranks.update(batch, setup.optimizer.param_groups[0]["lr"], measure)
-        return grpo_update(self._update_context, batch, setup.corrects, measure)
+            metrics = setup.ranks.update(batch, setup.optimizer.param_groups[0]["lr"], measure)
+        else:
+            metrics = grpo_update(self._update_context, batch, setup.corrects, measure)
+        self._window.add(metrics)
+        # (a logged step's figures: their means over the window, as TRL logs them)
+        return self._window.means() if logging else metrics
 
     def record(self, batch, lag: int, logging: bool) -> None:
         sums = self._lag_sums
@@ -333,9 +343,18 @@ class GRPOTrainer(WritesOutputs):
         self.result.note_target(self.config.target_reward)
 
     def snapshot(self, step: int) -> dict:
+        pending = self.evaluations.at_checkpoint(step)  # (before the log_history is taken)
         if self.setup.ranks is not None:  # the optimizer's state, whole, from the ranks
             self.setup.ranks.sync_optimizer()
         state = {**snapshot(self.setup, step, self.result), "trl": self.trl.snapshot()}
+        state["pending_eval"] = pending
+        # The open logging window (a step between two log lines): the resumed run's next log
+        # line averages the same steps
+        state["log_window"] = {
+            "update": self._window.state_dict(),
+            "batches": dict(self._stats),
+            "logged_step": self._logged_step,
+        }
         if self._schedule is not None:
             state["lr_scheduler"] = self._schedule.state_dict()
         return state

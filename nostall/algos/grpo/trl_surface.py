@@ -256,10 +256,13 @@ class TRLRun:
             return bool(self.per_epoch) and step % self.per_epoch == 0
         return False
 
-    def log_eval(self, metrics: dict) -> None:
-        """An evaluation's figures into log_history (with epoch and step), and on_evaluate."""
-        entry = {**metrics, "epoch": round(self.state.epoch, 4), "step": self.state.global_step}
+    def log_eval(self, metrics: dict, evaluated: tuple[int, float] | None = None) -> None:
+        """An evaluation's figures into log_history with the (global step, epoch) it evaluated
+        (default: now's), then on_log and on_evaluate, as transformers' evaluate calls them."""
+        step, epoch = evaluated or (self.state.global_step, self.state.epoch)
+        entry = {**metrics, "epoch": round(epoch, 4), "step": step}
         self.state.log_history.append(entry)
+        self.event("on_log", logs=dict(metrics))
         self.event("on_evaluate", metrics=dict(metrics))
 
     def summary(self, seconds: float, first_step: int) -> None:

@@ -5,11 +5,14 @@ k-subset."""
 
 import itertools
 import math
+import threading
 
 import pytest
 
 from nostall.algos.grpo import GRPOConfig, GRPOTrainer
 from nostall.algos.grpo.evaluation import pass_at_k
+from nostall.algos.grpo.overlapped_eval import EvaluationFailed
+from nostall.train import checkpoint
 from tests.algos.test_python_api import copy_reward, copy_rows
 
 
@@ -20,22 +23,21 @@ def test_pass_at_k_is_the_share_of_k_subsets_holding_a_solve(n, c, k):
     assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
 
 
-def _trainer(tmp_path, **given):
+def _trainer(tmp_path, reward=copy_reward, rows=None, eval_rows=None, callbacks=None, **given):
     args = GRPOConfig(
+        **{"max_steps": 4, "save_strategy": "no", **given},
         output_dir=str(tmp_path),
-        max_steps=4,
         num_generations=4,
         per_device_train_batch_size=8,
-        save_strategy="no",
         watch_syncs=False,
-        **given,
     )
     return GRPOTrainer(
         model="tiny",
-        reward_funcs=copy_reward,
-        train_dataset=copy_rows(16),
-        eval_dataset=copy_rows(5, seed=1),
+        reward_funcs=reward,
+        train_dataset=copy_rows(16) if rows is None else rows,
+        eval_dataset=copy_rows(5, seed=1) if eval_rows is None else eval_rows,
         args=args,
+        callbacks=callbacks,
     )
 
 
@@ -68,6 +70,158 @@ def test_eval_strategy_steps_evaluates_during_training(tmp_path):
     trainer.train()
     evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
     assert evaluated == [2, 4]
+
+
+def _evaluations(trainer) -> list[tuple[int, dict]]:
+    """(step, figures but the clock's) of each evaluation in log_history, by step."""
+    found = [e for e in trainer.state.log_history if "eval_reward" in e]
+    return sorted((e["step"], {k: v for k, v in e.items() if k != "eval_runtime"}) for e in found)
+
+
+def test_evaluations_beside_training_are_those_between_steps(tmp_path):
+    """eval_overlap (the default) evaluates a copy of the step's weights on a thread of its
+    own: the figures are those the trainer's thread computes between two steps (the same
+    weights, the same seed: equal)."""
+    runs = {}
+    for overlap in (False, True):
+        trainer = _trainer(
+            tmp_path / str(overlap), eval_strategy="steps", eval_steps=2, eval_overlap=overlap
+        )
+        trainer.train()
+        runs[overlap] = _evaluations(trainer)
+    assert [step for step, _ in runs[True]] == [2, 4]
+    assert runs[True] == runs[False]
+
+
+def _rows(n: int, seed: int, split: str) -> list[dict]:
+    return [{**row, "split": split} for row in copy_rows(n, seed)]
+
+
+class _Steps:
+    """A callback telling the global steps the trainer has ended."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        self.ended = 0
+        self.past: dict[int, threading.Event] = {}
+        steps = self
+
+        class Watch(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                steps.ended = state.global_step
+                for step, event in steps.past.items():
+                    if state.global_step > step:
+                        event.set()
+
+        self.callback = Watch()
+
+    def wait_past(self, step: int) -> bool:
+        event = self.past.setdefault(step, threading.Event())
+        if self.ended > step:
+            event.set()
+        return event.wait(timeout=120)
+
+
+def test_training_goes_on_while_an_evaluation_runs(tmp_path):
+    """The evaluation after step 2 scores its completions only once the trainer has ended
+    step 3: it finishes only if training went on beside it (between steps, it would wait for
+    itself and fail). Its entry is logged after step 3's line, under step 2."""
+    steps = _Steps()
+
+    def reward(prompts, completions, split, **kwargs):
+        if split[0] == "eval" and not steps.wait_past(3):
+            raise TimeoutError("training waited for the evaluation")
+        return copy_reward(prompts, completions, **kwargs)
+
+    trainer = _trainer(
+        tmp_path,
+        reward=reward,
+        rows=_rows(16, 0, "train"),
+        eval_rows=_rows(5, 1, "eval"),
+        callbacks=[steps.callback],
+        eval_strategy="steps",
+        eval_steps=2,
+        logging_steps=1,
+        max_steps=5,
+    )
+    trainer.train()
+    history = trainer.state.log_history
+    where = {
+        ("eval" if "eval_reward" in e else "train", e["step"]): i for i, e in enumerate(history)
+    }
+    assert where[("eval", 2)] > where[("train", 3)]
+    assert [step for step, _ in _evaluations(trainer)] == [2, 4]
+
+
+def test_an_evaluation_running_at_a_checkpoint_is_run_again_by_the_resumed_run(tmp_path):
+    """The checkpoint after step 2 is taken while the evaluation of step 2's weights runs (it
+    waits for step 3): the checkpoint names it, and the run resumed from there (stopped after
+    step 3) evaluates the same weights again: its evaluations are the uninterrupted run's."""
+
+    def run(out, resume=False, stop_after=None):
+        steps = _Steps()
+
+        def reward(prompts, completions, split, **kwargs):
+            if split[0] == "eval" and not steps.wait_past(2):
+                raise TimeoutError("training waited for the evaluation")
+            return copy_reward(prompts, completions, **kwargs)
+
+        callbacks = [steps.callback]
+        if stop_after is not None:
+            callbacks.append(_StopAfter(stop_after))
+        trainer = _trainer(
+            out,
+            reward=reward,
+            rows=_rows(16, 0, "train"),
+            eval_rows=_rows(5, 1, "eval"),
+            callbacks=callbacks,
+            eval_strategy="steps",
+            eval_steps=2,
+            save_strategy="steps",
+            save_steps=2,
+        )
+        trainer.train(resume_from_checkpoint=resume or None)
+        return trainer
+
+    whole = run(tmp_path / "whole")
+    stopped = run(tmp_path / "resumed", stop_after=3)
+    _, state = checkpoint.load(tmp_path / "resumed" / "checkpoint-2" / "nostall_state.pt", "grpo")
+    assert state["pending_eval"][:2] == (2, 2)  # (the step evaluated, its global step)
+    assert [step for step, _ in _evaluations(stopped)] == [2]
+    resumed = run(tmp_path / "resumed", resume=True)
+    assert [step for step, _ in _evaluations(resumed)] == [2, 4]
+    assert _evaluations(resumed) == _evaluations(whole)
+
+
+def _StopAfter(step: int):
+    from transformers import TrainerCallback
+
+    class Stop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == step
+
+    return Stop()
+
+
+def test_a_failing_evaluation_beside_training_stops_the_run_with_its_cause(tmp_path):
+    def reward(prompts, completions, split, **kwargs):
+        if split[0] == "eval":
+            raise KeyError("no such column in the eval rows")
+        return copy_reward(prompts, completions, **kwargs)
+
+    trainer = _trainer(
+        tmp_path,
+        reward=reward,
+        rows=_rows(16, 0, "train"),
+        eval_rows=_rows(5, 1, "eval"),
+        eval_strategy="steps",
+        eval_steps=2,
+    )
+    with pytest.raises(EvaluationFailed, match="after step 2 failed: KeyError") as caught:
+        trainer.train()
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert not [t for t in threading.enumerate() if t.name.startswith("nostall-eval")]
 
 
 def test_evaluation_without_an_eval_dataset_is_refused(tmp_path):
