@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from nostall.agents.env_process import HostedEnv
 from nostall.agents.text_env import EnvError, check_reset
 from nostall.user_code import import_named
 
@@ -15,6 +16,15 @@ from nostall.user_code import import_named
 def load_environment(spec: str) -> Callable[[], object]:
     """The factory `spec` names, imported (ValueError naming what is wrong)."""
     return import_named(spec, "--environment", "module:Class", "class or function")
+
+
+def hosted_environment(spec: str) -> HostedEnv:
+    """--environment's spec for a process to host (env_isolation="process"): checked for its
+    form here, imported there alone (its module's code never runs in the trainer)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--environment {spec!r} must be given as module:Class")
+    return HostedEnv(spec)
 
 
 def seeded_rows(make_env: Callable[[], object], name: str):

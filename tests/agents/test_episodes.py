@@ -206,6 +206,18 @@ def test_resume_from_the_kth_checkpoint_is_exact(tmp_path, backend, k):
     assert mp.active_children() == []
 
 
+def test_environments_in_processes_of_their_own_train_as_in_threads():
+    """env_isolation="process" changes where the environment runs, not what it answers: the
+    same run's rewards, step for step."""
+    args = grpo.GRPOCommandConfig(
+        task="guess", steps=3, num_prompts=4, num_generations=2, watch_syncs=False, staleness=0
+    )
+    threads = grpo.train(args)
+    processes = grpo.train(dataclasses.replace(args, env_isolation="process"))
+    assert processes.rewards == threads.rewards
+    assert len(set(threads.rewards)) > 1  # (episodes that score differently)
+
+
 def test_the_tiny_model_learns_the_guessing_game():
     args = grpo.GRPOCommandConfig(task="guess", steps=150, seed=5, watch_syncs=False)
     rewards = grpo.train(args).rewards

@@ -3,6 +3,9 @@ and are counted while the run goes on, and a resume from the k-th checkpoint is 
 staleness 1 too: the batches queued at the checkpoint come back from it)."""
 
 import dataclasses
+import gc
+import os
+import time
 
 import pytest
 import torch.multiprocessing as mp
@@ -20,8 +23,11 @@ def _ray_or_skip(backend, request):
         request.getfixturevalue("local_cluster")
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_failing_environments_end_their_episodes_and_the_run_goes_on(backend, request):
+def test_failing_environments_end_their_episodes_and_the_run_goes_on(backend, isolation, request):
+    """In threads, and in processes of their own (the hung one's process killed at the
+    timeout): no environment process is left once the run is over."""
     _ray_or_skip(backend, request)
     args = grpo.GRPOCommandConfig(
         **dict(FAST, task="copy"),
@@ -30,6 +36,7 @@ def test_failing_environments_end_their_episodes_and_the_run_goes_on(backend, re
         max_new_tokens=8,
         tool_timeout=0.5,
         backend=backend,
+        env_isolation=isolation,
     )
     logged = []
     result = grpo.train(args, log=lambda step, values: logged.append(values))
@@ -39,6 +46,36 @@ def test_failing_environments_end_their_episodes_and_the_run_goes_on(backend, re
     assert failed > 0 and truncated > 0  # (the hung, crashed and garbage ones; the endless)
     assert all(0 < v["tools/failure_frequency"] <= 1 for v in logged if v["episodes/failed"])
     assert mp.active_children() == []
+    del result
+    gc.collect()  # (the run's pool, if this process held it: collected, its hosts killed)
+    assert wait_no_hosts(), "an environment process outlived its run"
+
+
+def wait_no_hosts(within_s: float = 20.0) -> bool:
+    """Whether every environment host process has ended (within a bound for a slow machine;
+    a host whose trainer process is gone ends by itself within a second)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not hosts_running():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def hosts_running() -> list[int]:
+    running = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    command = f.read()
+                with open(f"/proc/{entry}/status") as f:
+                    zombie = any(line.startswith("State:") and "Z" in line for line in f)
+            except OSError:
+                continue
+            if b"env_host.py" in command and not zombie:
+                running.append(int(entry))
+    return running
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -49,3 +49,38 @@ class Faulty(Echo):
             return "not a step's answer"
         observation, reward, _, _, info = super().step(action)
         return observation, reward, False, False, info
+
+
+class WhereAmI:
+    """Tells the process it runs in (its info), prints to stdout (which must not reach the
+    answers a hosting process sends back), and does what its action says: "hang", "exit" (a
+    crash of the process), "object" (an answer JSON cannot carry); anything else is echoed."""
+
+    def reset(self, *, seed=None, options=None):
+        import os
+
+        print("reset printed this to stdout")
+        return f"seed {seed}", {"pid": os.getpid()}
+
+    def step(self, action):
+        import os
+        import time
+
+        if action == "hang":
+            time.sleep(3600)
+        if action == "exit":
+            os._exit(7)
+        if action == "object":
+            return object()
+        return action, 1.0, False, False, {"pid": os.getpid()}
+
+
+class BrokenInit:
+    def __init__(self):
+        raise RuntimeError("no licence for the simulator")
+
+    def reset(self, *, seed=None, options=None):
+        return "x", {}
+
+    def step(self, action):
+        return "x", 0.0, True, False, {}

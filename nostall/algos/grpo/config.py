@@ -50,6 +50,7 @@ RESUMABLE = (
         "epsilon_high",
         "num_iterations",
         "max_completion_length",
+        "env_isolation",
     }
 )
 

@@ -33,6 +33,10 @@ class EpisodeArgs:
     tool_timeout: float | None = 60.0
     """seconds an environment call (reset or step) may take; past it the episode ends as
     failed, is counted and left out of the loss, and the run goes on (None: no limit)"""
+    env_isolation: str = "thread"
+    """where a text environment runs: "thread" (in the trainer's process, a thread a call) or
+    "process" (each environment in a process of its own, started once and kept: its code never
+    runs in the trainer's process, and a call past tool_timeout is ended by killing it)"""
 
     def turn_tokens(self, task: str) -> int | None:
         return self.max_turn_tokens or TASK_TURN_TOKENS.get(task)
@@ -51,6 +55,10 @@ class EpisodeArgs:
         if turn is not None and (not isinstance(turn, int) or turn < 1):
             raise ValueError(
                 f"--max-turn-tokens must be a whole number of at least 1, got {turn!r}"
+            )
+        if self.env_isolation not in ("thread", "process"):
+            raise ValueError(
+                f"--env-isolation must be thread or process, got {self.env_isolation!r}"
             )
         if self.tool_timeout is not None and not 0 < self.tool_timeout < float("inf"):
             raise ValueError(

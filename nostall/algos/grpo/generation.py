@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nostall.agents.env_process import process_pool
 from nostall.agents.episodes import EpisodeRunner, EpisodeSettings
 from nostall.agents.factory import EnvironmentFactory
 from nostall.agents.fill import EpisodeTask
-from nostall.agents.loading import load_environment, seeded_rows
-from nostall.agents.tasks import ENV_TASK_CHARACTERS, ENV_TASKS
+from nostall.agents.loading import hosted_environment, load_environment, seeded_rows
+from nostall.agents.tasks import ENV_TASK_CHARACTERS, ENV_TASKS, HOSTED_TASKS
 from nostall.agents.tools import ToolCallEnv, ToolSuffix, tool_schemas
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.lm.generation import GenerationEngine, SamplingConfig
@@ -124,12 +125,27 @@ def load_run_model(args: GRPOConfig, inputs: Inputs) -> LanguageModel:
     return with_lora(lm, args)
 
 
+def environment_maker(args: GRPOConfig):
+    """--environment's or the built-in environment task's maker, a new environment a call: the
+    class itself in threads (the default), or with env_isolation="process" proxies to this
+    process's pool of hosts (one a concurrent episode; the prompt stream's resets share it)."""
+    if args.env_isolation == "process":
+        if args.environment:
+            hosted = hosted_environment(args.environment)
+        else:
+            hosted = HOSTED_TASKS[args.task](args.max_turns)
+        return process_pool(hosted, args.batch_size, args.tool_timeout).make_env
+    if args.environment:
+        return load_environment(args.environment)
+    return functools.partial(ENV_TASKS[args.task], args.max_turns)
+
+
 def prompt_source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
     if args.environment:  # (its reset observations, one seed a group)
-        make_env = load_environment(args.environment)
+        make_env = environment_maker(args)
         return PromptSource(rows=[], generate=seeded_rows(make_env, args.environment))
     if not args.dataset and inputs.rows is None and args.task in ENV_TASKS:
-        make_env = functools.partial(ENV_TASKS[args.task], args.max_turns)
+        make_env = environment_maker(args)
         return PromptSource(rows=[], generate=seeded_rows(make_env, f"task {args.task}"))
     if inputs.rows is not None:
         return rows_source(inputs.rows, "train_dataset")
@@ -252,6 +268,12 @@ def build_generator(
         rollout_model = lm.model if share else compute_copy(lm.model, generation.dtype)
     make_env = task_env(args, inputs)
     tools = inputs.tools or inputs.environment_factory is not None
+    if tools and args.env_isolation == "process":
+        raise ValueError(
+            "--env-isolation process hosts a text environment named by --environment "
+            "module:Class (or a built-in task); tools= and environment_factory= are objects "
+            "of the script and run in threads (--env-isolation thread)"
+        )
     if (make_env is not None or tools) and args.generator != "native":
         raise ValueError(
             "environments and tools run multi-turn episodes on the native engine; "
@@ -285,11 +307,9 @@ def task_env(args: GRPOConfig, inputs: Inputs):
                     f"--environment draws its prompts from the environment's reset: "
                     f"leave out {name}"
                 )
-        make_env = load_environment(args.environment)
     elif args.dataset or inputs.rows is not None or args.task not in ENV_TASKS:
         return None
-    else:
-        make_env = functools.partial(ENV_TASKS[args.task], args.max_turns)
+    make_env = environment_maker(args)
     if args.reward or inputs.reward_funcs is not None:
         raise ValueError(
             "an episode's reward is its environment's return: leave out --reward (reward_funcs)"
