@@ -4,6 +4,8 @@ a run into one left-padded width and writes a batch's prompts, each repeated for
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 Tensor = torch.Tensor
@@ -51,12 +53,22 @@ def _check_known(tokenizer, prompts: list[str], encoded: list[list[int]]) -> Non
             )
 
 
+class ToolPrompt(NamedTuple):
+    """A conversation with tool schemas of its own (rows whose tools differ: TRL's dict of
+    environment factories), rendered with them in place of the encoder's."""
+
+    messages: list
+    tools: list[dict] | None
+
+
 def render(tokenizer, prompt, tools: list[dict] | None = None) -> str:
     """A prompt's text: itself, or a conversation through the tokenizer's chat template with the
     generation prompt (the assistant's turn continued where the conversation ends with it), as
     TRL renders it."""
     if isinstance(prompt, str):
         return prompt
+    if isinstance(prompt, ToolPrompt):
+        prompt, tools = prompt.messages, prompt.tools
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "conversational prompts need a tokenizer with a chat template; this "

@@ -378,8 +378,6 @@ def test_environment_factory_mistakes_are_refused_by_name(model_dir, tmp_path):
 
     with pytest.raises(ValueError, match="must define a callable reset"):
         EnvironmentFactory(NoReset, [])
-    with pytest.raises(ValueError, match="dict of factories"):
-        EnvironmentFactory({"a": Counter}, [])
     with pytest.raises(ValueError, match="returns None or a string"):
         EnvironmentFactory(Talks, []).sized_prompt(COUNTER_ROWS[0])
     with pytest.raises(ValueError, match="different observations"):

@@ -69,7 +69,7 @@ def prompt_encoder(
     environment = environment_of(inputs)
     if environment is not None:
         prompts = [environment.sized_prompt(row) for row in source.rows]
-        tools = environment.schemas
+        tools = environment.shared_schemas  # (None: each prompt renders its own)
     else:
         prompts = source.all_prompts()
         tools = tool_schemas(inputs.tools) if inputs.tools else None
@@ -90,8 +90,9 @@ def prompt_rewards(args: GRPOConfig, inputs: Inputs) -> Rewards:
             "defines get_reward()"
         )
     if environment is not None and environment.has_reward:  # (TRL's: get_reward, weight 1)
-        functions = [*(inputs.reward_funcs or []), environment.reward_function()]
-        return Rewards(functions, weights and [*weights, 1.0])
+        extra = environment.reward_functions()  # (a class each)
+        functions = [*(inputs.reward_funcs or []), *extra]
+        return Rewards(functions, weights and [*weights, *[1.0] * len(extra)])
     if inputs.reward_funcs is not None:
         return Rewards(inputs.reward_funcs, weights)
     if not args.reward:

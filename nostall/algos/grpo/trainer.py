@@ -87,7 +87,7 @@ class GRPOTrainer(WritesOutputs):
         inputs = self._inputs = trainer_inputs(
             args, model, reward_funcs, train_dataset, processing_class
         )
-        trainer_tools(inputs, tools, environment_factory)
+        trainer_tools(args, inputs, tools, environment_factory)
         # (a user's AdamW: its settings are the run's; its scheduler sets the rate)
         self._schedule = take_optimizers(optimizers, model, peft_config, args)
         args.check()

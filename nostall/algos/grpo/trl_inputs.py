@@ -64,13 +64,29 @@ def reward_models(reward_funcs, processing_classes):
     return out if isinstance(reward_funcs, list | tuple) or reward_funcs is None else out[0]
 
 
-def trainer_tools(inputs, tools, environment_factory) -> None:
+def trainer_tools(args, inputs, tools, environment_factory) -> None:
     """TRL's tools= (functions the model calls in multi-turn episodes) and environment_factory=
-    (an instance a rollout, its methods more tools), into `inputs`."""
+    (an instance a rollout, its methods more tools), into `inputs`. An environment that owns
+    its data needs no train_dataset (TRL's): each batch's prompts are empty user messages
+    its reset fills, for max_steps."""
     if tools is not None and not isinstance(tools, list | tuple):
         raise ValueError(f"tools: a list of functions, got {type(tools).__name__}")
     inputs.tools = list(tools) if tools else None
     inputs.environment_factory = environment_factory
+    if environment_factory is None or inputs.rows is not None or args.dataset:
+        return
+    if isinstance(environment_factory, dict):
+        raise ValueError(
+            "environment_factory: a dict of factories needs a train_dataset with an "
+            "`environment` column to route each row to its environment (or give one factory)"
+        )
+    if args.steps is None and args.max_steps <= 0:
+        raise ValueError(
+            "environment_factory without a train_dataset (the environment's reset gives the "
+            "prompt): set max_steps to the optimizer steps to train for"
+        )
+    empty = {"prompt": [{"role": "user", "content": ""}]}
+    inputs.rows = [dict(empty) for _ in range(args.num_prompts)]
 
 
 def _reward(fn) -> Callable:
