@@ -87,8 +87,8 @@ class GRPOConfig(EpisodeArgs, TrainingArgs):
     """a built-in model ("tiny", "small"), a local causal LM directory, or a Hub id already in
     the local Hugging Face cache (nothing is downloaded)"""
     task: str = "copy"
-    """a built-in task (copy, reverse, sort, sum, arithmetic; guess: a multi-turn game), used
-    when no --dataset is given"""
+    """a built-in task (copy, reverse, sort, sum, arithmetic; multi-turn: guess, a game; calc,
+    arithmetic with a calculator), used when no --dataset is given"""
     dataset: str | None = None
     """prompts from a JSONL file or a saved `datasets` folder (a `prompt` column; other columns
     reach the reward functions as keyword arguments)"""

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 # A built-in model's completion length for the tasks that need more than the toy default: an
 # episode's turns and observations.
-TASK_LENGTHS = {"guess": 8}
+TASK_LENGTHS = {"guess": 8, "calc": 24}
 # A task's turn length where --max-turn-tokens is not given (the others: up to <eos>).
-TASK_TURN_TOKENS = {"guess": 1}
+TASK_TURN_TOKENS = {"guess": 1, "calc": 6}
 
 
 @dataclass
@@ -29,7 +29,7 @@ class EpisodeArgs:
     """model turns an episode may take (environment tasks); past them it ends truncated"""
     max_turn_tokens: int | None = None
     """a model turn's tokens at most: a turn ends at <eos> or there, its text the action (None:
-    the task's, guess: 1; else up to <eos> within the episode's budget)"""
+    the task's, guess: 1, calc: 6; else up to <eos> within the episode's budget)"""
     tool_timeout: float | None = 60.0
     """seconds an environment call (reset or step) may take; past it the episode ends as
     failed, is counted and left out of the loss, and the run goes on (None: no limit)"""
