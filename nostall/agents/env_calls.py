@@ -15,19 +15,20 @@ from dataclasses import dataclass
 @dataclass
 class Finished:
     """One call's outcome: its key, its value or the exception it raised (TimeoutError past
-    its limit), and its seconds."""
+    its limit), its seconds, and when it started by the wall clock (for the timeline)."""
 
     key: int
     value: object
     error: BaseException | None
     seconds: float
+    started: float = 0.0
 
 
 class EnvCalls:
     def __init__(self, timeout_s: float | None):
         self.timeout_s = timeout_s
         self._done: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: dict[int, tuple[float, int]] = {}  # key -> (start, ticket)
+        self._pending: dict[int, tuple[float, int, float]] = {}  # key -> (start, ticket, wall)
         self._ticket = 0
 
     @property
@@ -37,15 +38,16 @@ class EnvCalls:
     def submit(self, key: int, call: Callable[[], object]) -> None:
         """Starts `call` for `key` (one call per key at a time)."""
         self._ticket += 1
-        ticket, start = self._ticket, time.perf_counter()
-        self._pending[key] = (start, ticket)
+        ticket, start, wall = self._ticket, time.perf_counter(), time.time()
+        self._pending[key] = (start, ticket, wall)
 
         def run() -> None:
             try:
                 value, error = call(), None
             except BaseException as e:  # (a user's environment: whatever it raises)
                 value, error = None, e
-            self._done.put((ticket, Finished(key, value, error, time.perf_counter() - start)))
+            seconds = time.perf_counter() - start
+            self._done.put((ticket, Finished(key, value, error, seconds, wall)))
 
         threading.Thread(target=run, name=f"nostall-env-{key}", daemon=True).start()
 
@@ -85,16 +87,16 @@ class EnvCalls:
     def _next_deadline(self) -> float | None:
         if self.timeout_s is None or not self._pending:
             return None
-        return min(start for start, _ in self._pending.values()) + self.timeout_s
+        return min(start for start, _, _ in self._pending.values()) + self.timeout_s
 
     def _expired(self) -> list[Finished]:
         if self.timeout_s is None:
             return []
         now = time.perf_counter()
-        late = [k for k, (start, _) in self._pending.items() if now - start > self.timeout_s]
+        late = [k for k, (start, _, _) in self._pending.items() if now - start > self.timeout_s]
         out = []
         for key in late:
-            start, _ = self._pending.pop(key)
+            start, _, wall = self._pending.pop(key)
             error = TimeoutError(f"no answer within tool_timeout {self.timeout_s} s")
-            out.append(Finished(key, None, error, now - start))
+            out.append(Finished(key, None, error, now - start, wall))
         return out

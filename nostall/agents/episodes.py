@@ -61,12 +61,15 @@ class Episode:
 
 @dataclass
 class RoundStats:
-    """Where a batch's generation time went: decoding, and waiting with no episode ready."""
+    """Where a batch's generation time went: decoding, and waiting with no episode ready; and
+    its spans for the run's timeline, by the wall clock: ("decode", start, end) a round,
+    ("tool", ...) an environment call, ("idle", ...) a wait with no episode ready."""
 
     decode_s: float = 0.0
     wait_s: float = 0.0
     rounds: int = 0
     env_calls: int = 0  # resets and steps answered (or given up)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 class EpisodeRunner:
@@ -91,20 +94,24 @@ class EpisodeRunner:
             waiting[key] = "reset"
             calls.submit(key, _bound(episode.env.reset, seed=episode.seed))
         ready: list[int] = []
+        spans = stats.spans
         while waiting or ready:
-            began = time.perf_counter()
+            began, wall = time.perf_counter(), time.time()
             finished = calls.collect(wait=not ready)
             if not ready:
                 stats.wait_s += time.perf_counter() - began
+                spans.append(("idle", wall, time.time()))
             for result in finished:
                 kind = waiting.pop(result.key)
                 stats.env_calls += 1
+                spans.append(("tool", result.started, result.started + result.seconds))
                 if self._answered(episodes[result.key], kind, result):
                     ready.append(result.key)
             if ready:
-                began = time.perf_counter()
+                began, wall = time.perf_counter(), time.time()
                 self._turn([episodes[k] for k in ready], ready, noise_seed, calls, waiting)
                 stats.decode_s += time.perf_counter() - began
+                spans.append(("decode", wall, time.time()))
                 stats.rounds += 1
                 ready = []
         return stats

@@ -80,7 +80,12 @@ class EpisodeTask:
             # the decoder's idle share of the batch's generation: time with no episode ready
             "episodes/decoder_idle_fraction": timings.wait_s / generated if generated else 0.0,
         }
-        return {"rewards": rewards, "episodes": episodes, "figures": figures}
+        return {
+            "rewards": rewards,
+            "episodes": episodes,
+            "figures": figures,
+            "spans": timings.spans,
+        }
 
 
 def _seed(row: dict) -> int:

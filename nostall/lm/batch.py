@@ -41,6 +41,9 @@ class LMBatch:
     # [start, end] by the wall clock of the weight push into the engine that generated it
     # (vLLM takes a new version before a batch); empty when it pushed none.
     weight_push: list[float] = field(default_factory=list)
+    # Multi-turn episodes: [side, start, end] by the wall clock of each decode round ("decode"),
+    # environment call ("tool") and wait with no episode ready ("idle"), for the timeline.
+    episode_spans: list[list] = field(default_factory=list)
 
     @classmethod
     def empty(
@@ -90,6 +93,7 @@ class LMBatch:
             "stats": dict(self.stats),
             "samples": list(self.samples),
             "weight_push": list(self.weight_push),
+            "episode_spans": [list(span) for span in self.episode_spans],
         }
 
     def load_host_state(self, state: dict) -> None:
@@ -100,6 +104,10 @@ class LMBatch:
         self.stats = {str(k): float(v) for k, v in state.get("stats", {}).items()}
         self.samples = [{str(k): v for k, v in row.items()} for row in state.get("samples", [])]
         self.weight_push = [float(t) for t in state.get("weight_push", [])]
+        self.episode_spans = [
+            [str(side), float(start), float(end)]
+            for side, start, end in state.get("episode_spans", [])
+        ]
 
     def mean_token_lag(self, version: int) -> float:
         """How many versions behind `version` the batch's tokens were sampled, on average over

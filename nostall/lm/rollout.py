@@ -170,6 +170,7 @@ class GroupGenerator:
         batch.loss_mask.copy_(batch.completion_mask)  # (every sampled token: no episodes)
         pushed = getattr(self.engine, "last_push", None)  # (vLLM's; the native engine's none)
         batch.weight_push = list(pushed) if pushed is not None else []
+        batch.episode_spans = []
         if self.release is not None:
             self.release()
         texts, lengths, ended = self.decode(batch)
@@ -224,6 +225,7 @@ class GroupGenerator:
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)
         batch.weight_push = []
+        batch.episode_spans = [list(span) for span in out["spans"]]
         per_function = {"episode_return": [e.reward for e in episodes]}
         if self.episodes.scored:
             per_function = self.rewards.per_function

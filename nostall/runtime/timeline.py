@@ -68,6 +68,10 @@ class Timeline:
     def count(self, side: str) -> int:
         return self._time.get(side, (0, 0.0))[0]
 
+    def total_s(self, side: str) -> float:
+        """One side's seconds of work over the whole run."""
+        return self._time.get(side, (0, 0.0))[1]
+
     def mean_ms(self, side: str) -> float | None:
         """The mean span of one side's work in milliseconds, over the whole run."""
         count, seconds = self._time.get(side, (0, 0.0))

@@ -121,6 +121,14 @@ def downsampled(x: list[float], y: list[float], points: int = CURVE_POINTS):
     )
 
 
+# Multi-turn episodes' lanes: (side, color, label).
+EPISODE_LANES = [
+    ("decode", "tab:purple", "decode rounds"),
+    ("tool", "tab:gray", "tool calls"),
+    ("idle", "tab:red", "decoder idle"),
+]
+
+
 def plot_timeline(
     result: TrainResult,
     path: Path,
@@ -128,12 +136,18 @@ def plot_timeline(
     window_s: float = 2.0,
     rollout_label: str = "rollout",
 ) -> None:
-    """`window_s` seconds after warm-up (the 12th span on): when each side was busy."""
+    """`window_s` seconds after warm-up (the 12th span on): when each side was busy; with
+    multi-turn episodes, the generation side's decode rounds, environment calls and the
+    decoder's idle waits in lanes of their own."""
     spans = result.timeline.spans  # the run's first spans: the window lies among them
-    fig, ax = figure((9, 2.6))
+    lanes = [("train", "tab:orange", "trainer"), ("rollout", "tab:blue", rollout_label)]
+    lanes += [lane for lane in EPISODE_LANES if any(s == lane[0] for s, _, _ in spans)]
+    fig, ax = figure((9, 2.6 + 0.5 * (len(lanes) - 2)))
     if spans:
-        origin = spans[min(len(spans) - 1, 12)][1]  # past warm-up and the watched steps
-        for row, (side, color) in enumerate((("train", "tab:orange"), ("rollout", "tab:blue"))):
+        # Past warm-up and the watched steps: the 12th span of the two sides' work
+        work = [span for span in spans if span[0] in ("train", "rollout")] or spans
+        origin = work[min(len(work) - 1, 12)][1]
+        for row, (side, color, _) in enumerate(lanes):
             # One collection a side: a bar per span as its own artist took a second to draw.
             bars = [
                 (start - origin, end - start)
@@ -150,7 +164,7 @@ def plot_timeline(
         if pushes:
             ax.broken_barh(pushes, (0.6, 0.8), color="tab:green", label="weight push")
             ax.legend(loc="upper right", fontsize="small")
-        ax.set_yticks([0, 1], ["trainer", rollout_label])
+        ax.set_yticks(range(len(lanes)), [label for _, _, label in lanes])
         ax.set_xlim(0, window_s)
     ax.set_xlabel(f"seconds after the first 12 spans of work (a {window_s:g} s window)")
     ax.set_title(title)

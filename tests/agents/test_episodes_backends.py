@@ -94,3 +94,29 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path, backend, staleness, request
     )
     assert resumed.rewards == full.rewards
     assert mp.active_children() == []
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_the_timeline_and_report_show_decode_tool_and_idle_time(tmp_path, backend):
+    """Every environment call the batches counted is a "tool" span of the run's timeline, from
+    whichever process generated; decode rounds and the decoder's waits are spans too; the report
+    gives their counts, times and the decoder's idle share, and the plot draws their lanes."""
+    import json
+
+    from nostall.train.outputs import EPISODE_LANES
+
+    args = grpo.GRPOCommandConfig(
+        **FAST, backend=backend, output_dir=str(tmp_path), report_to="none"
+    )
+    logged = []
+    result = grpo.train(args, log=lambda step, values: logged.append(values))
+    timeline = result.timeline
+    assert timeline.count("tool") == sum(v["episodes/env_calls"] for v in logged) > 0
+    assert timeline.count("decode") > 0 and timeline.count("idle") > 0
+    assert {side for side, _, _ in timeline.spans} >= {lane for lane, _, _ in EPISODE_LANES}
+    report = json.loads((tmp_path / "report.json").read_text())
+    timing = report["episodes"]
+    assert timing["tool_calls"] == timeline.count("tool")
+    assert 0 < timing["decoder_idle_fraction"] < 1
+    assert "environment calls" in (tmp_path / "report.txt").read_text()
+    assert (tmp_path / "timeline.png").stat().st_size > 0

@@ -62,6 +62,23 @@ class GRPOResult(TrainResult):
                 self.steps_to_target, self.time_to_target_s = end, times[end - 1]
                 return
 
+    def episode_timing(self) -> dict | None:
+        """Multi-turn episodes' time over the run (None: no episodes): decode rounds and
+        environment calls (count, mean ms), and the decoder's idle share of generation (its
+        waits with no episode ready, over those and the decode rounds)."""
+        timeline = self.timeline
+        rounds = timeline.count("decode")
+        if not rounds:
+            return None
+        decode_s, idle_s = timeline.total_s("decode"), timeline.total_s("idle")
+        return {
+            "decode_rounds": rounds,
+            "decode_round_ms": rounded(timeline.mean_ms("decode")),
+            "tool_calls": timeline.count("tool"),
+            "tool_call_ms": rounded(timeline.mean_ms("tool")),
+            "decoder_idle_fraction": round(idle_s / (idle_s + decode_s), 4),
+        }
+
     def summary(self) -> dict:
         args = self.args
         recent = self.rewards[-10:]
@@ -93,6 +110,7 @@ class GRPOResult(TrainResult):
             "weight_push_ms": rounded(self.weight_push_ms),
             "weight_push_overlap": rounded(self.weight_push_overlap),
             "trainers": args.get("trainers", 1),
+            "episodes": self.episode_timing(),
             # TRL's figures too (reward_std, completions/...); NaN (no value) as null.
             "last_logged": {k: None if v != v else v for k, v in self.metrics.items()},
         }
@@ -130,6 +148,7 @@ class GRPOResult(TrainResult):
             f"{summary['mean_version_lag']}{inflight}",
             f"  unintended host-device syncs: {summary['syncs_per_update']} per update, "
             f"{summary['syncs_per_decode_step']} per decode step",
+            *_episode_lines(summary),
             f"  compute {summary['compute_dtype']} (master weights {summary['master_dtype']}); "
             f"behaviour "
             f"log-probs within {_logp_gap(summary)} of the trainer's (last logged)",
@@ -147,6 +166,17 @@ class GRPOResult(TrainResult):
             target=self.args["target_reward"],
             smooth=10,
         )
+
+
+def _episode_lines(summary: dict) -> list[str]:
+    timing = summary.get("episodes")
+    if not timing:
+        return []
+    return [
+        f"  episodes: {timing['decode_rounds']} decode rounds ({timing['decode_round_ms']} ms "
+        f"each), {timing['tool_calls']} environment calls ({timing['tool_call_ms']} ms each), "
+        f"the decoder idle {100 * timing['decoder_idle_fraction']:.1f}% of generation"
+    ]
 
 
 def _ranks(summary: dict) -> str:

@@ -325,8 +325,11 @@ class GRPOTrainer(WritesOutputs):
         self._new_tokens += batch.tokens
         for name, value in batch.stats.items():
             self._stats.setdefault(name, []).append(value)
+        timeline = self.transport.timeline
         if batch.weight_push:  # timed where the engine runs: by the wall clock
-            self.transport.timeline.record_wall("push", *batch.weight_push)
+            timeline.record_wall("push", *batch.weight_push)
+        for side, start, end in batch.episode_spans:  # (decode rounds, tool calls, idle waits)
+            timeline.record_wall(side, start, end)
         if logging and batch.samples:  # log_completions: the logged step's texts
             out_dir = Path(self.config.output_dir)
             out_dir.mkdir(parents=True, exist_ok=True)  # (the run's other outputs come later)
