@@ -1,6 +1,8 @@
 // CPU kernel of decode_step (see decode_step.h), on the shared layer loop of decoder_core.h.
 #include "ops/decode_step.h"
 
+#include <torch/csrc/stable/ops.h>
+
 #include <cmath>
 #include <vector>
 
@@ -50,29 +52,34 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
   const float* sp = sin.const_data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t heads = w.num_heads, kv = w.kv_heads, Q = w.qkv_width, groups = heads / kv;
-  std::vector<float> scores(static_cast<size_t>(S));
   float* kc = keys.mutable_data_ptr<float>();
   float* vc = values.mutable_data_ptr<float>();
   decoder::run_layers(w, x, [&](int64_t l, float* qkv, float* att) {
-    for (int64_t b = 0; b < B; ++b) {
-      float* row = qkv + b * Q;
-      for (int64_t head = 0; head < heads + kv; ++head) {
-        decoder::rotate(row + head * D, cp + pos[b] * D, sp + pos[b] * D, D);
-      }
-      // The new key and value into the cache at slot s.
-      for (int64_t kh = 0; kh < kv; ++kh) {
-        const int64_t base = (((l * B + b) * kv + kh) * S + s) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          kc[base + d] = row[(heads + kh) * D + d];
-          vc[base + d] = row[(heads + kv + kh) * D + d];
+    // Rows on every core: each row's rotation, cache writes and attention touch that row's
+    // memory alone, each sum in the order one thread would take (the same results). The
+    // attention reads the row's whole cache: past a few hundred slots it is most of a step.
+    torch::stable::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<float> scores(static_cast<size_t>(S));
+      for (int64_t b = b0; b < b1; ++b) {
+        float* row = qkv + b * Q;
+        for (int64_t head = 0; head < heads + kv; ++head) {
+          decoder::rotate(row + head * D, cp + pos[b] * D, sp + pos[b] * D, D);
+        }
+        // The new key and value into the cache at slot s.
+        for (int64_t kh = 0; kh < kv; ++kh) {
+          const int64_t base = (((l * B + b) * kv + kh) * S + s) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            kc[base + d] = row[(heads + kh) * D + d];
+            vc[base + d] = row[(heads + kv + kh) * D + d];
+          }
+        }
+        for (int64_t head = 0; head < heads; ++head) {
+          const int64_t cache = ((l * B + b) * kv + head / groups) * S * D;
+          decoder::attend_one(row + head * D, kc + cache, vc + cache, S, D, scale, mask + b * S,
+                              scores.data(), att + (b * heads + head) * D);
         }
       }
-      for (int64_t head = 0; head < heads; ++head) {
-        const int64_t cache = ((l * B + b) * kv + head / groups) * S * D;
-        decoder::attend_one(row + head * D, kc + cache, vc + cache, S, D, scale, mask + b * S,
-                            scores.data(), att + (b * heads + head) * D);
-      }
-    }
+    });
   });
   return decoder::logits(w, x);
 }

@@ -52,13 +52,12 @@ NOSTALL_ALWAYS_INLINE inline void attention_backward_rows(const float* qkv, cons
                                                           const float* datt, const int64_t* key_row,
                                                           int64_t first, int64_t N, int64_t K,
                                                           int64_t Q, int64_t heads, int64_t kv,
-                                                          int64_t D, float scale, float* dqkv,
-                                                          float* dp) {
+                                                          int64_t D, float scale, int64_t kv_first,
+                                                          int64_t kv_last, float* dqkv, float* dp) {
   const int64_t groups = heads / kv, A = heads * D;
-  std::memset(dqkv, 0, sizeof(float) * N * Q);
   for (int64_t n = first; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
-    for (int64_t head = 0; head < heads; ++head) {
+    for (int64_t head = kv_first * groups; head < kv_last * groups; ++head) {
       const int64_t kh = head / groups;
       const float* q = qkv + n * Q + head * D;
       const float* pr = probs + (n * heads + head) * K;
@@ -134,13 +133,13 @@ NOSTALL_ALWAYS_INLINE inline void attention_backward_vec(const float* qkv, const
                                                          const float* datt, const int64_t* key_row,
                                                          int64_t first, int64_t N, int64_t K,
                                                          int64_t Q, int64_t heads, int64_t kv,
-                                                         float scale, float* dqkv, float* dp) {
+                                                         float scale, int64_t kv_first,
+                                                         int64_t kv_last, float* dqkv, float* dp) {
   constexpr int64_t D = 8 * kV;
   const int64_t groups = heads / kv, A = heads * D;
-  std::memset(dqkv, 0, sizeof(float) * N * Q);
   for (int64_t n = first; n < N; ++n) {
     const int64_t* keys = key_row + n * K;
-    for (int64_t head = 0; head < heads; ++head) {
+    for (int64_t head = kv_first * groups; head < kv_last * groups; ++head) {
       const int64_t kh = head / groups;
       const int64_t key_at = (heads + kh) * D, value_at = (heads + kv + kh) * D;
       const float* pr = probs + (n * heads + head) * K;
@@ -200,23 +199,24 @@ NOSTALL_AVX2_CLONES void attention_forward(const float* qkv, const int64_t* key_
 NOSTALL_AVX2_CLONES void attention_backward(const float* qkv, const float* probs, const float* datt,
                                             const int64_t* key_row, int64_t first, int64_t N,
                                             int64_t K, int64_t Q, int64_t heads, int64_t kv,
-                                            int64_t D, float scale, float* dqkv, float* dp) {
+                                            int64_t D, float scale, int64_t kv_first,
+                                            int64_t kv_last, float* dqkv, float* dp) {
   switch (D) {
     case 16:
       return attention_backward_vec<2>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
-                                       dqkv, dp);
+                                       kv_first, kv_last, dqkv, dp);
     case 32:
       return attention_backward_vec<4>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
-                                       dqkv, dp);
+                                       kv_first, kv_last, dqkv, dp);
     case 64:
       return attention_backward_vec<8>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
-                                       dqkv, dp);
+                                       kv_first, kv_last, dqkv, dp);
     case 128:
       return attention_backward_vec<16>(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, scale,
-                                        dqkv, dp);
+                                        kv_first, kv_last, dqkv, dp);
     default:
       return attention_backward_rows(qkv, probs, datt, key_row, first, N, K, Q, heads, kv, D, scale,
-                                     dqkv, dp);
+                                     kv_first, kv_last, dqkv, dp);
   }
 }
 

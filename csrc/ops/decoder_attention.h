@@ -14,11 +14,14 @@ void attention_forward(const float* qkv, const int64_t* key_row, int64_t first, 
                        int64_t K, int64_t Q, int64_t heads, int64_t kv, int64_t D, float scale,
                        float* probs, float* att);
 
-// The gradient of attention_forward over the same rows [first, N): from datt [N, heads * D] and
-// the saved probs into dqkv [N, Q] (zeroed here, every row; keys and values gather from every
-// row attending to them); dp [K] scratch.
+// The gradient of attention_forward over the same rows [first, N), for the key-value heads
+// [kv_first, kv_last) and the query heads that read them: from datt [N, heads * D] and the saved
+// probs added into dqkv [N, Q] (zeroed by the caller; keys and values gather from every row
+// attending to them); dp [K] scratch. Calls for disjoint key-value heads write disjoint columns
+// of dqkv: they may run at once, each sum in the order one call over every head takes.
 void attention_backward(const float* qkv, const float* probs, const float* datt,
                         const int64_t* key_row, int64_t first, int64_t N, int64_t K, int64_t Q,
-                        int64_t heads, int64_t kv, int64_t D, float scale, float* dqkv, float* dp);
+                        int64_t heads, int64_t kv, int64_t D, float scale, int64_t kv_first,
+                        int64_t kv_last, float* dqkv, float* dp);
 
 }  // namespace nostall::decoder

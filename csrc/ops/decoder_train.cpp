@@ -2,9 +2,12 @@
 // decoder_train_backward.cpp.
 #include "ops/decoder_train.h"
 
+#include <torch/csrc/stable/ops.h>
+
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "common/tensor_utils.h"
 #include "ops/decoder_attention.h"
@@ -75,8 +78,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> decoder_train_cpu(
     }
     float* probs_l = probs.mutable_data_ptr<float>() + l * S * heads * K;
     float* attended_l = attended.mutable_data_ptr<float>() + l * S * A;
-    decoder::attention_forward(qp, lay.key_row.data(), first, N, K, Q, heads, kv, D, scale, probs_l,
-                               attended_l);
+    // Rows on every core: each writes its own probabilities and output (the same sums).
+    torch::stable::parallel_for(first, N, 8, [&](int64_t n0, int64_t n1) {
+      decoder::attention_forward(qp, lay.key_row.data(), n0, n1, K, Q, heads, kv, D, scale, probs_l,
+                                 attended_l);
+    });
     Tensor tmp_m = rows(tmp, 0, M), h_m = rows(h, 0, M), act_m = rows(act, 0, M);
     decoder::linear(tmp_m, rows(attended, l * S + first, M), w.o_weight[l], nullptr);
     add_into(xmid + first * H, xin + first * H, tmp.const_data_ptr<float>(), M * H);

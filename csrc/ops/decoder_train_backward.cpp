@@ -1,10 +1,13 @@
 // CPU kernel of decoder_train_backward (see decoder_train.h): the forward's adjoints, layer by
 // layer from the last, over the activations the forward saved.
+#include <torch/csrc/stable/ops.h>
+
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "common/tensor_utils.h"
 #include "ops/decoder_attention.h"
@@ -249,8 +252,7 @@ void backward(const char* op, Tensor grad_hidden, Tensor prompt_ids, Tensor prom
   const float* res = residuals.const_data_ptr<float>();
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();
-  std::vector<float> dp(static_cast<size_t>(K)), silu_scratch(static_cast<size_t>(I)),
-      wdy(static_cast<size_t>(H));
+  std::vector<float> silu_scratch(static_cast<size_t>(I)), wdy(static_cast<size_t>(H));
   float* dxp = dx.mutable_data_ptr<float>();
   float* dmp = dmid.mutable_data_ptr<float>();
 
@@ -293,10 +295,15 @@ void backward(const char* op, Tensor grad_hidden, Tensor prompt_ids, Tensor prom
     decoder::mm(datt_m, dmid_m, w.o_weight[l]);
     // The attention: softmax over each query's slots, then the rotation.
     float* dq = dqkv.mutable_data_ptr<float>();
-    decoder::attention_backward(qkv.const_data_ptr<float>() + l * S * Q,
-                                probs.const_data_ptr<float>() + l * S * heads * K,
-                                datt.const_data_ptr<float>(), lay.key_row.data(), first, N, K, Q,
-                                heads, kv, D, scale, dq, dp.data());
+    std::memset(dq, 0, sizeof(float) * N * Q);
+    // Key-value heads on every core: each writes its own columns of dq (the same sums).
+    torch::stable::parallel_for(0, kv, 1, [&](int64_t kv_first, int64_t kv_last) {
+      std::vector<float> dp(static_cast<size_t>(K));
+      decoder::attention_backward(qkv.const_data_ptr<float>() + l * S * Q,
+                                  probs.const_data_ptr<float>() + l * S * heads * K,
+                                  datt.const_data_ptr<float>(), lay.key_row.data(), first, N, K, Q,
+                                  heads, kv, D, scale, kv_first, kv_last, dq, dp.data());
+    });
     for (int64_t n = 0; n < N; ++n) {
       const int64_t p = lay.position[n];
       for (int64_t head = 0; head < heads + kv; ++head) {
