@@ -2,6 +2,8 @@
 // decoder_core.h.
 #include "ops/prefill_prompts.h"
 
+#include <torch/csrc/stable/ops.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -63,8 +65,6 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
   const float* sp = sin.const_data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t heads = w.num_heads, kv = w.kv_heads, Q = w.qkv_width, groups = heads / kv;
-  std::vector<float> scores(static_cast<size_t>(P));
-  std::vector<char> allowed(static_cast<size_t>(P));
   float* kc = keys.mutable_data_ptr<float>();
   float* vc = values.mutable_data_ptr<float>();
   // Row r of the cache, head kh: slots [0, S) of D floats each.
@@ -86,16 +86,21 @@ Tensor prefill_prompts_cpu(Tensor prompt_ids, Tensor prompt_mask, int64_t group_
           std::memcpy(vc + base, row + (heads + kv + kh) * D, sizeof(float) * D);
         }
       }
-      for (int64_t i = 0; i < P; ++i) {
-        for (int64_t j = 0; j < P; ++j) allowed[j] = (j <= i && mask[b * P + j]) || j == i;
-        const float* row = qkv + (b * P + i) * Q;
-        for (int64_t head = 0; head < heads; ++head) {
-          const int64_t cache = cache_at(l, b * G, head / groups);
-          decoder::attend_one(row + head * D, kc + cache, vc + cache, P, D, scale,
-                              reinterpret_cast<const bool*>(allowed.data()), scores.data(),
-                              att + ((b * P + i) * heads + head) * D);
+      // The prompt's positions on every core: each writes its own output (the same sums).
+      torch::stable::parallel_for(0, P, 8, [&](int64_t i0, int64_t i1) {
+        std::vector<float> scores(static_cast<size_t>(P));
+        std::vector<char> allowed(static_cast<size_t>(P));
+        for (int64_t i = i0; i < i1; ++i) {
+          for (int64_t j = 0; j < P; ++j) allowed[j] = (j <= i && mask[b * P + j]) || j == i;
+          const float* row = qkv + (b * P + i) * Q;
+          for (int64_t head = 0; head < heads; ++head) {
+            const int64_t cache = cache_at(l, b * G, head / groups);
+            decoder::attend_one(row + head * D, kc + cache, vc + cache, P, D, scale,
+                                reinterpret_cast<const bool*>(allowed.data()), scores.data(),
+                                att + ((b * P + i) * heads + head) * D);
+          }
         }
-      }
+      });
       // The group's other rows share the prompt's keys and values.
       for (int64_t g = 1; g < G; ++g) {
         for (int64_t kh = 0; kh < kv; ++kh) {
