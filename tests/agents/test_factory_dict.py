@@ -234,3 +234,55 @@ def test_no_dataset_mistakes_are_refused_by_name(factory, extra, message, model_
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, **extra)
     with pytest.raises(ValueError, match=message):
         GRPOTrainer(model=str(model_dir), args=args, environment_factory=factory)
+
+
+def test_a_run_with_environments_is_evaluated_in_episodes_too(model_dir, tmp_path, monkeypatch):
+    """evaluate() of an environment_factory run runs episodes as training does (tools rendered
+    and called, the environments' get_reward scoring): with turns scripted to call each row's
+    tool, every evaluated rollout is paid. (Single completions, as before, would score 0.)"""
+    from transformers import AutoTokenizer
+
+    from nostall import GRPOConfig, GRPOTrainer
+    from nostall.algos.grpo import evaluation
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=1,
+        max_completion_length=200,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        save_strategy="no",
+        max_tool_calling_iterations=1,
+    )
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        args=args,
+        train_dataset=MIXED_ROWS,
+        eval_dataset=MIXED_ROWS[:4],
+        environment_factory=FACTORIES,
+    )
+    scripted = MixedEngine(AutoTokenizer.from_pretrained(model_dir))
+    real = evaluation.make_engine
+
+    def make_engine(*args, **kwargs):  # (the evaluation's own engine, its turns scripted)
+        engine = real(*args, **kwargs)
+        engine.generate_turn = scripted.generate_turn
+        return engine
+
+    monkeypatch.setattr(evaluation, "make_engine", make_engine)
+    metrics = trainer.evaluate()
+    assert metrics["eval_reward"] == 1.0
+    assert metrics["eval_rewards/Counter/mean"] == metrics["eval_rewards/Doubler/mean"] == 1.0
+    assert any("increment" in call for call in scripted.calls)  # (the tools rendered in)
+
+
+def test_a_text_environment_run_refuses_an_eval_dataset(tmp_path):
+    from nostall import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        task="guess", max_steps=1, num_generations=2, output_dir=str(tmp_path), use_cpu=True
+    )
+    trainer = GRPOTrainer(args=args, eval_dataset=[{"prompt": "guess 1-8:", "answer": "3"}])
+    with pytest.raises(ValueError, match="text-environment run"):
+        trainer.evaluate()

@@ -15,8 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
+from nostall.agents.tasks import ENV_TASKS
 from nostall.algos.grpo.config import GRPOConfig
-from nostall.algos.grpo.generation import Generation, make_engine
+from nostall.algos.grpo.generation import (
+    Generation,
+    Inputs,
+    make_engine,
+    prompt_encoder,
+    tool_task,
+)
 from nostall.lm.batch import LMBatch
 from nostall.lm.models import LanguageModel
 from nostall.lm.prompt_source import rows_source
@@ -49,17 +56,33 @@ def evaluate_model(
     args: GRPOConfig,
     settings: EvalSettings,
     cancelled: threading.Event | None = None,
+    inputs: Inputs | None = None,
 ) -> dict[str, float] | None:
     """TRL's figures and pass@k of `lm` on every prompt of `rows` (a dataset, rows or a path),
     generated from args.seed; ValueError naming a k above num_generations. None once
-    `cancelled` is set (checked between generation batches)."""
+    `cancelled` is set (checked between generation batches). A run with TRL's tools= or
+    environment_factory= (in `inputs`) is evaluated as it trains: episodes that call them,
+    scored over each conversation."""
     G = settings.num_generations
     for k in settings.ks:
         if not 1 <= k <= G:
             raise ValueError(f"pass@k: k must lie in [1, num_generations={G}], got {k}")
     began = time.perf_counter()
     source = rows_source(rows, "eval_dataset")
-    encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions, 0)
+    inputs = inputs or Inputs()
+    trains_in_an_environment = args.environment or (
+        inputs.rows is None and not args.dataset and args.task in ENV_TASKS
+    )
+    if trains_in_an_environment:
+        raise ValueError(
+            "evaluation of a text-environment run (--environment, --task guess or calc) on an "
+            "eval_dataset is not supported: its prompts are the environment's resets"
+        )
+    episodes = bool(inputs.tools) or inputs.environment_factory is not None
+    if episodes:  # (the tools' schemas rendered in, sized with the environments' resets)
+        encoder = prompt_encoder(lm, source, inputs, 0)
+    else:
+        encoder = PromptEncoder(lm.tokenizer, source.all_prompts(), lm.max_positions, 0)
     length = max(1, min(args.max_new_tokens, lm.max_positions - encoder.length))
     encoder.check_room(length, lm.max_positions)
     native = dataclasses.replace(args, generator="native", max_new_tokens=length)
@@ -76,6 +99,8 @@ def evaluate_model(
         seed=args.seed,
         options=GeneratorOptions(watch_syncs=False),
     )
+    if episodes:
+        generator.episodes = tool_task(native, engine, lm, inputs)
     device = next(lm.model.parameters()).device
     per_batch = max(1, settings.batch_size // G)
     total = len(source.rows)

@@ -43,7 +43,9 @@ class RunEvaluations:
         )
         rewards = prompt_rewards(args, trainer._inputs)  # (its own: the rollout side's is busy)
         evaluated = LanguageModel(model, lm.tokenizer, lm.name)
-        figures = evaluate_model(evaluated, rows, rewards, args, settings, cancelled)
+        figures = evaluate_model(
+            evaluated, rows, rewards, args, settings, cancelled, trainer._inputs
+        )
         if figures is None:
             return None
         return {f"eval_{name}": value for name, value in figures.items()}
