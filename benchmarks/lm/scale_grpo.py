@@ -7,7 +7,11 @@ per-step time (after the first step), peak memory, and the floor: the time of th
 matrix products at that shape and precision on this machine.
 
     python -m benchmarks.lm.scale_grpo [--steps 8] [--threads 2] [--sides ...]
-        [--shape 135m|small|tiny]
+        [--shape 135m|small|tiny] [--max-new-tokens 8]
+
+At --max-new-tokens past 8 the tokenizer holds the whole vocabulary, so completions run to their
+full length on every side; the floor grows with the length by the decode steps' cache reads (at
+this machine's measured bandwidth) and the update's attention (at its products' rate).
 """
 
 from __future__ import annotations
@@ -221,15 +225,34 @@ def run_trl(
     }
 
 
-def floor_ms(threads: int, dtype: torch.dtype, shape: dict) -> dict:
-    """The matrix products of one step at this shape: generation (each group's prompt once,
-    then a token at a time for the batch: NEW_TOKENS - 1 decode steps, each sampled from the
-    output layer's logits over the whole vocabulary, as both sides compute them) and the update
-    (forward and the backward's two products, each group's prompt once; its output layer over
-    the 22 rows the loss reads is negligible)."""
+def bandwidth_gbs(threads: int) -> float:
+    """This machine's memory bandwidth as torch reads it: the best of a few sums over 512 MiB
+    (far past the caches), in GB/s."""
+    torch.set_num_threads(threads)
+    data = torch.ones(128 << 20)  # 512 MiB of float32
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best / 1e9
+
+
+def floor_ms(threads: int, dtype: torch.dtype, shape: dict, new_tokens: int = NEW_TOKENS) -> dict:
+    """The floor of one step at this shape and completion length, from this machine's own
+    rates. Generation: the matrix products (each group's prompt once, then new_tokens - 1 decode
+    steps for the batch, each sampled from the output layer's logits over the whole vocabulary,
+    as both sides compute them: at 16 rows they stream the weights, so their time is the weight
+    traffic) and each decode step's reads of the float32 key-value cache at the measured
+    bandwidth. Update: the products of the forward and the backward's two (each group's prompt
+    once; its output layer over the rows the loss reads is left out), and the attention's
+    arithmetic (forward and a backward of twice its products) at the rate the update's own
+    products reach."""
     torch.set_num_threads(threads)
     H, inter, L = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
-    kv = H * shape["num_key_value_heads"] // shape["num_attention_heads"]
+    heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
+    D = H // heads
+    kv = kv_heads * D
     weights = [torch.randn(n, H, dtype=dtype) for n in (H + 2 * kv, H, 2 * inter)]
     down = torch.randn(H, inter, dtype=dtype)
     head = torch.randn(shape["vocab_size"], H, dtype=dtype)
@@ -249,19 +272,37 @@ def floor_ms(threads: int, dtype: torch.dtype, shape: dict) -> dict:
             best = min(best, time.perf_counter() - start)
         return 1e3 * best
 
-    B, P = PROMPTS * GENERATIONS, 7
-    generation = layer_ms(PROMPTS * P, PROMPTS) + (NEW_TOKENS - 1) * layer_ms(B, B)
-    update = 3 * layer_ms(PROMPTS * P + B * NEW_TOKENS)
-    return {"generation_ms": generation, "update_ms": update, "step_ms": generation + update}
+    B, P, C = PROMPTS * GENERATIONS, 7, new_tokens
+    products = layer_ms(PROMPTS * P, PROMPTS) + (C - 1) * layer_ms(B, B)
+    # Each decode step t reads every row's keys and values of its P + t slots, every layer.
+    cache_bytes = sum(B * L * 2 * kv * 4 * (P + t) for t in range(1, C))
+    cache_ms = 1e3 * cache_bytes / (bandwidth_gbs(threads) * 1e9)
+    rows = PROMPTS * P + B * C
+    update_products = 3 * layer_ms(rows)
+    product_flops = 3 * 2 * rows * L * H * (H + 2 * kv + H + 3 * inter)
+    rate = product_flops / (update_products / 1e3)  # FLOP/s the update's products reach
+    # Attention: each query against its keys, q.k and p.v, 2 D multiply-adds a head a key.
+    pairs = PROMPTS * P * (P + 1) // 2 + B * sum(P + c + 1 for c in range(C))
+    attention_flops = 3 * L * heads * 4 * D * pairs
+    update = update_products + 1e3 * attention_flops / rate
+    return {
+        "generation_ms": products + cache_ms,
+        "update_ms": update,
+        "step_ms": products + cache_ms + update,
+        "cache_ms": cache_ms,
+        "attention_ms": 1e3 * attention_flops / rate,
+        "products_tflops": rate / 1e12,
+    }
 
 
-def child(side: str, folder: str, steps: int, threads: int, shape: str) -> dict:
+def child(side: str, folder: str, steps: int, threads: int, shape: str, tokens: int) -> dict:
     if side.startswith("floor_"):
         dtype = torch.float32 if side == "floor_fp32" else torch.bfloat16
-        return floor_ms(threads, dtype, shape_of(shape))
+        return floor_ms(threads, dtype, shape_of(shape), tokens)
     if side.startswith("nostall"):
-        return run_nostall(folder, steps, threads, side)
-    return run_trl(folder, steps, threads, torch.bfloat16 if side == "trl_bf16" else torch.float32)
+        return run_nostall(folder, steps, threads, side, tokens)
+    dtype = torch.bfloat16 if side == "trl_bf16" else torch.float32
+    return run_trl(folder, steps, threads, dtype, tokens)
 
 
 def main() -> None:
@@ -275,15 +316,25 @@ def main() -> None:
         choices=("135m", "small", "tiny"),
         help="the 135M shape (default), or a built-in size in between",
     )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=NEW_TOKENS,
+        help="each completion's tokens (past 8, a tokenizer of the whole vocabulary, so every "
+        "completion runs to its full length on every side)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.folder, args.steps, args.threads, args.shape)))
+        tokens = args.max_new_tokens
+        print(
+            json.dumps(child(args.child, args.folder, args.steps, args.threads, args.shape, tokens))
+        )
         return
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        build_model(folder, args.shape)
+        build_model(folder, args.shape, whole_vocab=args.max_new_tokens > NEW_TOKENS)
         for side in [*args.sides.split(","), "floor_fp32", "floor_bf16"]:
             run = subprocess.run(
                 [
@@ -300,6 +351,8 @@ def main() -> None:
                     str(args.threads),
                     "--shape",
                     args.shape,
+                    "--max-new-tokens",
+                    str(args.max_new_tokens),
                 ],
                 capture_output=True,
                 text=True,
@@ -310,9 +363,10 @@ def main() -> None:
             results[side] = json.loads(run.stdout.strip().splitlines()[-1])
     model = "135M-shaped Llama" if args.shape == "135m" else f"{args.shape} (built-in Qwen2)"
     print(
-        f"{model}, {PROMPTS} prompts x {GENERATIONS} completions x {NEW_TOKENS} "
+        f"{model}, {PROMPTS} prompts x {GENERATIONS} completions x {args.max_new_tokens} "
         f"tokens, {args.threads} threads; ms a step (median after the first), peak RSS"
     )
+    floor = results.get("floor_bf16", {}).get("step_ms")
     medians = {
         s: statistics.median(r["step_ms"])
         for s, r in results.items()
@@ -326,13 +380,22 @@ def main() -> None:
                 f"   {result['dtype'].removeprefix('torch.')}, behaviour log-probs within "
                 f"{result['logp_difference_max']:.2g} of the trainer's"
             )
-        print(f"  {side:16s} {ms:8.0f} ms   peak {result['peak_mib']:6.0f} MiB{extra}")
+        if result.get("generation_ms") is not None:
+            extra += (
+                f"   (generation {result['generation_ms']:.0f}, update {result['update_ms']:.0f})"
+            )
+        if result.get("mean_length") is not None:
+            extra += f"   mean length {result['mean_length']:.1f}"
+        over = f"   {ms / floor:.2f}x the bf16 floor" if floor else ""
+        print(f"  {side:16s} {ms:8.0f} ms   peak {result['peak_mib']:6.0f} MiB{over}{extra}")
     for precision in ("fp32", "bf16"):
-        floor = results.get(f"floor_{precision}")
-        if floor:
+        low = results.get(f"floor_{precision}")
+        if low:
             print(
-                f"  floor {precision}: {floor['step_ms']:.0f} ms a step (generation "
-                f"{floor['generation_ms']:.0f}, update {floor['update_ms']:.0f})"
+                f"  floor {precision}: {low['step_ms']:.0f} ms a step (generation "
+                f"{low['generation_ms']:.0f} of which cache reads {low['cache_ms']:.0f}; update "
+                f"{low['update_ms']:.0f} of which attention {low['attention_ms']:.0f}; the "
+                f"products at {low['products_tflops']:.2f} TFLOP/s)"
             )
     for mine in ("nostall_s0", "nostall_default", "nostall_fp32_s0", "nostall_bf16w_s0"):
         for theirs in ("trl_bf16", "trl_fp32"):

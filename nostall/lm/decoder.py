@@ -52,6 +52,13 @@ def supports(model: torch.nn.Module) -> bool:
     return rope.get("rope_type", "default") in ("default", "linear", "llama3")
 
 
+# The longest completions the update runs through the native decoder_train: past them torch's
+# own ops (batched products for the attention) are faster. 135M shape, bf16 weights, 2 threads
+# (python -m benchmarks.lm.decoder_lengths): native/torch 0.68 at 8 tokens, 1.02 at 64, 1.67
+# at 128, 2.29 at 256.
+NATIVE_TRAINING_TOKENS = 64
+
+
 class Decoder:
     """The forward of a supported `transformers` causal LM (see `supports`)."""
 
@@ -230,7 +237,7 @@ class Decoder:
         prompt_ids, prompt_mask [Bp, P] are each group's prompt (left-padded), completion_ids,
         completion_mask [B, C] the completions, B = Bp * G, grouped in order. The prompt is run
         once per group; its keys and values are broadcast to the group's completions."""
-        if self._native_training_applies():
+        if self._native_training_applies(completion_ids.shape[1]):
             B, C = completion_ids.shape
             hidden = torch.ops.nostall.decoder_train.default(
                 prompt_ids,
@@ -317,9 +324,12 @@ class Decoder:
         model's generation: `_native_kind`, fused weights frozen, no gradients."""
         return self._native_kind() and self._fused is not None and not torch.is_grad_enabled()
 
-    def _native_training_applies(self) -> bool:
-        """Whether `nostall::decoder_train` runs `grouped_hidden` (forward and backward)."""
-        return self._native_kind()
+    def _native_training_applies(self, length: int | None = None) -> bool:
+        """Whether `nostall::decoder_train` runs `grouped_hidden` (forward and backward) of
+        completions of `length` tokens (None: whether it could at some length): up to
+        NATIVE_TRAINING_TOKENS, past which torch's batched attention products beat its
+        per-position loops."""
+        return self._native_kind() and (length is None or length <= NATIVE_TRAINING_TOKENS)
 
     def _training_weights(self) -> tuple:
         """decoder_train's weight arguments: the model's parameters (q/k/v and gate/up joined

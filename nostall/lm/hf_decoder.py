@@ -116,7 +116,7 @@ class HFDecoder:
     def _native_applies(self) -> bool:
         return False
 
-    def _native_training_applies(self) -> bool:
+    def _native_training_applies(self, length: int | None = None) -> bool:
         return False
 
     # -- training ------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def _varied(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model
 
 
-def _llama_gqa() -> torch.nn.Module:
+def _llama_gqa(positions: int = 32) -> torch.nn.Module:
     config = LlamaConfig(
         vocab_size=22,
         hidden_size=32,
@@ -32,7 +32,7 @@ def _llama_gqa() -> torch.nn.Module:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=32,
+        max_position_embeddings=positions,
         tie_word_embeddings=False,
     )
     return _varied(LlamaForCausalLM(config), 3)
@@ -288,3 +288,40 @@ def test_backward_into_a_flat_buffer_sets_and_adds_the_same_gradients(varied_tin
     )
     with pytest.raises(RuntimeError, match=r"flat_grad must be a contiguous CPU"):
         into(grad, *batch, *weights, *out[1:], *config, flat[:-1], False)
+
+
+def test_long_completions_train_through_torchs_ops_and_short_ones_natively(varied_tiny):
+    """The update's path by completion length (decoder.NATIVE_TRAINING_TOKENS): the native op up
+    to it, torch's batched attention past it (faster there); either way the same hidden states
+    and gradients as the other path, to the float32 tolerance above."""
+    from nostall.lm import decoder as decoder_module
+
+    model = _llama_gqa(positions=128)
+    model.train()
+    limit = decoder_module.NATIVE_TRAINING_TOKENS
+    native = Decoder(model)
+    assert native._native_training_applies(limit) and not native._native_training_applies(limit + 1)
+    calls = []
+    op = torch.ops.nostall.decoder_train.default
+
+    def counted(*args):
+        calls.append(args[2].shape[1])
+        return op(*args)
+
+    batch = _batch(Bp=2, P=3, G=2, C=limit + 1)
+    original = torch.ops.nostall.decoder_train
+    try:
+        decoder_module.torch.ops.nostall.decoder_train = type(
+            "Op", (), {"default": staticmethod(counted)}
+        )()
+        hidden, grads = _hidden_and_grads(model, True, batch)
+        short = _batch(Bp=2, P=3, G=2, C=4)
+        _hidden_and_grads(model, True, short)
+    finally:
+        decoder_module.torch.ops.nostall.decoder_train = original
+    assert calls == [4]  # (the long batch never reached the native op)
+    # Past the limit, the native op itself (called directly) agrees with the path taken.
+    ref_hidden = op(*batch, *native._training_weights(), *native._native_config())[0]
+    B, C = batch[2].shape
+    torch.testing.assert_close(hidden, ref_hidden.view(B, C, -1).detach(), rtol=RTOL, atol=ATOL)
+    assert grads

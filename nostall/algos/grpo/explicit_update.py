@@ -89,10 +89,11 @@ class ExplicitUpdate:
         self.decoder_grad = flat[: flat.numel() - untied]
 
     @staticmethod
-    def applies_now(decoder: Decoder, reference: Decoder | None) -> bool:
-        """The native training forward runs (on the CPU, float32 or bf16 weights) and there is
-        no KL reference (its log-probs would need their own forward): checked every update."""
-        return reference is None and decoder._native_training_applies()
+    def applies_now(decoder: Decoder, reference: Decoder | None, length: int | None = None) -> bool:
+        """The native training forward runs (on the CPU, float32 or bf16 weights, completions
+        of `length` tokens) and there is no KL reference (its log-probs would need their own
+        forward): checked every update."""
+        return reference is None and decoder._native_training_applies(length)
 
     @staticmethod
     def applies(decoder: Decoder, optimizer, reference: Decoder | None) -> bool:
@@ -219,9 +220,10 @@ class ExplicitUpdate:
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def explicit_update(decoder: Decoder, optimizer, reference: Decoder | None):
-    """The ExplicitUpdate of this decoder and optimizer, or None where it does not apply."""
-    if not ExplicitUpdate.applies_now(decoder, reference):
+def explicit_update(decoder: Decoder, optimizer, reference: Decoder | None, length: int):
+    """The ExplicitUpdate of this decoder and optimizer for completions of `length` tokens, or
+    None where it does not apply."""
+    if not ExplicitUpdate.applies_now(decoder, reference, length):
         return None
     built = _BUILT.get(optimizer)
     if built is None or built[0] is not decoder:

@@ -137,7 +137,7 @@ def grpo_update(
     # (Ranks train through autograd: their forward is the sharded module's.)
     explicit = None
     if not context.autograd and rank[1] == 1:
-        explicit = explicit_update(decoder, optimizer, reference)
+        explicit = explicit_update(decoder, optimizer, reference, batch.completion_ids.shape[1])
     G, count = args.num_generations, args.micro_batches
     weights = [(1.0, 1.0)] * count
     share = 1.0  # this rank's tokens over the mean rank's (the behaviour figures' weight)
