@@ -2,8 +2,9 @@
 
 Each tool's schema comes from its signature and docstring (transformers' get_json_schema, as
 TRL's chat template rendering takes it) and is rendered into the prompt by the chat template.
-A model turn that holds tool calls, in the `<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>` format of Qwen's and Hermes' templates, has them run in order (an async tool
+A model turn that holds tool calls, read by the tokenizer's response template where it has one
+(TRL's way) or in the `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` format of
+Qwen's and Hermes' templates (TurnParser), has them run in order (an async tool
 awaited on this thread's own loop); each result, or `{"error": ...}` for a tool that raises or
 is not known, goes back to the model as a tool message, whose tokens the chat template renders
 (appended as tokens: the conversation is never re-tokenized). A turn without a tool call ends
@@ -62,6 +63,49 @@ def parse_tool_calls(text: str) -> list[dict]:
             continue
         calls.append({"name": call["name"], "arguments": arguments})
     return calls
+
+
+class TurnParser:
+    """A turn's text and tool calls, read as TRL reads them: by the tokenizer's own response
+    template where it has one (transformers' parse_response: Llama 3's, GPT-OSS', GLM's and
+    every format a model ships or a user sets, e.g. with TRL's add_response_schema), else in the
+    `<tool_call>` JSON format of Qwen's and Hermes' templates. A turn the template cannot parse
+    is plain text (TRL's fallback): no calls."""
+
+    def __init__(self, tokenizer=None):
+        self.tokenizer = tokenizer
+        self.template = getattr(tokenizer, "response_template", None) if tokenizer else None
+        self.header = _assistant_header(tokenizer) if self.template is not None else None
+
+    def __call__(self, text: str) -> tuple[str, list[dict]]:
+        if self.template is None:
+            return _CALL.sub("", text).strip(), parse_tool_calls(text)
+        ending = self.tokenizer.eos_token or ""  # (the template's close: the turn's end)
+        try:
+            parsed = self.tokenizer.parse_response(text + ending, prefix=self.header)
+        except (ValueError, TypeError):
+            return text, []
+        if not isinstance(parsed, dict):
+            return text, []
+        calls = []
+        for tool_call in parsed.get("tool_calls") or []:
+            function = tool_call.get("function", {}) if isinstance(tool_call, dict) else {}
+            name, arguments = function.get("name"), function.get("arguments", {})
+            if not isinstance(name, str):
+                calls.append({"error": "a tool call needs a name"})
+            elif not isinstance(arguments, dict):
+                calls.append({"error": f"tool {name}: arguments must be an object"})
+            else:
+                calls.append({"name": name, "arguments": arguments})
+        return (parsed.get("content") or "").strip(), calls
+
+
+def _assistant_header(tokenizer) -> str:
+    """What the chat template writes before an assistant turn's text (the parser's prefix)."""
+    user = [{"role": "user", "content": "x"}]
+    bare = tokenizer.apply_chat_template(user, tokenize=False)
+    opened = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    return opened[len(bare) :] if opened.startswith(bare) else opened
 
 
 def run_tool(tools: dict[str, Callable], call: dict) -> tuple[str, object, bool]:
@@ -124,9 +168,16 @@ class ToolCallEnv:
     with the tool messages' tokens, or ends the episode when the turn calls none. It keeps the
     conversation after the prompt (`messages`) for the reward functions."""
 
-    def __init__(self, tools: dict[str, Callable], suffix: ToolSuffix, instance=None):
+    def __init__(
+        self,
+        tools: dict[str, Callable],
+        suffix: ToolSuffix,
+        instance=None,
+        parse: TurnParser | None = None,
+    ):
         self.tools, self.suffix = tools, suffix
         self.instance = instance  # (TRL's environment_factory: the rollout's own, reset already)
+        self.parse = parse or TurnParser()
         self.messages: list[dict] = []
 
     def reset(self, *, seed=None, options=None):
@@ -135,10 +186,9 @@ class ToolCallEnv:
 
     def last_turn(self, action: str) -> None:
         """A turn past the rounds allowed: kept in the conversation, its calls not run."""
-        self._assistant(action, parse_tool_calls(action))
+        self._assistant(*self.parse(action))
 
-    def _assistant(self, action: str, calls: list[dict]) -> None:
-        text = _CALL.sub("", action).strip()
+    def _assistant(self, text: str, calls: list[dict]) -> None:
         if not calls:
             self.messages.append({"role": "assistant", "content": text})
             return
@@ -150,8 +200,8 @@ class ToolCallEnv:
         self.messages.append({"role": "assistant", "content": text, "tool_calls": tool_calls})
 
     def step(self, action: str):
-        calls = parse_tool_calls(action)
-        self._assistant(action, calls)
+        text, calls = self.parse(action)
+        self._assistant(text, calls)
         if not calls:
             return [], 0.0, True, False, {"tool_calls": 0, "tool_failures": 0}
         results, failures = [], 0

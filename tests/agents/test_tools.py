@@ -401,3 +401,51 @@ def test_environment_factory_mistakes_are_refused_by_name(model_dir, tmp_path):
             train_dataset=[{"prompt": "x"}],
             tools=[add],
         )
+
+
+def _json_call_template(tokenizer) -> dict:
+    """A response template for Llama 3's tool-call format (a bare JSON object with "name" and
+    "parameters"), anchored at this tokenizer's assistant header and closed by its <eos>."""
+    from nostall.agents.tools import _assistant_header
+
+    end = re.escape(tokenizer.eos_token)
+    return {
+        "defaults": {"role": "assistant"},
+        "start_anchor": _assistant_header(tokenizer),
+        "fields": {
+            "tool_calls": {
+                "open_pattern": r'\{"name":\s*"(?P<name>[^"]+)",\s*"parameters":\s*',
+                "close_pattern": r"\}" + end + r"\s*",
+                "repeats": True,
+                "content": "json",
+                "transform": {
+                    "type": "function",
+                    "function": {"name": "{name}", "arguments": "{content}"},
+                },
+            },
+            "content": {"close_pattern": end + r"\s*", "content": "text"},
+        },
+    }
+
+
+def test_a_tokenizers_response_template_reads_the_calls_as_trls_does(tokenizer):
+    """With a response template on the tokenizer (a model's own, or TRL's add_response_schema),
+    its format is parsed (transformers' parse_response), here Llama 3's bare JSON, which the
+    <tool_call> reading does not see; without one, the <tool_call> format; text the template
+    cannot parse is a turn without calls (TRL's fallback)."""
+    import copy
+
+    from nostall.agents.tools import TurnParser
+
+    llama_style = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    assert TurnParser(tokenizer)(llama_style) == (llama_style, [])  # (no template: no call)
+    templated = copy.copy(tokenizer)
+    templated.response_template = _json_call_template(tokenizer)
+    parse = TurnParser(templated)
+    assert parse(llama_style)[1] == [{"name": "add", "arguments": {"a": 2, "b": 3}}]
+    env = ToolCallEnv({"add": add}, ToolSuffix(templated, templated.eos_token_id), None, parse)
+    env.reset()
+    suffix, _, terminated, _, info = env.step(llama_style)
+    assert suffix and not terminated and info == {"tool_calls": 1, "tool_failures": 0}
+    assert env.messages[-1] == {"role": "tool", "name": "add", "content": "5"}
+    assert parse("just an answer")[1] == []

@@ -18,7 +18,7 @@ from nostall.agents.factory import EnvironmentFactory
 from nostall.agents.fill import EpisodeTask
 from nostall.agents.loading import hosted_environment, load_environment, seeded_rows
 from nostall.agents.tasks import ENV_TASK_CHARACTERS, ENV_TASKS, HOSTED_TASKS
-from nostall.agents.tools import ToolCallEnv, ToolSuffix, tool_schemas
+from nostall.agents.tools import ToolCallEnv, ToolSuffix, TurnParser, tool_schemas
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.lm.generation import GenerationEngine, SamplingConfig
 from nostall.lm.hf_decoder import make_decoder
@@ -339,16 +339,17 @@ def tool_task(args: GRPOConfig, engine, lm: LanguageModel, inputs: Inputs) -> Ep
         # (a tool call's markers may be special tokens: kept for the parser)
         detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
     )
+    parse = TurnParser(tokenizer)  # (the tokenizer's response template, or <tool_call> JSON)
     environment = environment_of(inputs)
     if environment is not None:  # (an instance a rollout, reset with its row)
         return EpisodeTask(
-            lambda instance: ToolCallEnv(environment.tools_of(instance), suffix, instance),
+            lambda instance: ToolCallEnv(environment.tools_of(instance), suffix, instance, parse),
             runner,
             scored=True,
             start=environment.start,
         )
     by_name = {tool.__name__: tool for tool in inputs.tools}
-    return EpisodeTask(lambda: ToolCallEnv(by_name, suffix), runner, scored=True)
+    return EpisodeTask(lambda: ToolCallEnv(by_name, suffix, None, parse), runner, scored=True)
 
 
 def episode_task(args: GRPOConfig, engine, lm: LanguageModel, make_env) -> EpisodeTask:
