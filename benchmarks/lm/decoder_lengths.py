@@ -12,22 +12,11 @@ see.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from benchmarks.lm.floor_grpo import median_ms
 from benchmarks.lm.scale_grpo import SHAPE
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def _decoders(threads: int):
@@ -51,7 +40,7 @@ def decode_ms(decoder, slots: int, rows: int = 16) -> float:
     position = torch.full((rows,), slots - 1)
     slot = torch.tensor([slots - 1])
     with torch.no_grad():
-        return _median_ms(lambda: decoder.decode(token, position, slot, mask, cache), 5)
+        return median_ms(lambda: decoder.decode(token, position, slot, mask, cache), 5, warmup=1)
 
 
 def prefill_ms(decoder, length: int, prompts: int = 4) -> float:
@@ -60,7 +49,7 @@ def prefill_ms(decoder, length: int, prompts: int = 4) -> float:
     ids = torch.randint(0, SHAPE["vocab_size"], (prompts, length))
     mask = torch.ones(prompts, length, dtype=torch.bool)
     with torch.no_grad():
-        return _median_ms(lambda: decoder.prefill(ids, mask, cache), 2)
+        return median_ms(lambda: decoder.prefill(ids, mask, cache), 2, warmup=1)
 
 
 def update_ms(decoder, length: int, prompts: int = 4, group: int = 4) -> float:
@@ -74,7 +63,7 @@ def update_ms(decoder, length: int, prompts: int = 4, group: int = 4) -> float:
         hidden = decoder.grouped_hidden(prompt_ids, prompt_mask, ids, mask)
         hidden.float().square().mean().backward()
 
-    return _median_ms(step, 2)
+    return median_ms(step, 2, warmup=1)
 
 
 def main() -> None:

@@ -28,8 +28,10 @@ from nostall.algos.grpo.setup import build
 from nostall.lm.batch import LMBatch
 
 
-def _median_ms(fn, repeats: int) -> float:
-    for _ in range(max(5, repeats // 10)):
+def median_ms(fn, repeats: int, warmup: int | None = None) -> float:
+    """The median of `repeats` calls of fn, in ms, after `warmup` calls (default: a tenth of
+    the repeats, at least 5)."""
+    for _ in range(max(5, repeats // 10) if warmup is None else warmup):
         fn()
     times = []
     for _ in range(repeats):
@@ -59,7 +61,7 @@ def _products_ms(shapes: list[tuple[int, int, int]], repeats: int) -> float:
     total = 0.0
     for M, K, N in shapes:
         a, b, out = torch.randn(M, K), torch.randn(K, N), torch.empty(M, N)
-        total += _median_ms(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
+        total += median_ms(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
     return total
 
 
@@ -84,7 +86,7 @@ def main() -> None:
     generator.watch_syncs = False
     batch = LMBatch.empty(B, P, C)
     generator(batch)
-    gen_ms = _median_ms(lambda: generator(batch), a.repeats)
+    gen_ms = median_ms(lambda: generator(batch), a.repeats)
 
     def update():
         grpo.grpo_update(
@@ -96,7 +98,7 @@ def main() -> None:
             measure=False,  # (a step that does not log: no entropy pass without a bonus)
         )
 
-    update_ms = _median_ms(update, a.repeats)
+    update_ms = median_ms(update, a.repeats)
     # the command's default bonus
     bonus = dataclasses.replace(args, entropy_coef=grpo.GRPOCommandConfig.entropy_coef)
 
@@ -110,7 +112,7 @@ def main() -> None:
             measure=False,  # (a step that does not log: no entropy pass without a bonus)
         )
 
-    bonus_ms = _median_ms(update_with_bonus, a.repeats)
+    bonus_ms = median_ms(update_with_bonus, a.repeats)
     step_products = gen_products + fwd_products + bwd_products
     print(
         f"one GRPO step of the race (tiny, {B} completions of {C} tokens after {P}-token "

@@ -4,18 +4,15 @@ instances of that environment, each class with get_reward scores its own rollout
 instances are constructed once and reset for each batch (TRL's pool), more made only where a
 batch needs more at once. A TRL script with a dict runs under nostall and under TRL."""
 
-import importlib.util
 import re
-import textwrap
 
 import pytest
 
 from nostall.agents.factory import EnvironmentFactory
 from nostall.lm.prompts import ToolPrompt, render
 from tests.agents import tool_model
+from tests.agents.scripts import LIBS, run_script
 from tests.agents.test_tools import COUNTER_ROWS, Counter, CounterEngine
-
-HAS_TRL = importlib.util.find_spec("trl") is not None
 
 
 class Doubler:
@@ -163,16 +160,10 @@ trainer.train()
 """
 
 
-@pytest.mark.parametrize(
-    "lib", ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
-)
+@pytest.mark.parametrize("lib", LIBS)
 def test_a_trl_script_with_a_dict_of_factories_runs_with_trls_semantics(lib, model_dir, tmp_path):
-    namespace = {"OUT": str(tmp_path / "out"), "MODEL": str(model_dir)}
-    text = textwrap.dedent(DICT_SCRIPT).format(lib=lib)
-    exec(compile(text, f"<a dict of environment factories under {lib}>", "exec"), namespace)
-    state = namespace["trainer"].state
+    state, logs = run_script(DICT_SCRIPT, lib, model_dir, tmp_path / "out")
     assert state.global_step == 2
-    logs = [e for e in state.log_history if "loss" in e]
     keys = {"tools/call_frequency", "rewards/Counter/mean", "rewards/Doubler/mean"}
     assert logs and all(keys <= set(e) for e in logs)
 
@@ -208,16 +199,10 @@ trainer.train()
 """
 
 
-@pytest.mark.parametrize(
-    "lib", ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
-)
+@pytest.mark.parametrize("lib", LIBS)
 def test_an_environment_that_owns_its_data_trains_without_a_dataset(lib, model_dir, tmp_path):
-    namespace = {"OUT": str(tmp_path / "out"), "MODEL": str(model_dir)}
-    text = textwrap.dedent(NO_DATA_SCRIPT).format(lib=lib)
-    exec(compile(text, f"<environment_factory, no dataset, under {lib}>", "exec"), namespace)
-    state = namespace["trainer"].state
+    state, logs = run_script(NO_DATA_SCRIPT, lib, model_dir, tmp_path / "out")
     assert state.global_step == 2
-    logs = [e for e in state.log_history if "loss" in e]
     assert len(logs) == 2 and all("rewards/Game/mean" in e for e in logs)
 
 

@@ -3,9 +3,7 @@ async; a failing or unknown tool answered with {"error": ...} and counted), resu
 the chat template's tokens, the conversation scored by the reward functions; and a TRL script
 with tools= run under nostall and under TRL with the same steps and logged keys."""
 
-import importlib.util
 import re
-import textwrap
 
 import pytest
 import torch
@@ -20,8 +18,7 @@ from nostall.agents.tools import (
 )
 from nostall.lm.generation import Completions
 from tests.agents import tool_model
-
-HAS_TRL = importlib.util.find_spec("trl") is not None
+from tests.agents.scripts import LIBS, run_script
 
 
 def add(a: int, b: int) -> int:
@@ -234,18 +231,11 @@ trainer.train()
 """
 
 
-@pytest.mark.parametrize(
-    "lib", ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
-)
+@pytest.mark.parametrize("lib", LIBS)
 def test_a_trl_script_with_tools_runs_with_trls_semantics(lib, model_dir, tmp_path):
-    namespace = {"OUT": str(tmp_path / "out"), "MODEL": str(model_dir)}
-    exec(
-        compile(textwrap.dedent(SCRIPT).format(lib=lib), f"<tools under {lib}>", "exec"), namespace
-    )
-    state = namespace["trainer"].state
+    state, logs = run_script(SCRIPT, lib, model_dir, tmp_path / "out")
     assert state.global_step == 2
     assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-2"]
-    logs = [e for e in state.log_history if "loss" in e]
     assert logs and all({"tools/call_frequency", "tools/failure_frequency"} <= set(e) for e in logs)
 
 
@@ -289,16 +279,10 @@ trainer.train()
 """
 
 
-@pytest.mark.parametrize(
-    "lib", ["nostall", pytest.param("trl", marks=pytest.mark.skipif(not HAS_TRL, reason="TRL"))]
-)
+@pytest.mark.parametrize("lib", LIBS)
 def test_a_trl_script_with_environment_factory_runs_with_trls_semantics(lib, model_dir, tmp_path):
-    namespace = {"OUT": str(tmp_path / "out"), "MODEL": str(model_dir)}
-    text = textwrap.dedent(ENV_SCRIPT).format(lib=lib)
-    exec(compile(text, f"<environment_factory under {lib}>", "exec"), namespace)
-    state = namespace["trainer"].state
+    state, logs = run_script(ENV_SCRIPT, lib, model_dir, tmp_path / "out")
     assert state.global_step == 2
-    logs = [e for e in state.log_history if "loss" in e]
     keys = {"tools/call_frequency", "tools/failure_frequency", "rewards/Counter/mean"}
     assert logs and all(keys <= set(e) for e in logs)
 
