@@ -286,9 +286,20 @@ def test_report_to_a_tracker_sends_every_log_line_where_installed(name, tmp_path
     module.init, module.log, module.finish = tracker.init, tracker.log, tracker.finish
     module.__spec__ = importlib.machinery.ModuleSpec(name, None)
     monkeypatch.setitem(sys.modules, name, module)
-    trainer = _trainer(tmp_path, report_to=[name], logging_steps=2, run_name="mine")
+    trainer = _trainer(
+        tmp_path,
+        report_to=[name],
+        logging_steps=2,
+        run_name="mine",
+        eval_strategy="steps",
+        eval_steps=4,
+    )
     trainer.train()
     assert tracker.calls[0] == ("init", "mine") and tracker.calls[-1] == ("finish",)
     logged = [call for call in tracker.calls if call[0] == "log"]
-    assert [call[1] for call in logged] == [2, 4]
-    assert "train/reward" in logged[0][2] and "train/loss" in logged[0][2]
+    train = [call for call in logged if "train/loss" in call[2]]
+    assert [call[1] for call in train] == [2, 4]
+    assert "train/reward" in train[0][2]
+    # The evaluation too, under transformers' names (eval/reward), at the step it evaluated.
+    evaluated = [call for call in logged if "eval/reward" in call[2]]
+    assert [call[1] for call in evaluated] == [4] and "eval/pass@1" in evaluated[0][2]
