@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 
-from nostall.lm.tasks import word_problem
+from nostall.lm.word_problems import word_problem
 
 _EXPRESSION = re.compile(r"\d+([+\-*]\d+)+")
 _LONGEST_NUMBER = 12  # digits of an operand (a product of such stays a plain integer)

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 
 def _plain(value):
@@ -37,6 +38,7 @@ def _load(spec: str):
     file loaded by itself: the built-in environments, without the nostall package)."""
     where, _, name = spec.partition(":")
     if where.endswith(".py"):
+        _bare_package()
         loaded = importlib.util.spec_from_file_location("_nostall_env", where)
         module = importlib.util.module_from_spec(loaded)
         loaded.loader.exec_module(module)
@@ -46,6 +48,16 @@ def _load(spec: str):
     module = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(module)
     return module.import_named(spec, "--environment", "module:Class", "class or function")
+
+
+def _bare_package() -> None:
+    """nostall as a bare package (its modules importable, its __init__, which loads torch and
+    the native library, not run): what a built-in environment imports of nostall is standard
+    library code."""
+    if "nostall" not in sys.modules:
+        package = types.ModuleType("nostall")
+        package.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        sys.modules["nostall"] = package
 
 
 def _watch_parent(parent: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nostall.agents import text_env
+from nostall.agents import calculator, text_env
 from nostall.agents.calculator import CALC_CHARACTERS, Calculator
 from nostall.agents.env_process import HostedEnv
 from nostall.agents.text_env import GUESS_CHARACTERS, GuessNumber
@@ -23,8 +23,7 @@ HOSTED_TASKS: dict[str, Callable[[int], HostedEnv]] = {
     "guess": lambda max_turns: HostedEnv(
         f"{text_env.__file__}:GuessNumber", {"max_turns": max_turns}
     ),
-    # (its word problems are nostall's: the host imports the package)
     "calc": lambda max_turns: HostedEnv(
-        "nostall.agents.calculator:Calculator", {"max_turns": max_turns}
+        f"{calculator.__file__}:Calculator", {"max_turns": max_turns}
     ),
 }

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from nostall.lm.prompt_source import PromptSource, completion_text
 from nostall.lm.rewards import RewardFn
+from nostall.lm.word_problems import word_problem
 
 LETTERS = "abcdefgh"
 
@@ -45,22 +46,6 @@ def _letters(rng: random.Random, n: int = 5) -> str:
 
 def _digits(rng: random.Random, n: int = 4) -> str:
     return "".join(rng.choice("0123456789") for _ in range(n))
-
-
-def word_problem(rng: random.Random) -> tuple[str, str]:
-    """A two-step arithmetic word problem and its answer: `7 apples, buy 5, eat 3. left=` ->
-    `9` (never below zero)."""
-    item = rng.choice(["apples", "pears", "cakes", "coins", "books"])
-    have, gain = rng.randint(1, 9), rng.randint(1, 9)
-    lose = rng.randint(0, min(9, have + gain))
-    verbs = {
-        "apples": ("buy", "eat"),
-        "pears": ("pick", "eat"),
-        "cakes": ("bake", "sell"),
-        "coins": ("find", "spend"),
-        "books": ("get", "lend"),
-    }[item]
-    return f"{have} {item}, {verbs[0]} {gain}, {verbs[1]} {lose}. left=", str(have + gain - lose)
 
 
 def number_reward(prompts: list, completions: list, answer: list[str], **_) -> list[float]:

@@ -126,3 +126,39 @@ def test_a_trainer_killed_outright_leaves_no_environment_process_behind():
     )
     host = int(done.stdout.split()[0])
     assert _wait_ended(host)
+
+
+def test_a_built_in_environment_is_hosted_without_torch():
+    """The built-in environments load by file in their process, nostall a bare package there:
+    the calculator's word problems come without torch (a host starts in a fraction of a
+    second, not the seconds torch takes to import)."""
+    from nostall.agents import calculator, env_host
+
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("host", {env_host.__file__!r})
+        host = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(host)
+        env = host._load({calculator.__file__ + ":Calculator"!r})(max_turns=2)
+        print(env.reset(seed=7)[0], "torch" in sys.modules)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split()[-1] == "False" and "left=" in done.stdout
+
+
+def test_the_calculator_in_its_own_process_answers_as_in_this_one():
+    from nostall.agents.calculator import Calculator
+    from nostall.agents.tasks import HOSTED_TASKS
+
+    pool = EnvProcessPool(HOSTED_TASKS["calc"](3), size=1, timeout_s=60.0)
+    try:
+        hosted, local = pool.make_env(), Calculator(max_turns=3)
+        assert hosted.reset(seed=11) == local.reset(seed=11)
+        for action in ("2+3*4", "?", "14"):
+            assert hosted.step(action) == local.step(action)
+    finally:
+        pool.close()
