@@ -24,8 +24,8 @@ class EvaluationFailed(RuntimeError):
 
 @dataclass
 class _Running:
-    thread: threading.Thread
     asked: tuple  # (the step, global step and epoch evaluated)
+    thread: threading.Thread | None = None
     outcome: object = None  # the figures, or the exception raised
 
 
@@ -50,7 +50,7 @@ class OverlappedEval:
         with torch.no_grad():
             weights = copy.deepcopy(model)
         self._cancel.clear()
-        running = _Running(None, asked)  # type: ignore[arg-type]
+        running = _Running(asked)
 
         def work() -> None:
             try:
