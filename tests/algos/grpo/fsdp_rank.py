@@ -46,6 +46,10 @@ def main(rank: int, world: int, address: str, out: str, tied: bool, device: str)
             "loss": metrics["loss"],
         }
         torch.save(_to_host(saved), out)
+    # Both ranks leave together: rank 0 holds the store, and a rank tearing down its group
+    # while the other is still saving has aborted the process ("terminate called without an
+    # active exception", once in many runs).
+    dist.barrier()
     dist.destroy_process_group()
 
 
