@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from nostall.agents.tasks import ENV_TASKS
 from nostall.algos.grpo.config import GRPOConfig
 from nostall.algos.grpo.generation import (
     Generation,
     Inputs,
+    in_environment,
     make_engine,
     prompt_encoder,
     tool_task,
@@ -70,10 +70,7 @@ def evaluate_model(
     began = time.perf_counter()
     source = rows_source(rows, "eval_dataset")
     inputs = inputs or Inputs()
-    trains_in_an_environment = args.environment or (
-        inputs.rows is None and not args.dataset and args.task in ENV_TASKS
-    )
-    if trains_in_an_environment:
+    if in_environment(args, inputs):
         raise ValueError(
             "evaluation of a text-environment run (--environment, --task guess or calc) on an "
             "eval_dataset is not supported: its prompts are the environment's resets"

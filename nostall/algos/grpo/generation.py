@@ -141,13 +141,18 @@ def environment_maker(args: GRPOConfig):
     return functools.partial(ENV_TASKS[args.task], args.max_turns)
 
 
+def in_environment(args: GRPOConfig, inputs: Inputs) -> bool:
+    """Whether the run's batches are episodes in a text environment: --environment's, or a
+    built-in environment task's where no prompts are given."""
+    if args.environment:
+        return True
+    return not args.dataset and inputs.rows is None and args.task in ENV_TASKS
+
+
 def prompt_source(args: GRPOConfig, inputs: Inputs) -> PromptSource:
-    if args.environment:  # (its reset observations, one seed a group)
-        make_env = environment_maker(args)
-        return PromptSource(rows=[], generate=seeded_rows(make_env, args.environment))
-    if not args.dataset and inputs.rows is None and args.task in ENV_TASKS:
-        make_env = environment_maker(args)
-        return PromptSource(rows=[], generate=seeded_rows(make_env, f"task {args.task}"))
+    if in_environment(args, inputs):  # (its reset observations, one seed a group)
+        name = args.environment or f"task {args.task}"
+        return PromptSource(rows=[], generate=seeded_rows(environment_maker(args), name))
     if inputs.rows is not None:
         return rows_source(inputs.rows, "train_dataset")
     return dataset_source(args.dataset) if args.dataset else task_source(args.task)
@@ -308,7 +313,7 @@ def task_env(args: GRPOConfig, inputs: Inputs):
                     f"--environment draws its prompts from the environment's reset: "
                     f"leave out {name}"
                 )
-    elif args.dataset or inputs.rows is not None or args.task not in ENV_TASKS:
+    elif not in_environment(args, inputs):
         return None
     make_env = environment_maker(args)
     if args.reward or inputs.reward_funcs is not None:

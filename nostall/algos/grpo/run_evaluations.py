@@ -29,9 +29,12 @@ class RunEvaluations:
             lambda metrics, asked: self.log(metrics, asked[0], asked[1:]),
         )
 
-    def figures(self, model, eval_dataset=None, cancelled=None) -> dict | None:
+    def figures(
+        self, model, eval_dataset=None, cancelled=None, prefix: str = "eval"
+    ) -> dict | None:
         """TRL's eval figures of `model` (the compute weights, or a copy of them) on
-        `eval_dataset` (default: the trainer's), as eval_ names; None once `cancelled`."""
+        `eval_dataset` (default: the trainer's), under `prefix`_ names; None once
+        `cancelled`."""
         trainer = self.trainer
         rows = trainer.eval_dataset if eval_dataset is None else eval_dataset
         if rows is None:
@@ -48,7 +51,7 @@ class RunEvaluations:
         )
         if figures is None:
             return None
-        return {f"eval_{name}": value for name, value in figures.items()}
+        return {f"{prefix}_{name}": value for name, value in figures.items()}
 
     def log(self, metrics: dict, step: int, evaluated: tuple | None = None) -> None:
         """An evaluation's figures into log_history and the callbacks (with the (global step,

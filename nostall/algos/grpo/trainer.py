@@ -289,11 +289,9 @@ class GRPOTrainer(WritesOutputs):
         num_generations_eval completions each from the model as it is; TRL's figures under
         `metric_key_prefix`_ names, and pass@1, logged into log_history and given to the
         callbacks' on_log and on_evaluate."""
-        figures = self.evaluations.figures(self.setup.compute, eval_dataset)
-        metrics = {
-            f"{metric_key_prefix}_{name.removeprefix('eval_')}": value
-            for name, value in figures.items()
-        }
+        metrics = self.evaluations.figures(
+            self.setup.compute, eval_dataset, prefix=metric_key_prefix
+        )
         self.trl.log_eval(metrics)
         return metrics
 
