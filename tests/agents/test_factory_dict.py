@@ -118,14 +118,13 @@ class MixedEngine(CounterEngine):
         return super().answer(text)
 
 
-def test_rollouts_of_mixed_environments_act_and_are_paid_through_the_trainer(model_dir, tmp_path):
-    from transformers import AutoTokenizer
-
+def _mixed_trainer(model_dir, tmp_path, max_steps: int, eval_dataset=None):
+    """A trainer over MIXED_ROWS and FACTORIES, one round of tool calls an episode."""
     from nostall import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
-        max_steps=2,
+        max_steps=max_steps,
         logging_steps=1,
         max_completion_length=200,
         num_generations=2,
@@ -134,9 +133,19 @@ def test_rollouts_of_mixed_environments_act_and_are_paid_through_the_trainer(mod
         save_strategy="no",
         max_tool_calling_iterations=1,
     )
-    trainer = GRPOTrainer(
-        model=str(model_dir), args=args, train_dataset=MIXED_ROWS, environment_factory=FACTORIES
+    return GRPOTrainer(
+        model=str(model_dir),
+        args=args,
+        train_dataset=MIXED_ROWS,
+        eval_dataset=eval_dataset,
+        environment_factory=FACTORIES,
     )
+
+
+def test_rollouts_of_mixed_environments_act_and_are_paid_through_the_trainer(model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    trainer = _mixed_trainer(model_dir, tmp_path, max_steps=2)
     trainer.setup.generator.episodes.runner.engine = MixedEngine(
         AutoTokenizer.from_pretrained(model_dir)
     )
@@ -227,26 +236,9 @@ def test_a_run_with_environments_is_evaluated_in_episodes_too(model_dir, tmp_pat
     tool, every evaluated rollout is paid. (Single completions, as before, would score 0.)"""
     from transformers import AutoTokenizer
 
-    from nostall import GRPOConfig, GRPOTrainer
     from nostall.algos.grpo import evaluation
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        max_steps=1,
-        max_completion_length=200,
-        num_generations=2,
-        per_device_train_batch_size=4,
-        use_cpu=True,
-        save_strategy="no",
-        max_tool_calling_iterations=1,
-    )
-    trainer = GRPOTrainer(
-        model=str(model_dir),
-        args=args,
-        train_dataset=MIXED_ROWS,
-        eval_dataset=MIXED_ROWS[:4],
-        environment_factory=FACTORIES,
-    )
+    trainer = _mixed_trainer(model_dir, tmp_path, max_steps=1, eval_dataset=MIXED_ROWS[:4])
     scripted = MixedEngine(AutoTokenizer.from_pretrained(model_dir))
     real = evaluation.make_engine
 

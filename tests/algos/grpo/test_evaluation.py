@@ -97,6 +97,36 @@ def _rows(n: int, seed: int, split: str) -> list[dict]:
     return [{**row, "split": split} for row in copy_rows(n, seed)]
 
 
+def _split_trainer(out, on_eval, **given):
+    """A trainer on train and eval rows of their own, evaluating every 2 steps, whose reward
+    calls on_eval() before scoring the eval rows' completions."""
+
+    def reward(prompts, completions, split, **kwargs):
+        if split[0] == "eval":
+            on_eval()
+        return copy_reward(prompts, completions, **kwargs)
+
+    return _trainer(
+        out,
+        reward=reward,
+        rows=_rows(16, 0, "train"),
+        eval_rows=_rows(5, 1, "eval"),
+        eval_strategy="steps",
+        eval_steps=2,
+        **given,
+    )
+
+
+def _waits_past(steps, step: int):
+    """on_eval: wait until the trainer has ended `step` (TimeoutError where it never does)."""
+
+    def wait():
+        if not steps.wait_past(step):
+            raise TimeoutError("training waited for the evaluation")
+
+    return wait
+
+
 class _Steps:
     """A callback telling the global steps the trainer has ended."""
 
@@ -128,20 +158,10 @@ def test_training_goes_on_while_an_evaluation_runs(tmp_path):
     step 3: it finishes only if training went on beside it (between steps, it would wait for
     itself and fail). Its entry is logged after step 3's line, under step 2."""
     steps = _Steps()
-
-    def reward(prompts, completions, split, **kwargs):
-        if split[0] == "eval" and not steps.wait_past(3):
-            raise TimeoutError("training waited for the evaluation")
-        return copy_reward(prompts, completions, **kwargs)
-
-    trainer = _trainer(
+    trainer = _split_trainer(
         tmp_path,
-        reward=reward,
-        rows=_rows(16, 0, "train"),
-        eval_rows=_rows(5, 1, "eval"),
+        _waits_past(steps, 3),
         callbacks=[steps.callback],
-        eval_strategy="steps",
-        eval_steps=2,
         logging_steps=1,
         max_steps=5,
     )
@@ -159,25 +179,15 @@ def test_an_evaluation_running_at_a_checkpoint_is_run_again_by_the_resumed_run(t
     waits for step 3): the checkpoint names it, and the run resumed from there (stopped after
     step 3) evaluates the same weights again: its evaluations are the uninterrupted run's."""
 
-    def run(out, resume=False, stop_after=None):
+    def run(out, resume=False, stopping=None):
         steps = _Steps()
-
-        def reward(prompts, completions, split, **kwargs):
-            if split[0] == "eval" and not steps.wait_past(2):
-                raise TimeoutError("training waited for the evaluation")
-            return copy_reward(prompts, completions, **kwargs)
-
         callbacks = [steps.callback]
-        if stop_after is not None:
-            callbacks.append(_StopAfter(stop_after))
-        trainer = _trainer(
+        if stopping is not None:
+            callbacks.append(stop_after(stopping))
+        trainer = _split_trainer(
             out,
-            reward=reward,
-            rows=_rows(16, 0, "train"),
-            eval_rows=_rows(5, 1, "eval"),
+            _waits_past(steps, 2),
             callbacks=callbacks,
-            eval_strategy="steps",
-            eval_steps=2,
             save_strategy="steps",
             save_steps=2,
         )
@@ -185,7 +195,7 @@ def test_an_evaluation_running_at_a_checkpoint_is_run_again_by_the_resumed_run(t
         return trainer
 
     whole = run(tmp_path / "whole")
-    stopped = run(tmp_path / "resumed", stop_after=3)
+    stopped = run(tmp_path / "resumed", stopping=3)
     _, state = checkpoint.load(tmp_path / "resumed" / "checkpoint-2" / "nostall_state.pt", "grpo")
     assert state["pending_eval"][:2] == (2, 2)  # (the step evaluated, its global step)
     assert [step for step, _ in _evaluations(stopped)] == [2]
@@ -194,7 +204,8 @@ def test_an_evaluation_running_at_a_checkpoint_is_run_again_by_the_resumed_run(t
     assert _evaluations(resumed) == _evaluations(whole)
 
 
-def _StopAfter(step: int):
+def stop_after(step: int):
+    """A callback that stops the run at the end of optimizer step `step`."""
     from transformers import TrainerCallback
 
     class Stop(TrainerCallback):
@@ -205,19 +216,10 @@ def _StopAfter(step: int):
 
 
 def test_a_failing_evaluation_beside_training_stops_the_run_with_its_cause(tmp_path):
-    def reward(prompts, completions, split, **kwargs):
-        if split[0] == "eval":
-            raise KeyError("no such column in the eval rows")
-        return copy_reward(prompts, completions, **kwargs)
+    def fail():
+        raise KeyError("no such column in the eval rows")
 
-    trainer = _trainer(
-        tmp_path,
-        reward=reward,
-        rows=_rows(16, 0, "train"),
-        eval_rows=_rows(5, 1, "eval"),
-        eval_strategy="steps",
-        eval_steps=2,
-    )
+    trainer = _split_trainer(tmp_path, fail)
     with pytest.raises(EvaluationFailed, match="after step 2 failed: KeyError") as caught:
         trainer.train()
     assert isinstance(caught.value.__cause__, KeyError)

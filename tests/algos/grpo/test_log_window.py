@@ -13,6 +13,7 @@ import torch
 from nostall import GRPOConfig, GRPOTrainer
 from nostall.lm.tasks import answer_reward
 from nostall.train.log_window import LogWindow
+from tests.algos.grpo.test_evaluation import stop_after
 
 # Figures of the run's progress, not of a window of steps: step_time, the clock's.
 NOT_MEANS = {"grad_norm", "learning_rate", "step_time", "tokens_per_second", "num_tokens"}
@@ -112,20 +113,6 @@ def test_a_log_line_says_the_mean_of_the_window_of_steps_it_ends(tmp_path, measu
     assert len(set(losses)) == 3
 
 
-class _StopAt:
-    """A callback that stops the run after optimizer step `step` (a crash there, as far as
-    the checkpoints know)."""
-
-    def __init__(self, step: int):
-        from transformers import TrainerCallback
-
-        class Stop(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                control.should_training_stop = state.global_step == step
-
-        self.callback = Stop()
-
-
 def test_a_resumed_run_logs_the_window_its_checkpoint_left_open(tmp_path):
     """A checkpoint at step 4, a log line every 3: the window of steps 4-6 is open at the
     checkpoint; the run stopped there and resumed logs at step 6 what the uninterrupted run
@@ -133,7 +120,7 @@ def test_a_resumed_run_logs_the_window_its_checkpoint_left_open(tmp_path):
     saving = dict(save_strategy="steps", save_steps=4)
     whole = _trainer(tmp_path / "whole", 3, **saving)
     whole.train()
-    stopped = _trainer(tmp_path / "resumed", 3, callbacks=[_StopAt(4).callback], **saving)
+    stopped = _trainer(tmp_path / "resumed", 3, callbacks=[stop_after(4)], **saving)
     stopped.train()
     assert stopped.state.global_step == 4 and 6 not in _lines(stopped)
     resumed = _trainer(tmp_path / "resumed", 3, **saving)
