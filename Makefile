@@ -44,8 +44,11 @@ lint: $(INSTALLED)
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/clang-format --dry-run --Werror $(NATIVE_SOURCES)
 
+# The suite on TEST_WORKERS processes (pytest-xdist), each test file kept on one of them so its
+# module-scoped fixtures (built trainers, tokenizers) are made once.
+TEST_WORKERS ?= 2
 test: build lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 run: build
 	$(PY) -m nostall.cli train ppo --env CartPole-v1

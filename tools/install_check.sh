@@ -16,9 +16,8 @@
 # 1-4 run a smoke subset from outside the source tree (every op forward and backward against
 # its reference, environment steps against Gymnasium, a short PPO run).
 #   5. that CUDA torch with no CUDA toolkit visible (a stock Linux machine): the in-place build
-#      `make run` does makes the CPU kernels and says why, `nostall --version` says so, and
-#      make run's job (a short PPO run), the smoke suites and the suites that call the native
-#      code (those of part 4) pass;
+#      `make run` does makes the CPU kernels and says why, `nostall --version` says so, the smoke
+#      suites pass, and then `make run` and `make test` themselves, in that venv;
 # STEPS picks the parts ("wheel nocuda cuda" by default: 1-3, 5 and 4; "nocuda" and "cuda"
 # reuse the venv of part 3).
 set -euo pipefail
@@ -54,9 +53,9 @@ cp -r "$work/snapshot/tests" "$work/snapshot/pyproject.toml" "$work/smoke/"
 
 # The suites that call the native code: every op kernel and its autograd formula, the
 # environments' and the decoder ops' suites. Everything else (trainers, runtime, profiler,
-# command line, fault injection) is Python over those same calls and runs under the pinned
-# torch in `make test`. Parts 4 and 5 run them under the CUDA torch, in a source copy (they
-# read files of the tree), with what they import beyond the smoke set.
+# command line, fault injection) is Python over those same calls. Part 4 runs them under the
+# CUDA torch with its CUDA kernels built, in a source copy (they read files of the tree), with
+# what they import beyond the smoke set; part 5 runs the whole of `make test` under that torch.
 native_suites=(tests/ops tests/envs/test_env_ops.py tests/envs/test_env_errors.py
                tests/lm/test_decoder_train.py tests/lm/test_generate_completions.py
                tests/lm/test_sample_tokens.py tests/lm/test_generation.py tests/test_package.py)
@@ -118,10 +117,10 @@ fi
 if [[ " $steps " == *" nocuda "* ]]; then
   # A stock Linux machine: the CUDA torch pip installs, no CUDA toolkit. The build `make run`
   # and `make test` do (build_ext in place) makes the CPU kernels and says why not the CUDA
-  # ones, `nostall --version` says so with what to do, and make run's job and the smoke
-  # suites pass under that torch. The toolkit is hidden: CUDA_HOME an empty folder, no nvcc on
-  # the PATH.
-  echo "== torch $other (CUDA), no CUDA toolkit visible: the in-place build, make run's job" >&2
+  # ones, `nostall --version` says so with what to do, and the smoke suites, `make run` and
+  # `make test` pass under that torch. The toolkit is hidden: CUDA_HOME an empty folder, no
+  # nvcc on the PATH.
+  echo "== torch $other (CUDA), no CUDA toolkit visible: the in-place build" >&2
   copy_tree "$work/src-nocuda"
   mkdir -p "$work/no-toolkit"
   hidden=$(tr ':' '\n' <<<"$PATH" | while read -r d; do [ -x "$d/nvcc" ] || printf '%s:' "$d"; done)
@@ -131,13 +130,14 @@ if [[ " $steps " == *" nocuda "* ]]; then
   version=$(nocuda "$work/other/bin/python" -m nostall.cli --version | tr -s ' \n' ' ')
   echo "$version"
   grep -q "CPU kernels only (torch $other[^ ]* is built for CUDA .* rebuild" <<<"$version"
-  nocuda "$work/other/bin/python" -m nostall.cli train ppo --env CartPole-v1 \
-    --total-timesteps 4096 --no-progress --out "$work/run-nocuda" | tail -3
   nocuda "$work/other/bin/python" -m pytest -q -p no:cacheprovider "${smoke[@]}" | tail -3
-  echo "== torch $other (CUDA), no CUDA toolkit: the suites that call the native code" >&2
-  suite_deps "$work/other"
-  nocuda "$work/other/bin/python" -m pytest -q -p no:cacheprovider -x "${native_suites[@]}" |
-    tail -15
+  # The README's two commands as such a user types them, the venv the one holding that torch
+  # (TORCH_SPEC names it, so make installs no other): `make run`'s job, then `make test`, which
+  # adds the dev set and runs the linters and the whole suite.
+  echo "== torch $other (CUDA), no CUDA toolkit: make run" >&2
+  nocuda make -s run VENV="$work/other" TORCH_SPEC="torch==$other" | tail -3
+  echo "== torch $other (CUDA), no CUDA toolkit: make test" >&2
+  nocuda make -s test VENV="$work/other" TORCH_SPEC="torch==$other" | tail -15
 fi
 
 if [[ " $steps " == *" cuda "* ]] && command -v nvcc >/dev/null; then
