@@ -145,9 +145,10 @@ STABLE_TORCH_LIBRARY(nostall, m) {
       "-> (Tensor token, Tensor log_prob)");
 
   // One decode step of a Llama-family decoder over a static KV cache (see ops/decode_step.h):
-  // token, position int64 [B], slot int64 [1], slot_mask bool [B, S]; per-layer weights as lists
-  // (qkv_bias may be empty); keys, values [L, B, kv_heads, S, D] get this step's keys and values
-  // at slot. Returns the next-token logits [B, V]. Inference only.
+  // token, position int64 [B], slot int64 [1] (every row's) or [B] (each row's), slot_mask bool
+  // [B, S]; per-layer weights as lists (qkv_bias may be empty); keys, values [L, B, kv_heads, S,
+  // D] get this step's keys and values at each row's slot. Returns the next-token logits [B, V].
+  // Inference only.
   m.def(
       "decode_step(Tensor token, Tensor position, Tensor slot, Tensor "
       "slot_mask, " NOSTALL_DECODER_WEIGHTS_SCHEMA

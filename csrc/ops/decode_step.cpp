@@ -23,8 +23,10 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
   STD_TORCH_CHECK(
       position.scalar_type() == ScalarType::Long && position.dim() == 1 && position.size(0) == B,
       "decode_step: position must be int64 [B]");
-  STD_TORCH_CHECK(slot.scalar_type() == ScalarType::Long && slot.numel() == 1,
-                  "decode_step: slot must be a one-element int64 tensor");
+  STD_TORCH_CHECK(slot.scalar_type() == ScalarType::Long && slot.dim() <= 1 &&
+                      (slot.numel() == 1 || slot.numel() == B) && slot.is_contiguous(),
+                  "decode_step: slot must be a one-element int64 tensor (every row's slot) or "
+                  "int64 [B] (each row's own)");
   STD_TORCH_CHECK(token.is_cpu() && position.is_cpu() && slot.is_cpu() && slot_mask.is_cpu(),
                   "decode_step: token, position, slot and slot_mask must be CPU tensors");
   STD_TORCH_CHECK(w.cache_rows == B,
@@ -33,8 +35,14 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
   STD_TORCH_CHECK(slot_mask.scalar_type() == ScalarType::Bool && slot_mask.dim() == 2 &&
                       slot_mask.size(0) == B && slot_mask.size(1) == S && slot_mask.is_contiguous(),
                   "decode_step: slot_mask must be a contiguous bool [B, S] = [", B, ", ", S, "]");
-  const int64_t s = slot.const_data_ptr<int64_t>()[0];  // a CPU tensor: no device read
-  STD_TORCH_CHECK(s >= 0 && s < S, "decode_step: slot ", s, " outside [0, ", S, ")");
+  // A CPU tensor: no device read. One slot for every row (a batch decoded in step), or a slot
+  // a row (rows at their own lengths: an episode's cache kept across its turns).
+  const int64_t* slots = slot.const_data_ptr<int64_t>();
+  const int64_t slot_stride = slot.numel() == 1 ? 0 : 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s = slots[b * slot_stride];
+    STD_TORCH_CHECK(s >= 0 && s < S, "decode_step: slot ", s, " outside [0, ", S, ")");
+  }
   const int64_t* tok = token.const_data_ptr<int64_t>();
   const int64_t* pos = position.const_data_ptr<int64_t>();
   const int64_t P = cos.size(0);
@@ -65,7 +73,8 @@ Tensor decode_step_cpu(Tensor token, Tensor position, Tensor slot, Tensor slot_m
         for (int64_t head = 0; head < heads + kv; ++head) {
           decoder::rotate(row + head * D, cp + pos[b] * D, sp + pos[b] * D, D);
         }
-        // The new key and value into the cache at slot s.
+        // The new key and value into the cache at the row's slot.
+        const int64_t s = slots[b * slot_stride];
         for (int64_t kh = 0; kh < kv; ++kh) {
           const int64_t base = (((l * B + b) * kv + kh) * S + s) * D;
           for (int64_t d = 0; d < D; ++d) {

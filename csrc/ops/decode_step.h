@@ -1,7 +1,8 @@
 // One decode step of a Llama-family decoder (Qwen2, Llama, Mistral) over a static KV cache, as
 // one op: for B sequences, each at its own position, embed the token, run every layer (RMSNorm,
 // fused q/k/v projection with optional bias, rotary embedding, the new key and value written at
-// cache slot `slot`, grouped-query attention over the slots slot_mask allows, output
+// cache slot `slot` (one for every row, or [B]: each row's own, for rows at their own lengths),
+// grouped-query attention over the slots slot_mask allows, output
 // projection, RMSNorm, fused gate/up projection, SiLU-gated MLP), the final RMSNorm and the
 // output projection:  logits [B, V].
 //

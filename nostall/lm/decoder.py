@@ -344,8 +344,9 @@ class Decoder:
     def decode(
         self, token: Tensor, position: Tensor, slot: Tensor, slot_mask: Tensor, cache: KVCache
     ) -> Tensor:
-        """One step: token and position [B], slot a one-element int64 device tensor, slot_mask
-        bool [B, S] (the keys this step may attend to, its own slot included); the logits
+        """One step: token and position [B], slot a one-element int64 device tensor (every
+        row's) or [B] (each row's own: rows at their own lengths), slot_mask bool [B, S] (the
+        keys this step may attend to, its own slot included); the logits
         [B, V]. On the CPU (generation, float32 or bf16 weights), one native op; elsewhere the
         ops below."""
         if self._native_applies():
@@ -365,8 +366,13 @@ class Decoder:
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
             keys, values = cache.keys[index], cache.values[index]
-            keys.index_copy_(2, slot, k)
-            values.index_copy_(2, slot, v)
+            if slot.numel() == 1:
+                keys.index_copy_(2, slot, k)
+                values.index_copy_(2, slot, v)
+            else:  # each row at its own slot: (B, kv_heads, D) written at [b, :, slot[b]]
+                rows = torch.arange(slot.shape[0], device=slot.device)
+                keys[rows, :, slot] = k[:, :, 0]
+                values[rows, :, slot] = v[:, :, 0]
             keys, values = self._expand_kv(keys), self._expand_kv(values)
             # One query: elementwise products and sums beat many tiny batched GEMMs.
             scores = (q * keys).sum(-1, keepdim=True) * self.scale + bias  # (B, heads, S, 1)

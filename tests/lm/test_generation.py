@@ -295,15 +295,18 @@ def test_native_decode_step_opcheck_and_errors(varied_tiny):
         4,
         1e-6,
     )
-    torch.library.opcheck(
-        torch.ops.nostall.decode_step.default,
-        op_args,
-        test_utils=("test_schema", "test_faketensor"),
-    )
+    for slot in (args["slot"], torch.tensor([2, 5])):  # (every row's slot; a slot a row)
+        torch.library.opcheck(
+            torch.ops.nostall.decode_step.default,
+            (*op_args[:2], slot, *op_args[3:]),
+            test_utils=("test_schema", "test_faketensor"),
+        )
     for change, message in [
         (dict(token=torch.tensor([3, 99])), "token 99 outside"),
         (dict(position=torch.tensor([0, 64])), "position 64 outside"),
         (dict(slot=torch.tensor([6])), "slot 6 outside"),
+        (dict(slot=torch.tensor([1, 6])), "slot 6 outside"),
+        (dict(slot=torch.tensor([1, 2, 3])), "slot must be"),
         (dict(slot_mask=torch.ones(2, 5, dtype=torch.bool)), "slot_mask must be"),
     ]:
         with torch.no_grad(), pytest.raises(RuntimeError, match=message):
