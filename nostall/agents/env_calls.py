@@ -100,3 +100,7 @@ class EnvCalls:
             error = TimeoutError(f"no answer within tool_timeout {self.timeout_s} s")
             out.append(Finished(key, None, error, now - start, wall))
         return out
+
+
+def bound(fn, *args, **kwargs) -> Callable[[], object]:
+    return lambda: fn(*args, **kwargs)

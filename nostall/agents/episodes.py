@@ -2,11 +2,14 @@
 
 Each episode alternates a model turn (tokens sampled up to <eos>) and an environment step on
 that turn's text, whose observation is appended as tokens (token in, token out: the
-conversation is never re-tokenized). The scheduler never makes a sequence that could decode
-wait for another's environment: after each decode round it hands every finished turn's step to
-its own thread (env_calls.py) and starts the next round at once with every episode whose step
-has come back; it waits only when no episode is ready. A turn's tokens are drawn with noise
-keyed by (episode, position), so an episode samples the same tokens whatever round it joins.
+conversation is never re-tokenized). No sequence that could decode waits for another's
+environment: every finished turn's step goes to a thread of its own (env_calls.py), and the
+decoder waits only when no episode is ready. Where the engine can, the episodes are one
+continuous batch (continuous.py): a step at a time, each episode's cache kept across its turns,
+an answer fed at the next step. Elsewhere (an engine that processes logits: min_p, a repetition
+penalty), in rounds: each round decodes every ready episode until its turn ends, contexts
+prefilled again. A turn's tokens are drawn with noise keyed by (episode, position), so an
+episode samples the same tokens whatever decodes beside it, either way.
 
 A turn ends at <eos> or at `turn_tokens` (its text, either way, is the action). Budgets:
 `max_turns` model turns, and the episode's tokens (model and environment together) in
@@ -20,10 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
-from nostall.agents.env_calls import EnvCalls
+from nostall.agents.continuous import run_continuous
+from nostall.agents.env_calls import EnvCalls, bound
+from nostall.agents.stats import RoundStats
 from nostall.agents.text_env import EnvError, check_reset, check_step
+from nostall.agents.turn_noise import TurnNoise, turn_seed
 
 
 @dataclass(frozen=True)
@@ -59,19 +63,6 @@ class Episode:
     call_failures: int = 0  # of those, the ones that failed
 
 
-@dataclass
-class RoundStats:
-    """Where a batch's generation time went: decoding, and waiting with no episode ready; and
-    its spans for the run's timeline, by the wall clock: ("decode", start, end) a round,
-    ("tool", ...) an environment call, ("idle", ...) a wait with no episode ready."""
-
-    decode_s: float = 0.0
-    wait_s: float = 0.0
-    rounds: int = 0
-    env_calls: int = 0  # resets and steps answered (or given up)
-    spans: list[tuple[str, float, float]] = field(default_factory=list)
-
-
 class EpisodeRunner:
     """Runs a batch of episodes to their ends with a generation engine (generate_turn)."""
 
@@ -85,14 +76,30 @@ class EpisodeRunner:
         self.engine, self.settings = engine, settings
         self.tokenize, self.detokenize = tokenize, detokenize
 
-    def run(self, episodes: list[Episode], noise_seed: int) -> RoundStats:
-        """Every episode reset, then turns until each is done; returns the batch's timings."""
+    def run(
+        self, episodes: list[Episode], noise_seed: int, swap: Callable[[], int] | None = None
+    ) -> RoundStats:
+        """Every episode reset, then turns until each is done; returns the batch's timings. As
+        a continuous batch where the engine can (continuous.py), else in rounds. `swap`, when
+        given (in-flight weights), takes newer weights if published and returns the version
+        held: between two steps, or two rounds."""
+        if getattr(self.engine, "continuous", False):
+            return run_continuous(self, episodes, noise_seed, swap)
+        return self.run_rounds(episodes, noise_seed, swap)
+
+    def run_rounds(
+        self, episodes: list[Episode], noise_seed: int, swap: Callable[[], int] | None = None
+    ) -> RoundStats:
+        """Decode rounds: each round decodes every episode ready when it starts until each
+        one's turn ends; episodes whose calls come back meanwhile join the next round, their
+        contexts prefilled again."""
         stats = RoundStats()
+        version = swap() if swap is not None else None
         calls = EnvCalls(self.settings.timeout_s)
         waiting: dict[int, str] = {}  # episode -> the call it waits on ("reset" or "step")
         for key, episode in enumerate(episodes):
             waiting[key] = "reset"
-            calls.submit(key, _bound(episode.env.reset, seed=episode.seed))
+            calls.submit(key, bound(episode.env.reset, seed=episode.seed))
         ready: list[int] = []
         spans = stats.spans
         while waiting or ready:
@@ -105,18 +112,24 @@ class EpisodeRunner:
                 kind = waiting.pop(result.key)
                 stats.env_calls += 1
                 spans.append(("tool", result.started, result.started + result.seconds))
-                if self._answered(episodes[result.key], kind, result):
+                if self.answered(episodes[result.key], kind, result):
                     ready.append(result.key)
             if ready:
                 began, wall = time.perf_counter(), time.time()
+                if swap is not None and (held := swap()) != version:
+                    version, stats.swaps = held, stats.swaps + 1  # (a round freezes anew)
+                before = sum(len(episodes[k].tokens) for k in ready)
                 self._turn([episodes[k] for k in ready], ready, noise_seed, calls, waiting)
+                if swap is not None:  # (a round's tokens: its sampled ones, all one version)
+                    sampled = sum(len(episodes[k].tokens) for k in ready) - before
+                    stats.token_versions += [version] * sampled
                 stats.decode_s += time.perf_counter() - began
                 spans.append(("decode", wall, time.time()))
                 stats.rounds += 1
                 ready = []
         return stats
 
-    def _answered(self, episode: Episode, kind: str, result) -> bool:
+    def answered(self, episode: Episode, kind: str, result) -> bool:
         """Applies an environment's answer; whether the episode goes on to another turn."""
         episode.env_seconds += result.seconds
         try:
@@ -148,14 +161,11 @@ class EpisodeRunner:
 
     def _turn(self, episodes, keys, noise_seed, calls: EnvCalls, waiting) -> None:
         """One decode round over `episodes`; each finished turn's step handed to its thread."""
-        budget, eos = self.settings.budget, self.settings.eos_token_id
+        budget = self.settings.budget
         room = [budget - len(e.tokens) for e in episodes]
         starts = [len(e.tokens) for e in episodes]
         noise = TurnNoise(
-            [
-                hash((noise_seed, key, start)) & ((1 << 62) - 1)
-                for key, start in zip(keys, starts, strict=True)
-            ],
+            [turn_seed(noise_seed, key, start) for key, start in zip(keys, starts, strict=True)],
             self.engine.allowed.shape[0],
             self.engine.allowed.device,
         )
@@ -170,42 +180,24 @@ class EpisodeRunner:
             episode.tokens += turn
             episode.sampled += [True] * n
             episode.log_probs += log_probs[row][:n]
-            episode.turns += 1
-            ended = bool(turn) and turn[-1] == eos
-            if not ended and n < cap:  # cut off by the budget: no whole action to take
-                episode.done, episode.truncated = True, True
-                continue
-            action = self.detokenize(turn[:-1] if ended else turn)
-            if episode.turns >= self.settings.max_turns and not self.settings.act_on_last_turn:
-                episode.done, episode.truncated = True, True  # (its calls: past the rounds)
-                record = getattr(episode.env, "last_turn", None)  # (kept for the rewards)
-                if record is not None:
-                    record(action)
-                continue
-            waiting[key] = "step"
-            calls.submit(key, _bound(episode.env.step, action))
+            self.act(episode, key, turn, calls, waiting)
 
-
-class TurnNoise:
-    """A round's sampling noise: each row's from a stream of its own, seeded by (the batch's
-    seed, its episode, the position its turn starts at), so a turn draws the same tokens
-    whatever round it joins. Drawn on the host (a CPU generator's draws are a prefix whatever
-    their count: token by token or all at once, the same numbers)."""
-
-    def __init__(self, seeds: list[int], vocab: int, device: torch.device):
-        self.vocab, self.device = vocab, device
-        self.streams = [torch.Generator().manual_seed(s) for s in seeds]
-
-    def block(self, steps: int) -> torch.Tensor:
-        """[steps, rows, vocab]: every token's noise at once."""
-        rows = [torch.rand((steps, self.vocab), generator=g) for g in self.streams]
-        return torch.stack(rows, 1).to(self.device)
-
-    def __call__(self, t: int) -> torch.Tensor:
-        """[rows, vocab]: the next token's (t = 0, 1, ... in order)."""
-        rows = [torch.rand(self.vocab, generator=g) for g in self.streams]
-        return torch.stack(rows).to(self.device)
-
-
-def _bound(fn, *args, **kwargs) -> Callable[[], object]:
-    return lambda: fn(*args, **kwargs)
+    def act(self, episode: Episode, key: int, turn: list[int], calls: EnvCalls, waiting) -> None:
+        """A turn's tokens are in the episode: its text goes to the environment as the action
+        (the call submitted, `waiting` told), or the episode ends (cut off by its budget before
+        a whole action, or its last turn's action not taken)."""
+        episode.turns += 1
+        eos, cap = self.settings.eos_token_id, self.settings.turn_tokens or self.settings.budget
+        ended = bool(turn) and turn[-1] == eos
+        if not ended and len(turn) < cap:  # cut off by the budget: no whole action to take
+            episode.done, episode.truncated = True, True
+            return
+        action = self.detokenize(turn[:-1] if ended else turn)
+        if episode.turns >= self.settings.max_turns and not self.settings.act_on_last_turn:
+            episode.done, episode.truncated = True, True  # (its calls: past the rounds)
+            record = getattr(episode.env, "last_turn", None)  # (kept for the rewards)
+            if record is not None:
+                record(action)
+            return
+        waiting[key] = "step"
+        calls.submit(key, bound(episode.env.step, action))

@@ -41,10 +41,11 @@ class EpisodeTask:
         noise_seed: int,
         score: Callable[[list[Episode]], list[float]] | None = None,
         instances: list | None = None,
+        swap: Callable[[], int] | None = None,
     ) -> dict:
         """Runs the batch's episodes into `batch` (its prompts encoded already), scored by
         their returns or by `score`; returns the host figures: rewards, lengths, and the
-        episodes' own figures."""
+        episodes' own figures. `swap`: in-flight weights (EpisodeRunner.run)."""
         prompt_ids = batch.prompt_ids.tolist()  # sync: episodes build their contexts on the host
         prompt_mask = batch.prompt_mask.tolist()  # sync: (likewise)
         episodes = []
@@ -55,7 +56,7 @@ class EpisodeTask:
                 seed = None if self.scored else _seed(row)  # (tools: no seeded state)
                 env = self.make_env() if instances is None else self.make_env(instances[r])
                 episodes.append(Episode(env, prompt, seed))
-        timings = self.runner.run(episodes, noise_seed)
+        timings = self.runner.run(episodes, noise_seed, swap)
         if score is not None:
             for episode, reward in zip(episodes, score(episodes), strict=True):
                 episode.reward = reward
@@ -85,6 +86,8 @@ class EpisodeTask:
             "episodes": episodes,
             "figures": figures,
             "spans": timings.spans,
+            "token_versions": timings.token_versions,
+            "swaps": timings.swaps,
         }
 
 

@@ -31,7 +31,8 @@ class LMBatch:
     tokens: int = 0  # completion tokens generated (host count, from the decoded lengths)
     prompt_tokens: int = 0  # the prompts' tokens over the batch's rows (padding not counted)
     # With in-flight weight swaps, the policy version that sampled each completion position
-    # (every row swaps at the same token); empty when the whole batch is `version`'s.
+    # (every row swaps at the same token; a batch of episodes: each sampled token's, in the
+    # order sampled); empty when the whole batch is `version`'s.
     token_versions: list[int] = field(default_factory=list)
     # TRL's per-batch figures (reward_std, rewards/<function>/mean, completions/mean_length,
     # ...), computed on the host with the rewards (batch_stats).
@@ -111,7 +112,7 @@ class LMBatch:
 
     def mean_token_lag(self, version: int) -> float:
         """How many versions behind `version` the batch's tokens were sampled, on average over
-        the completion positions."""
+        the completion positions (a batch of episodes: its sampled tokens)."""
         if not self.token_versions:
             return float(version - self.version)
         return version - sum(self.token_versions) / len(self.token_versions)

@@ -140,6 +140,13 @@ class GenerationEngine:
         """(It reads the weights it is given at each step: nothing ties it to a loop.)"""
 
     @property
+    def continuous(self) -> bool:
+        """Whether multi-turn episodes run here as one continuous batch, each one's cache kept
+        across its turns (agents/continuous.py over lm/rows.py): with every sampling option
+        but min_p and the repetition penalty, which only generate()'s rounds apply."""
+        return not self.sampling.processes_logits
+
+    @property
     def model(self) -> torch.nn.Module:
         """The model generating (published weights are loaded into it)."""
         return self.decoder.model

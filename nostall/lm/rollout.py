@@ -198,10 +198,8 @@ class GroupGenerator:
             ]
 
     def _fill_episodes(self, batch: LMBatch, rows: list[dict], instances=None) -> None:
-        """The batch as episodes: one weight version for all of it (taken at its start)."""
-        batch.token_versions = []
-        if self.refresh is not None:
-            self.refresh()
+        """The batch as episodes: with in-flight weights, newer ones taken between decode
+        steps (each sampled token's version recorded); else one version for all of it."""
         if self.watchdog is not None:
             self.watchdog.doing(
                 "episodes of a batch", self.generation_timeout_s, "generation_timeout"
@@ -214,7 +212,15 @@ class GroupGenerator:
         score = None
         if self.episodes.scored:  # (the reward functions, over each conversation)
             score = functools.partial(self._score_conversations, rows)
-        out = self.episodes.fill(batch, rows, G, seed, score, instances)
+        begin = getattr(self.engine, "begin_episodes", None)  # (vLLM: its weights pushed)
+        if begin is not None:
+            begin()
+        out = self.episodes.fill(batch, rows, G, seed, score, instances, self.refresh)
+        end = getattr(self.engine, "end_batch", None)
+        if end is not None:
+            end()
+        batch.token_versions = list(out["token_versions"])
+        self.swaps += out["swaps"]
         if self.release is not None:
             self.release()
         if self.watchdog is not None:
@@ -224,7 +230,8 @@ class GroupGenerator:
         ended = [e.failure is None and not e.truncated for e in episodes]
         batch.reward_mean = sum(rewards) / len(rewards)
         batch.tokens = sum(lengths)
-        batch.weight_push = []
+        pushed = getattr(self.engine, "last_push", None)  # (vLLM's, at the batch's start)
+        batch.weight_push = list(pushed) if pushed is not None else []
         batch.episode_spans = [list(span) for span in out["spans"]]
         per_function = {"episode_return": [e.reward for e in episodes]}
         if self.episodes.scored:

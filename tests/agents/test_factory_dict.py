@@ -242,9 +242,10 @@ def test_a_run_with_environments_is_evaluated_in_episodes_too(model_dir, tmp_pat
     scripted = MixedEngine(AutoTokenizer.from_pretrained(model_dir))
     real = evaluation.make_engine
 
-    def make_engine(*args, **kwargs):  # (the evaluation's own engine, its turns scripted)
-        engine = real(*args, **kwargs)
+    def make_engine(*args, **kwargs):  # (the evaluation's own engine, its turns scripted:
+        engine = real(*args, **kwargs)  # a turn a call, the rounds' path)
         engine.generate_turn = scripted.generate_turn
+        engine.__class__ = type("Scripted", (type(engine),), {"continuous": False})
         return engine
 
     monkeypatch.setattr(evaluation, "make_engine", make_engine)
