@@ -198,7 +198,7 @@ class VLLMEngine:
             self.push_weights()
             self._pushed_version = version
 
-    def _params(self, group_size: int, seed: int):
+    def _params(self, group_size: int, seed: int, max_tokens: int | None = None):
         cfg = self.sampling
         return self._SamplingParams(
             n=group_size,
@@ -207,7 +207,7 @@ class VLLMEngine:
             top_p=cfg.top_p,
             min_p=cfg.min_p,
             repetition_penalty=cfg.repetition_penalty,
-            max_tokens=cfg.max_new_tokens,
+            max_tokens=max_tokens or cfg.max_new_tokens,
             stop_token_ids=[self.eos_token_id],
             logprobs=0,
             seed=seed,
@@ -260,6 +260,41 @@ class VLLMEngine:
         ]
         params = [self._params(group_size, base + i * group_size) for i in range(len(prompts))]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self._fill(batch, outputs, group_size)
+        self.end_batch()
+        return batch
+
+    def begin_episodes(self) -> None:
+        """Before a batch of episodes (EpisodeRunner.run_rounds, a generate_turn a round): the
+        weights pushed if new, once for the batch."""
+        self.last_push = None
+        self._push_if_new()
+        if self.weights_taken is not None:
+            self.weights_taken()
+
+    def end_batch(self) -> None:
+        """After a batch (of completions, or of episodes): with sleep mode, the KV cache and
+        weights give the trainer their memory until the next one."""
+        if self.sleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    @torch.no_grad()
+    def generate_turn(self, contexts: list[list[int]], max_new_tokens: int, noise) -> Completions:
+        """One turn of each of a set of episodes: every context (token ids) continued by up to
+        `max_new_tokens` tokens, each sampled by vLLM with its turn's seed (noise.seeds: the
+        same turn, the same seed, whatever round it joins). vLLM's prefix cache keeps each
+        context's keys and values from the round before, so a context is read once."""
+        prompts = [self._TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        params = [self._params(1, seed % 2**31, max_new_tokens) for seed in noise.seeds]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        batch = Completions.empty(len(contexts), 1, max_new_tokens)
+        self._fill(batch, outputs, 1)
+        return batch
+
+    def _fill(self, batch: Completions, outputs, group_size: int) -> None:
+        """vLLM's outputs into `batch`'s completion fields: tokens, mask, behaviour log-probs."""
+        B, C = batch.completion_ids.shape
         completion_ids = torch.full((B, C), self.pad_token_id, dtype=torch.int64)
         completion_mask = torch.zeros(B, C, dtype=torch.bool)
         log_probs = torch.zeros(B, C, dtype=torch.float32)
@@ -275,10 +310,6 @@ class VLLMEngine:
         batch.completion_ids.copy_(completion_ids)
         batch.completion_mask.copy_(completion_mask)
         batch.log_probs.copy_(log_probs)
-        if self.sleep:  # the KV cache and weights give the trainer their memory until next batch
-            self.llm.sleep(level=1)
-            self._asleep = True
-        return batch
 
     def stats(self) -> dict:
         return {

@@ -234,8 +234,6 @@ def test_episode_settings_are_checked_by_name():
     ]:
         with pytest.raises(ValueError, match=message):
             grpo.GRPOCommandConfig(**FAST, **given).check()
-    with pytest.raises(ValueError, match="--generator native"):
-        grpo.build(grpo.GRPOCommandConfig(**FAST, generator="vllm"))
 
 
 def test_a_users_environment_trains_from_python_and_is_named_in_the_run():

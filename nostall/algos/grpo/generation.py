@@ -280,11 +280,6 @@ def build_generator(
             "module:Class (or a built-in task); tools= and environment_factory= are objects "
             "of the script and run in threads (--env-isolation thread)"
         )
-    if (make_env is not None or tools) and args.generator != "native":
-        raise ValueError(
-            "environments and tools run multi-turn episodes on the native engine; "
-            f"--generator {args.generator} generates single completions (use --generator native)"
-        )
     engine = make_engine(args, lm, rollout_model, generation, seed, share)
     generator = GroupGenerator(
         engine,
