@@ -35,11 +35,14 @@ for mode in $modes; do
       tests=(tests/envs tests/ops tests/runtime tests/algos/ppo/test_trainers.py tests/lm/test_sample_tokens.py
              tests/lm/test_generation.py tests/lm/test_decoder_train.py
              tests/lm/test_generate_completions.py tests/algos/grpo/test_explicit_update.py tests/lm/test_native_bf16.py
-             tests/test_optim.py)
+             tests/test_optim.py tests/agents/test_continuous.py)
       # Not the Ray backend's tests: Ray's own binaries (raylet, GCS) would start under the
       # preloaded sanitizer; its workers make the native calls the other runtime tests make.
       select=(-k "not peak_memory and not cuda and not solves and not learns and not improves"
               --ignore=tests/runtime/ray)
+      # On make test's workers (each a process under the same preload, its reports to its own
+      # log_path.pid file).
+      workers=(-n "${TEST_WORKERS:-2}" --dist loadfile)
       ;;
     tsan)
       # No AVX2 clones: their load-time resolvers crash under TSan (csrc/ops/decoder_core.h).
@@ -48,6 +51,7 @@ for mode in $modes; do
       export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:log_path=$work/report:suppressions=$root/tools/sanitizers/tsan.supp"
       tests=(tests/envs/test_env_threads.py tests/envs/test_vector_api.py tests/envs/test_env_errors.py)
       select=()
+      workers=()
       ;;
     *) echo "unknown sanitizer mode $mode (asan, tsan)" >&2; exit 2 ;;
   esac
@@ -60,7 +64,7 @@ for mode in $modes; do
   rm -f "$work"/report.*
   status=0
   LD_PRELOAD="$preload" setarch "$(uname -m)" -R "$py" -m pytest -q -p no:cacheprovider \
-    "${tests[@]}" "${select[@]}" || status=$?
+    "${workers[@]}" "${tests[@]}" "${select[@]}" || status=$?
   if compgen -G "$work/report.*" >/dev/null; then
     cat "$work"/report.* >&2
     echo "== $mode: sanitizer reports above" >&2
