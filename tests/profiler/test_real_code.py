@@ -5,8 +5,10 @@ versions. Precision and recall must both be 1.0."""
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,13 +45,16 @@ CLEANRL_SITES = {
 
 
 def _profile(script: Path, *args: str) -> dict:
-    result = subprocess.run(
-        [sys.executable, "-m", "nostall.cli", "profile", "--json", str(script), "--", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
+    # (SB3 makes a log folder under the temporary directory when given none: the test's own)
+    with tempfile.TemporaryDirectory() as logs:
+        result = subprocess.run(
+            [sys.executable, "-m", "nostall.cli", "profile", "--json", str(script), "--", *args],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=ROOT,
+            env={**os.environ, "SB3_LOGDIR": logs},
+        )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
