@@ -87,7 +87,7 @@ def run_continuous(
         episode = episodes[key]
         start = len(episode.tokens)
         noise = torch.Generator().manual_seed(turn_seed(noise_seed, key, start))
-        turns[key] = _Turn(noise, min(cap, settings.budget - start), [])
+        turns[key] = _Turn(noise, min(cap, rows.room(key)), [])  # (all its tokens fed)
         ready.add(key)
 
     while waiting or feed or ready:

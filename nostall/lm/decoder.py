@@ -363,14 +363,15 @@ class Decoder:
         x = self.embed(token[:, None])
         bias = additive(slot_mask[:, None, :, None], x.dtype)  # (B, 1, S, 1)
         rotary = self._rotary(position[:, None])
+        # Each row at its own slot: (B, kv_heads, D) written at [b, :, slot[b]].
+        rows = torch.arange(slot.shape[0], device=slot.device) if slot.numel() > 1 else None
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(index, self._norm(x, layer.input_layernorm), rotary)
             keys, values = cache.keys[index], cache.values[index]
-            if slot.numel() == 1:
+            if rows is None:
                 keys.index_copy_(2, slot, k)
                 values.index_copy_(2, slot, v)
-            else:  # each row at its own slot: (B, kv_heads, D) written at [b, :, slot[b]]
-                rows = torch.arange(slot.shape[0], device=slot.device)
+            else:
                 keys[rows, :, slot] = k[:, :, 0]
                 values[rows, :, slot] = v[:, :, 0]
             keys, values = self._expand_kv(keys), self._expand_kv(values)

@@ -139,6 +139,13 @@ class GenerationEngine:
     def attach(self, loop) -> None:
         """(It reads the weights it is given at each step: nothing ties it to a loop.)"""
 
+    def begin_episodes(self) -> None:
+        """(Before a batch of episodes: nothing to push, each batch freezes the model's current
+        weights.)"""
+
+    def end_batch(self) -> None:
+        """(After a batch: nothing held to let go of beyond its tensors.)"""
+
     @property
     def continuous(self) -> bool:
         """Whether multi-turn episodes run here as one continuous batch, each one's cache kept
@@ -303,16 +310,10 @@ class GenerationEngine:
             drawn_from = logits.float()
             if cfg.processes_logits:
                 drawn_from = self._processed(drawn_from, seen)
-            token, log_prob = sample_tokens(
+            token, log_prob = self.sample(
                 drawn_from,
                 finished,
-                self.allowed,
-                eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id,
-                temperature=cfg.temperature,
-                top_k=cfg.top_k,
-                top_p=cfg.top_p,
-                uniform=uniform[t]
+                uniform[t]
                 if uniform is not None
                 else noise(t)
                 if noise is not None
@@ -358,6 +359,24 @@ class GenerationEngine:
             return self.generate(batch, torch.Generator(device), noise=noise)
         finally:
             self.sampling = held
+
+    def sample(self, logits: Tensor, finished: Tensor, uniform: Tensor) -> tuple[Tensor, Tensor]:
+        """Each row's token from `logits` [B, V] with the engine's sampling (temperature, top-k,
+        top-p, the allowed tokens) and `uniform` noise [B, V]: (token, its log-prob under the
+        untruncated policy); finished rows give padding and 0, a row drawing <eos> is marked
+        finished (sample_tokens)."""
+        cfg = self.sampling
+        return sample_tokens(
+            logits,
+            finished,
+            self.allowed,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            uniform=uniform,
+        )
 
     def stats(self) -> dict:
         return {}

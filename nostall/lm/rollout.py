@@ -212,13 +212,9 @@ class GroupGenerator:
         score = None
         if self.episodes.scored:  # (the reward functions, over each conversation)
             score = functools.partial(self._score_conversations, rows)
-        begin = getattr(self.engine, "begin_episodes", None)  # (vLLM: its weights pushed)
-        if begin is not None:
-            begin()
+        self.engine.begin_episodes()  # (vLLM: its weights pushed once for the batch)
         out = self.episodes.fill(batch, rows, G, seed, score, instances, self.refresh)
-        end = getattr(self.engine, "end_batch", None)
-        if end is not None:
-            end()
+        self.engine.end_batch()
         batch.token_versions = list(out["token_versions"])
         self.swaps += out["swaps"]
         if self.release is not None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from nostall.ops.sampling import sample_tokens
-
 Tensor = torch.Tensor
 
 
@@ -65,22 +63,13 @@ class RowDecoder:
     def sample(self, rows: list[int], uniform: Tensor) -> tuple[list[int], list[float]]:
         """A token for each of `rows` from its current logits, drawn with `uniform` ([len(rows),
         V], the rows' noise in that order); their log-probs under the untruncated policy."""
-        engine, cfg = self.engine, self.engine.sampling
-        index = torch.tensor(rows, dtype=torch.int64, device=self.logits.device)
-        finished = torch.zeros(len(rows), dtype=torch.bool, device=self.logits.device)
-        token, log_prob = sample_tokens(
-            self.logits.index_select(0, index).float(),
-            finished,
-            engine.allowed,
-            eos_token_id=engine.eos_token_id,
-            pad_token_id=engine.pad_token_id,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
-            uniform=uniform.to(self.logits.device),
-        )
-        # sync: which rows ended their turns decides the next step's rows (host scheduling)
-        return token.tolist(), log_prob.tolist()
+        device = self.logits.device
+        index = torch.tensor(rows, dtype=torch.int64, device=device)
+        finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        logits = self.logits.index_select(0, index).float()
+        token, log_prob = self.engine.sample(logits, finished, uniform.to(device))
+        # (which rows ended their turns decides the next step's rows: scheduled on the host)
+        return token.tolist(), log_prob.tolist()  # sync: the turns' tokens to the scheduler
 
     @torch.no_grad()
     def step(self, rows: list[int], tokens: list[int]) -> None:
@@ -89,16 +78,15 @@ class RowDecoder:
         if len(rows) != len(tokens):
             raise ValueError(f"{len(rows)} rows and {len(tokens)} tokens")
         B, P = self.rows, self.prompt_width
+        # A row not named takes padding at position 0 into the spare slot (never read).
         token = torch.full((B,), self.engine.pad_token_id, dtype=torch.int64)
-        position = torch.tensor(self.prompt_lengths, dtype=torch.int64)
-        position += torch.tensor(self.fed, dtype=torch.int64)
+        position = torch.zeros(B, dtype=torch.int64)
         slot = torch.full((B,), self.spare, dtype=torch.int64)
         for r, t in zip(rows, tokens, strict=True):
             if self.fed[r] >= self.budget:
                 raise ValueError(f"row {r} is full: its {self.budget} tokens fed already")
-            token[r], slot[r] = t, P + self.fed[r]
-        # (a row not named keeps its position in range: its spare write is never read)
-        position.clamp_(max=self.engine.decoder.cos.shape[0] - 1)
+            token[r], position[r] = t, self.prompt_lengths[r] + self.fed[r]
+            slot[r] = P + self.fed[r]
         device = self.slot_mask.device
         token, position, slot = token.to(device), position.to(device), slot.to(device)
         named = torch.tensor(rows, dtype=torch.int64, device=device)

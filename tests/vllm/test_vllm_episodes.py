@@ -20,22 +20,28 @@ pytestmark = pytest.mark.vllm
 ATOL = 1e-5  # float32 on both sides: operation order only (test_vllm_engine.py)
 
 
+def _args(model_dir, environment: str, **settings) -> grpo.GRPOConfig:
+    """One-letter turns in a tests/agents text environment, vLLM generating in float32."""
+    return grpo.GRPOCommandConfig(
+        **{
+            "model": str(model_dir),
+            "generator": "vllm",
+            "dtype": "float32",
+            "task": "copy",
+            "environment": f"tests.agents.text_envs:{environment}",
+            "max_turn_tokens": 1,
+            "max_new_tokens": 8,
+            "staleness": 0,
+            "num_generations": 2,
+            "watch_syncs": False,
+            **settings,
+        }
+    )
+
+
 @pytest.fixture(scope="module")
 def run(model_dir):
-    args = grpo.GRPOCommandConfig(
-        model=str(model_dir),
-        generator="vllm",
-        dtype="float32",
-        task="copy",
-        environment="tests.agents.text_envs:make_echo",
-        max_turn_tokens=1,
-        max_new_tokens=8,
-        staleness=0,
-        num_prompts=2,
-        num_generations=4,
-        learning_rate=1e-3,
-        watch_syncs=False,
-    )
+    args = _args(model_dir, "make_echo", num_prompts=2, num_generations=4, learning_rate=1e-3)
     setup = build(args)
     assert not getattr(setup.generator.engine, "continuous", False)  # (vLLM: rounds)
     yield setup, args
@@ -81,22 +87,7 @@ def test_a_turn_draws_the_same_tokens_whatever_round_it_joins(run):
 def test_failing_environments_end_their_episodes_and_the_run_goes_on(model_dir):
     """tests/agents' failing environments (hung past the timeout, crashing, returning garbage,
     never ending, by seed) with vLLM generating: counted, and the run goes on."""
-    args = grpo.GRPOCommandConfig(
-        model=str(model_dir),
-        generator="vllm",
-        dtype="float32",
-        task="copy",
-        environment="tests.agents.text_envs:Faulty",
-        max_turn_tokens=1,
-        max_new_tokens=8,
-        tool_timeout=0.5,
-        staleness=0,
-        steps=3,
-        num_prompts=4,
-        num_generations=2,
-        log_interval=1,
-        watch_syncs=False,
-    )
+    args = _args(model_dir, "Faulty", tool_timeout=0.5, steps=3, num_prompts=4, log_interval=1)
     logged = []
     result = grpo.train(args, log=lambda step, values: logged.append(values))
     assert len(result.rewards) == 3
